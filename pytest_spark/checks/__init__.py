@@ -1,0 +1,1 @@
+"""Pure evaluation of facts against thresholds: no I/O, no pytest."""

@@ -1,0 +1,46 @@
+"""The result type every check returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Level = Literal["pass", "warn", "fail"]
+
+
+@dataclass(frozen=True)
+class Finding:
+    """What one check concluded about one node (or the cluster).
+
+    ``message`` is written for a person: on failure it names the node and interface,
+    what was measured, what was expected and what usually fixes it (STYLE.md).
+    """
+
+    level: Level
+    measured: Any
+    expected: Any
+    unit: str | None = None
+    message: str = ""
+    node: str | None = None
+    evidence: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.level != "fail"
+
+    @classmethod
+    def passed(cls, measured: Any, expected: Any, unit: str | None = None, *,
+               node: str | None = None, message: str = "") -> Finding:
+        return cls("pass", measured, expected, unit, message, node)
+
+    @classmethod
+    def failed(cls, measured: Any, expected: Any, unit: str | None = None, *,
+               node: str | None = None, message: str,
+               evidence: dict[str, str] | None = None) -> Finding:
+        return cls("fail", measured, expected, unit, message, node, evidence or {})
+
+    @classmethod
+    def warned(cls, measured: Any, expected: Any, unit: str | None = None, *,
+               node: str | None = None, message: str,
+               evidence: dict[str, str] | None = None) -> Finding:
+        return cls("warn", measured, expected, unit, message, node, evidence or {})

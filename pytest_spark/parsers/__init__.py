@@ -1,0 +1,1 @@
+"""Pure parsers of command output: text in, typed facts out. No I/O."""

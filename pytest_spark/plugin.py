@@ -1,0 +1,122 @@
+"""pytest hooks and option wiring of pytest-dgx-spark (entry point ``spark``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_spark import fixtures, hooks
+from pytest_spark.cluster import node_names
+from pytest_spark.results import CATEGORIES, ResultsRecorder
+from pytest_spark.settings import Settings, add_options, resolve
+from pytest_spark.simcontrol import sim_attach, sim_up
+from pytest_spark.state import RESULTS_KEY, SETTINGS_KEY, SIM_KEY
+
+MARKERS = {
+    "preflight": "node fitness before serving (docker, GPU, disk, model dir, clocks, env)",
+    "link": "fabric link state per node and twin (NIC, RoCE, rate, MTU, reachability)",
+    "nccl": "collective (all-reduce) bandwidth and transport over the fabric",
+    "readiness": "the served model is up, complete and answering",
+    "tool_calls": "tool-call parsing end to end",
+    "reasoning": "reasoning separation end to end",
+    "throughput": "tokens/sec and latency against the profile",
+}
+SIM_INFO = "spark_sim_cluster_json"
+NODE_FIXTURES = {"spark_node", "_spark_node", "host"}
+CLUSTER_FIXTURES = NODE_FIXTURES | {"spark_cluster", "spark_head", "spark_workers",
+                                    "spark_head_host", "spark_twin"}
+
+
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    pluginmanager.add_hookspecs(hooks)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    add_options(parser)
+
+
+def _is_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    for name in CATEGORIES:
+        config.addinivalue_line("markers", f"{name}: {MARKERS[name]}")
+    config.addinivalue_line(
+        "filterwarnings", "default::pytest_spark.fixtures.SparkCheckWarning")
+    config.pluginmanager.register(fixtures, "spark.fixtures")
+    settings = resolve(config)
+    if settings.sim:
+        if _is_worker(config):
+            sim = sim_attach(Path(config.workerinput[SIM_INFO]))  # type: ignore[attr-defined]
+        else:
+            sim = sim_up(settings.sim_nodes)
+        config.stash[SIM_KEY] = sim
+        settings = settings.replace(
+            head=sim.head, workers=sim.workers, ssh_config=sim.ssh_config, user="root")
+    config.stash[SETTINGS_KEY] = settings
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(XdistHooks(), "spark.xdist")
+    if not _is_worker(config):
+        recorder = ResultsRecorder(config, settings.results, cluster_info(settings))
+        config.stash[RESULTS_KEY] = recorder
+        config.pluginmanager.register(recorder, "spark.results")
+
+
+def cluster_info(settings: Settings) -> dict[str, Any]:
+    return {
+        "head": settings.head,
+        "nodes": [{"name": n, "role": r, "address": a} for n, r, a in
+                  (node_names(settings) if settings.head else [])],
+        "sim": bool(settings.sim),
+        "profile": settings.profile.name,
+        "hostkey_check": settings.hostkey_check,
+    }
+
+
+class XdistHooks:
+    """Only registered when pytest-xdist is present."""
+
+    def pytest_configure_node(self, node: Any) -> None:
+        sim = node.config.stash.get(SIM_KEY, None)
+        if sim is not None:
+            node.workerinput[SIM_INFO] = str(sim.state_dir / "cluster.json")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    sim = config.stash.get(SIM_KEY, None)
+    if sim is not None:
+        sim.down()
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    names = set(metafunc.fixturenames)
+    if not names & CLUSTER_FIXTURES:
+        return
+    settings = metafunc.config.stash[SETTINGS_KEY]
+    if not settings.head:
+        return  # reported once, at collection end
+    if names & NODE_FIXTURES:
+        ids = [name for name, _, _ in node_names(settings)]
+        metafunc.parametrize("_spark_node", ids, ids=ids, indirect=True, scope="session")
+    if "spark_twin" in names:
+        ifs = settings.fabric_ifs
+        count = len(ifs) or int(settings.profile["link.fabric_twins"])
+        twin_ids = list(ifs) if ifs else [f"twin{i}" for i in range(count)]
+        metafunc.parametrize("spark_twin", list(range(count)), ids=twin_ids, scope="session")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    settings = config.stash[SETTINGS_KEY]
+    if settings.head:
+        return
+    needy = [i for i in items if set(getattr(i, "fixturenames", ())) & CLUSTER_FIXTURES]
+    if needy:
+        raise pytest.UsageError(
+            "these tests check a cluster: give --spark-head HOST (the head node's management "
+            "address or ssh_config alias), or --spark-sim to run them against the embedded "
+            f"simulated cluster ({len(needy)} tests need it, e.g. {needy[0].nodeid})"
+        )

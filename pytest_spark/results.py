@@ -1,0 +1,125 @@
+"""JSON results (schema version 1): one record per check, written even on interrupt."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_spark.checks.base import Finding
+
+CATEGORIES = ("preflight", "link", "nccl", "readiness", "tool_calls", "reasoning", "throughput")
+FINDING_PROP = "spark_finding"
+NODE_PROP = "spark_node"
+
+
+def finding_property(finding: Finding) -> tuple[str, dict[str, Any]]:
+    """A user_properties entry (travels with the report, also across xdist workers)."""
+    return FINDING_PROP, {
+        "level": finding.level, "measured": finding.measured, "expected": finding.expected,
+        "unit": finding.unit, "message": finding.message, "node": finding.node,
+        "evidence": dict(finding.evidence),
+    }
+
+
+def category_of(keywords: Any) -> str | None:
+    for category in CATEGORIES:
+        if category in keywords:
+            return category
+    return None
+
+
+class ResultsRecorder:
+    """Collects one record per suite check from the reports; writes JSON at the end."""
+
+    def __init__(self, config: pytest.Config, path: Path | None, cluster_info: dict[str, Any]
+                 ) -> None:
+        self.config = config
+        self.path = path
+        self.cluster_info = cluster_info
+        self.started = datetime.now(UTC)
+        self._t0 = time.monotonic()
+        self.checks: dict[str, dict[str, Any]] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        category = category_of(report.keywords)
+        if category is None:
+            return
+        props = dict(report.user_properties)
+        finding = props.get(FINDING_PROP) or {}
+        if report.when == "call" or report.outcome != "passed":
+            if report.when != "call" and report.nodeid in self.checks and report.passed:
+                return
+            outcome = report.outcome
+            if report.when in ("setup", "teardown") and report.failed:
+                outcome = "error"
+            if report.skipped:
+                outcome = "skipped"
+            message = finding.get("message") or ""
+            if report.failed or report.skipped:
+                message = _longrepr_message(report) or message
+            record = self.checks.get(report.nodeid, {})
+            if record.get("outcome") in ("failed", "error") and outcome == "passed":
+                return
+            self.checks[report.nodeid] = {
+                "nodeid": report.nodeid,
+                "category": category,
+                "node": finding.get("node") or props.get(NODE_PROP),
+                "outcome": outcome,
+                "level": finding.get("level"),
+                "measured": finding.get("measured"),
+                "expected": finding.get("expected"),
+                "unit": finding.get("unit"),
+                "message": message,
+                "duration_s": round(report.duration, 4),
+                "extra": {k: v for k, v in props.items()
+                          if k not in (FINDING_PROP, NODE_PROP) and _jsonable(v)},
+            }
+
+    def document(self) -> dict[str, Any]:
+        return {
+            "version": 1,
+            "started": self.started.isoformat(),
+            "duration_s": round(time.monotonic() - self._t0, 3),
+            "cluster": self.cluster_info,
+            "checks": list(self.checks.values()),
+        }
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        doc = self.document()
+        doc["exitstatus"] = int(exitstatus)
+        handled = self.config.hook.pytest_spark_results(config=self.config, results=doc)
+        if handled is None and self.path is not None:
+            write_json(self.path, doc)
+
+
+def _longrepr_message(report: pytest.TestReport) -> str:
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:  # skip: (path, line, reason)
+        return str(longrepr[2]).removeprefix("Skipped: ")
+    crash = getattr(longrepr, "reprcrash", None)
+    if crash is not None:
+        return str(crash.message).removeprefix("Failed: ")
+    return str(longrepr or "")[-2000:]
+
+
+def _jsonable(value: Any) -> bool:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def write_json(path: Path, doc: dict[str, Any]) -> None:
+    """Write atomically, so a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    os.replace(tmp, path)

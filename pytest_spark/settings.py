@@ -1,0 +1,272 @@
+"""Settings: every ``--spark-*`` option, its ini twin and its ``SPARK_*`` variable,
+resolved in one place into a frozen object that remembers where each value came from.
+
+Precedence: command line > environment > ini file > threshold profile > built-in default.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_spark.profiles import Profile, ProfileError, load_profile
+
+Parse = Callable[[str], Any]
+
+
+def _seconds(raw: str) -> float:
+    text = raw.strip().lower()
+    scale = 1.0
+    for suffix, factor in (("ms", 0.001), ("s", 1.0), ("m", 60.0), ("h", 3600.0)):
+        if text.endswith(suffix):
+            text, scale = text[: -len(suffix)], factor
+            break
+    value = float(text) * scale
+    if not value > 0:
+        raise ValueError("must be a positive number of seconds (e.g. 10, 2.5, 30s, 20m)")
+    return value
+
+
+def _port(raw: str) -> int:
+    value = int(raw)
+    if not 0 < value < 65536:
+        raise ValueError("must be a TCP port between 1 and 65535")
+    return value
+
+
+def _positive_int(raw: str) -> int:
+    value = int(raw)
+    if value < 1:
+        raise ValueError("must be a positive integer")
+    return value
+
+
+def _nodes(raw: str) -> int:
+    value = int(raw)
+    if value < 2:
+        raise ValueError("a cluster has at least 2 nodes")
+    return value
+
+
+def _host(raw: str) -> str:
+    host = raw.strip()
+    if not host or any(c.isspace() for c in host) or host.startswith("-"):
+        raise ValueError("must be a host name, address or ssh_config alias")
+    return host
+
+
+def _host_list(raw: str) -> tuple[str, ...]:
+    items = [part for part in raw.replace("\n", ",").split(",") if part.strip()]
+    return tuple(_host(part) for part in items)
+
+
+def _name_list(raw: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in raw.replace("\n", ",").split(",") if part.strip())
+
+
+def _bool(raw: str) -> bool:
+    low = raw.strip().lower()
+    if low in {"1", "true", "yes", "on"}:
+        return True
+    if low in {"0", "false", "no", "off", ""}:
+        return False
+    raise ValueError("must be true or false")
+
+
+def _hostkey_check(raw: str) -> str:
+    value = raw.strip().lower()
+    if value not in {"strict", "off"}:
+        raise ValueError("must be 'strict' (default) or 'off'")
+    return value
+
+
+def _thresholds(raw: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in raw.replace("\n", ",").split(","):
+        if not item.strip():
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise ValueError(f"{item.strip()!r} is not KEY=VALUE (e.g. link.min_rate_gbps=100)")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def _text(raw: str) -> str:
+    return raw
+
+
+def _path(raw: str) -> Path:
+    if not raw.strip():
+        raise ValueError("must be a path")
+    return Path(raw.strip()).expanduser()
+
+
+@dataclass(frozen=True)
+class Option:
+    """One setting: ``--spark-<noun>``, ini ``spark_<noun>``, env ``SPARK_<NOUN>``."""
+
+    noun: str
+    parse: Parse
+    default: Any
+    help: str
+    metavar: str = ""
+    flag: bool = False
+    secret: bool = False
+    profile_key: str | None = None
+    ini_type: str = "string"
+
+    @property
+    def dest(self) -> str:
+        return "spark_" + self.noun.replace("-", "_")
+
+    @property
+    def cli(self) -> str:
+        return f"--spark-{self.noun}"
+
+    @property
+    def ini(self) -> str:
+        return self.dest
+
+    @property
+    def env(self) -> str:
+        return self.dest.upper()
+
+    @property
+    def attr(self) -> str:
+        return self.noun.replace("-", "_")
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("head", _host, None, "management address (or ssh_config alias) of the head node",
+           "HOST"),
+    Option("workers", _host_list, (), "management addresses of the workers; reached through "
+           "the head as a jump host when not directly reachable", "HOST[,HOST...]"),
+    Option("user", _text, None, "SSH user (default: ssh_config, then the local user)", "USER"),
+    Option("ssh-key", _path, None, "SSH private key (default: ssh_config IdentityFile)", "PATH"),
+    Option("ssh-config", _path, Path("~/.ssh/config"), "OpenSSH config to honour (Host aliases, "
+           "HostName, User, IdentityFile, Port, ProxyJump, UserKnownHostsFile)", "PATH"),
+    Option("connect-timeout", _seconds, 10.0, "SSH connect timeout per node", "SECONDS"),
+    Option("command-timeout", _seconds, 60.0, "timeout of one remote command", "SECONDS"),
+    Option("hostkey-check", _hostkey_check, "strict", "host key policy: strict (unknown or "
+           "changed keys are errors) or off (accept any key; the report says so)", "strict|off"),
+    Option("profile", _text, "dgx-spark-2node", "threshold profile: a built-in name "
+           "(dgx-spark-2node, sim) or a TOML file", "NAME|PATH"),
+    Option("threshold", _thresholds, {}, "override single thresholds of the profile",
+           "KEY=VALUE[,KEY=VALUE...]"),
+    Option("fabric-ifs", _name_list, (), "fabric interfaces (default: discovered from "
+           "ibdev2netdev devices that are Up)", "IF[,IF]"),
+    Option("results", _path, None, "write JSON results to this file", "PATH"),
+    Option("sim", _bool, False, "stand up sparksim (the embedded simulated cluster) for the "
+           "session, point everything at it and tear it down afterwards", flag=True,
+           ini_type="bool"),
+    Option("sim-nodes", _nodes, 2, "number of sparksim nodes with --spark-sim", "N"),
+)
+
+OPTIONS_BY_ATTR = {option.attr: option for option in OPTIONS}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Resolved settings. ``sources[attr]`` says where each value came from."""
+
+    values: Mapping[str, Any]
+    sources: Mapping[str, str]
+    profile: Profile
+    secrets: frozenset[str] = field(default_factory=frozenset)
+
+    def __getattr__(self, name: str) -> Any:
+        values = object.__getattribute__(self, "values")
+        try:
+            return values[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def source(self, attr: str) -> str:
+        return self.sources[attr]
+
+    def replace(self, **changes: Any) -> Settings:
+        """A copy with some values set by the plugin itself (e.g. by --spark-sim)."""
+        values = dict(self.values)
+        sources = dict(self.sources)
+        for key, value in changes.items():
+            values[key] = value
+            sources[key] = "sparksim"
+        return Settings(values, sources, self.profile, self.secrets)
+
+
+class SettingsError(pytest.UsageError):
+    """A bad value, with its source named."""
+
+
+def _ini_name(config: pytest.Config) -> str:
+    inipath = getattr(config, "inipath", None)
+    return inipath.name if inipath else "the ini file"
+
+
+def resolve(config: pytest.Config, environ: Mapping[str, str] | None = None) -> Settings:
+    """Resolve every option. Raises SettingsError naming the source of a bad value."""
+    env = os.environ if environ is None else environ
+    raw: dict[str, tuple[Any, str, bool]] = {}  # attr -> (value, source, needs parsing)
+    for option in OPTIONS:
+        cli_value = config.getoption(option.dest, default=None)
+        if cli_value is not None and cli_value is not False:
+            raw[option.attr] = (cli_value, f"command line {option.cli}", not option.flag)
+        elif env.get(option.env) not in (None, ""):
+            raw[option.attr] = (env[option.env], f"environment {option.env}", True)
+        else:
+            ini_value = config.getini(option.ini)
+            if ini_value not in (None, "", [], False) or (
+                option.flag and str(ini_value).lower() == "false"
+            ):
+                if isinstance(ini_value, list):
+                    ini_value = ",".join(str(v) for v in ini_value)
+                raw[option.attr] = (
+                    ini_value, f"{option.ini} in {_ini_name(config)}",
+                    not isinstance(ini_value, bool),
+                )
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for option in OPTIONS:
+        if option.attr in raw:
+            value, source, needs_parsing = raw[option.attr]
+            if needs_parsing:
+                try:
+                    value = option.parse(str(value))
+                except ValueError as exc:
+                    shown = "***" if option.secret else str(value)
+                    raise SettingsError(
+                        f"Invalid value {shown!r} for {option.ini} from {source}: {exc}"
+                    ) from None
+            values[option.attr], sources[option.attr] = value, source
+        else:
+            values[option.attr], sources[option.attr] = option.default, "default"
+
+    if values["sim"] and sources["profile"] == "default":
+        values["profile"], sources["profile"] = "sim", "default for --spark-sim"
+    try:
+        profile = load_profile(values["profile"]).with_overrides(values["threshold"])
+    except ProfileError as exc:
+        culprit = "threshold" if "threshold" in str(exc) else "profile"
+        raise SettingsError(f"{exc} (from {sources[culprit]})") from None
+    secrets = frozenset(o.attr for o in OPTIONS if o.secret)
+    return Settings(values, sources, profile, secrets)
+
+
+def add_options(parser: pytest.Parser) -> None:
+    group = parser.getgroup("spark", "DGX Spark cluster checks (pytest-dgx-spark)")
+    for option in OPTIONS:
+        shown = "" if option.default in (None, (), {}) else f" (default: {option.default})"
+        help_text = f"{option.help}{shown}; ini {option.ini}, env {option.env}"
+        if option.flag:
+            group.addoption(option.cli, action="store_true", default=None, dest=option.dest,
+                            help=help_text)
+        else:
+            group.addoption(option.cli, action="store", default=None, dest=option.dest,
+                            metavar=option.metavar, help=help_text)
+        parser.addini(option.ini, help=option.help, type=option.ini_type, default=None)  # type: ignore[arg-type]

@@ -1,0 +1,112 @@
+"""Options, their ini twins and env variables: precedence and error messages."""
+
+from __future__ import annotations
+
+import pytest
+
+SHOW = """
+import pytest
+
+def test_show(pytestconfig):
+    from pytest_spark.state import SETTINGS_KEY
+    s = pytestconfig.stash[SETTINGS_KEY]
+    print("VALUE", repr(s.connect_timeout), "FROM", s.source("connect_timeout"))
+    print("PROFILE", s.profile.name, s.profile["link.min_rate_gbps"], "FROM", s.source("profile"))
+"""
+
+
+@pytest.fixture
+def show(pytester: pytest.Pytester) -> pytest.Pytester:
+    pytester.makepyfile(test_show=SHOW)
+    return pytester
+
+
+def test_default_is_used_and_named(show: pytest.Pytester) -> None:
+    result = show.runpytest("-s")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*VALUE 10.0 FROM default",
+                                 "PROFILE dgx-spark-2node 200 FROM default"])
+
+
+def test_precedence_cli_over_env_over_ini(show: pytest.Pytester,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    show.makeini("[pytest]\nspark_connect_timeout = 3\n")
+    result = show.runpytest("-s")
+    result.stdout.fnmatch_lines(["*VALUE 3.0 FROM spark_connect_timeout in tox.ini"])
+
+    monkeypatch.setenv("SPARK_CONNECT_TIMEOUT", "4s")
+    result = show.runpytest("-s")
+    result.stdout.fnmatch_lines(["*VALUE 4.0 FROM environment SPARK_CONNECT_TIMEOUT"])
+
+    result = show.runpytest("-s", "--spark-connect-timeout=500ms")
+    result.stdout.fnmatch_lines(["*VALUE 0.5 FROM command line --spark-connect-timeout"])
+
+
+def test_pyproject_ini_is_read(show: pytest.Pytester) -> None:
+    show.makepyprojecttoml('[tool.pytest.ini_options]\nspark_connect_timeout = "7"\n')
+    result = show.runpytest("-s")
+    result.stdout.fnmatch_lines(["*VALUE 7.0 FROM spark_connect_timeout in pyproject.toml"])
+
+
+def test_bad_value_names_its_source(show: pytest.Pytester) -> None:
+    show.makepyprojecttoml('[tool.pytest.ini_options]\nspark_connect_timeout = "12x"\n')
+    result = show.runpytest()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        ["*Invalid value '12x' for spark_connect_timeout from spark_connect_timeout in "
+         "pyproject.toml*"])
+
+
+def test_bad_env_value_names_the_variable(show: pytest.Pytester,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPARK_CONNECT_TIMEOUT", "-1")
+    result = show.runpytest()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*Invalid value '-1'*environment SPARK_CONNECT_TIMEOUT*positive*"])
+
+
+def test_profile_by_name_and_threshold_override(show: pytest.Pytester) -> None:
+    result = show.runpytest("-s", "--spark-threshold", "link.min_rate_gbps=100")
+    result.stdout.fnmatch_lines(["PROFILE dgx-spark-2node 100 FROM default"])
+
+
+def test_profile_from_file_extends_builtin(show: pytest.Pytester) -> None:
+    path = show.path / "lab.toml"
+    path.write_text('name = "lab"\nextends = "dgx-spark-2node"\n[link]\nmin_rate_gbps = 100\n')
+    result = show.runpytest("-s", f"--spark-profile={path}")
+    result.stdout.fnmatch_lines(["PROFILE lab 100 FROM command line --spark-profile"])
+
+
+def test_unknown_threshold_lists_the_known_ones(show: pytest.Pytester) -> None:
+    result = show.runpytest("--spark-threshold", "link.min_rate=1")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*unknown threshold 'link.min_rate'*link.min_rate_gbps*"
+                                 "command line --spark-threshold*"])
+
+
+def test_missing_profile_is_a_usage_error(show: pytest.Pytester) -> None:
+    result = show.runpytest("--spark-profile", "nope")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*no profile 'nope'*dgx-spark-2node, sim*"])
+
+
+def test_cluster_tests_without_head_are_a_usage_error(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def test_x(spark_node):\n    pass\n")
+    result = pytester.runpytest()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*give --spark-head HOST*--spark-sim*"])
+
+
+def test_unrelated_tests_run_without_head(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def test_x():\n    pass\n")
+    pytester.runpytest().assert_outcomes(passed=1)
+
+
+def test_help_lists_every_option_with_ini_and_env(pytester: pytest.Pytester) -> None:
+    from pytest_spark.settings import OPTIONS
+
+    result = pytester.runpytest("--help")
+    out = result.stdout.str()
+    for option in OPTIONS:
+        assert option.cli in out
+        assert option.env in out.replace("\n", " ").replace("  ", " ") or option.env in out
