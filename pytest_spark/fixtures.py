@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import pytest
 import testinfra.host
 
+from pytest_spark.api import ApiEndpoint
 from pytest_spark.checks.base import Finding
 from pytest_spark.cluster import Cluster, Node
 from pytest_spark.remote.testinfra import testinfra_host
@@ -104,3 +105,28 @@ class SparkCheck:
 def spark_check(request: pytest.FixtureRequest) -> SparkCheck:
     """Record a ``Finding`` on the report (JSON results, HTML) and assert on it."""
     return SparkCheck(request.node)
+
+
+@pytest.fixture(scope="session")
+def spark_api(pytestconfig: pytest.Config, spark_settings: Settings) -> ApiEndpoint:
+    """The served API (attach mode): base URL, model id, key; skips nothing, fails clearly."""
+    from pytest_spark.api import ApiError, discover, read_api_key
+
+    settings = spark_settings
+    try:
+        key = read_api_key(settings.api_key, settings.api_key_file)
+        base = settings.api_url
+        if base is None:
+            cluster: Cluster = pytestconfig.stash.get(CLUSTER_KEY, None) or _cluster(
+                pytestconfig)
+            base = f"http://{cluster.head.conn.target.hostname}:{settings.port}"
+        return discover(base, api_key=key, model=settings.model,
+                        timeout=settings.http_timeout)
+    except ApiError as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+def _cluster(config: pytest.Config) -> Cluster:
+    cluster = Cluster(config.stash[SETTINGS_KEY])
+    config.stash[CLUSTER_KEY] = cluster
+    return cluster

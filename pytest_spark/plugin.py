@@ -24,6 +24,7 @@ MARKERS = {
     "throughput": "tokens/sec and latency against the profile",
 }
 SIM_INFO = "spark_sim_cluster_json"
+API_FIXTURES = {"spark_api"}
 NODE_FIXTURES = {"spark_node", "_spark_node", "host"}
 CLUSTER_FIXTURES = NODE_FIXTURES | {"spark_cluster", "spark_head", "spark_workers",
                                     "spark_head_host", "spark_twin"}
@@ -113,10 +114,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     settings = config.stash[SETTINGS_KEY]
     if settings.head:
         return
-    needy = [i for i in items if set(getattr(i, "fixturenames", ())) & CLUSTER_FIXTURES]
+    wanted = CLUSTER_FIXTURES if settings.api_url else CLUSTER_FIXTURES | API_FIXTURES
+    needy = [i for i in items if set(getattr(i, "fixturenames", ())) & wanted]
     if needy:
         raise pytest.UsageError(
             "these tests check a cluster: give --spark-head HOST (the head node's management "
-            "address or ssh_config alias), or --spark-sim to run them against the embedded "
+            "address or ssh_config alias), --spark-api-url URL for the serving checks alone, "
+            "or --spark-sim to run them against the embedded "
             f"simulated cluster ({len(needy)} tests need it, e.g. {needy[0].nodeid})"
         )

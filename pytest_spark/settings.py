@@ -97,6 +97,13 @@ def _thresholds(raw: str) -> dict[str, str]:
     return out
 
 
+def _url(raw: str) -> str:
+    url = raw.strip().rstrip("/")
+    if not url.startswith(("http://", "https://")) or len(url.split("//", 1)[1]) == 0:
+        raise ValueError("must be an http(s) URL such as http://127.0.0.1:8000")
+    return url.removesuffix("/v1")
+
+
 def _text(raw: str) -> str:
     return raw
 
@@ -166,6 +173,16 @@ OPTIONS: tuple[Option, ...] = (
            "session, point everything at it and tear it down afterwards", flag=True,
            ini_type="bool"),
     Option("sim-nodes", _nodes, 2, "number of sparksim nodes with --spark-sim", "N"),
+    Option("api-url", _url, None, "OpenAI-compatible API base URL (default: the head's "
+           "--spark-port, through an SSH tunnel when not directly reachable)", "URL"),
+    Option("api-key", _text, None, "API key (prefer SPARK_API_KEY or --spark-api-key-file; "
+           "never printed)", "KEY", secret=True),
+    Option("api-key-file", _path, None, "file holding the API key", "PATH"),
+    Option("model", _text, None, "served model id (default: the only one /v1/models lists)",
+           "NAME"),
+    Option("port", _port, 8000, "vLLM API port on the head", "PORT"),
+    Option("http-timeout", _seconds, 30.0, "timeout of one HTTP request, and the idle "
+           "timeout of a stream", "SECONDS"),
 )
 
 OPTIONS_BY_ATTR = {option.attr: option for option in OPTIONS}

@@ -1,0 +1,131 @@
+"""The startup watch on real and reference vLLM logs: phases, progress, fail-fast."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pytest_spark.parsers.vllm_log import classify, split_prefix
+from pytest_spark.startup import StartupWatch
+
+LOGS = Path(__file__).parent.parent / "fixtures" / "vllm_logs"
+
+
+def replay(name: str, watch: StartupWatch | None = None, node: str = "spark-head"
+           ) -> StartupWatch:
+    watch = watch or StartupWatch(hang_timeout=300, placement_timeout=120, started=0.0)
+    for i, line in enumerate((LOGS / name).read_text().splitlines()):
+        watch.feed(node, [line], float(i))
+    return watch
+
+
+@pytest.mark.parametrize("log", ["vllm-0.32.0-cpu-smollm2.log",
+                                 "vllm-0.32.0-cpu-qwen2.5-0.5b.log", "reference-gpu-tp2.log"])
+def test_real_logs_walk_every_phase_in_order(log: str) -> None:
+    watch = replay(log)
+    assert [p["phase"] for p in watch.timeline()] == [
+        "start", "weights", "kv", "graphs", "api", "ready"]
+    assert watch.failure is None
+    starts = [p["start_s"] for p in watch.timeline()]
+    assert starts == sorted(starts)
+
+
+def test_gpu_log_progress_and_facts() -> None:
+    watch = StartupWatch(hang_timeout=300, placement_timeout=120, started=0.0)
+    lines = (LOGS / "reference-gpu-tp2.log").read_text().splitlines()
+    for i, line in enumerate(lines[:7]):
+        watch.feed("spark-head", [line], float(i))
+    assert watch.phase == "weights"
+    assert watch.progress["weights"] == (22, 39, "05:11")
+    assert "shards 22/39" in watch.status_line(10.0)
+    assert "eta 05:11" in watch.status_line(10.0)
+    watch = replay("reference-gpu-tp2.log")
+    assert watch.facts["kv_size.tokens"] == "1,587,648"
+    assert watch.facts["version"] == "0.11.0"
+    assert watch.progress["graphs"] == (35, 35, "00:00")
+
+
+def test_prefixes_are_split() -> None:
+    line = split_prefix("(RayWorkerWrapper pid=455, ip=192.168.200.13) INFO x")
+    assert (line.process, line.pid, line.ip, line.text) == (
+        "RayWorkerWrapper", 455, "192.168.200.13", "INFO x")
+    assert split_prefix("INFO:     Application startup complete.").process is None
+
+
+@pytest.mark.parametrize(
+    ("line", "signature"),
+    [
+        ("(EngineCore_DP0 pid=212) ERROR 11-29 10:00:20 [core.py:708] ValueError: Free memory "
+         "on device (58.2/119.7 GiB) on startup is less than desired GPU memory utilization "
+         "(0.9, 107.73 GiB).", "free-memory"),
+        ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.", "cuda-oom"),
+        ("RuntimeError: NCCL Error 2: unhandled system error", "nccl-error"),
+        ("[rank0]:[E] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1)",
+         "nccl-watchdog"),
+        ("ray.exceptions.RayActorError: The actor died unexpectedly before finishing this task.",
+         "ray-actor-died"),
+        ("vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.",
+         "engine-dead"),
+        ("RuntimeError: Engine core initialization failed. See root cause above. Failed core "
+         "proc(s): {}", "engine-init-failed"),
+    ],
+)
+def test_fatal_signature_fails_at_once_naming_node_and_fix(line: str, signature: str) -> None:
+    watch = replay("reference-gpu-tp2.log", node="spark-head")
+    watch = StartupWatch(hang_timeout=300, placement_timeout=120, started=0.0)
+    watch.feed("spark-head", ["(APIServer pid=1) INFO starting"], 1.0)
+    watch.feed("spark-worker-1", ["(RayWorkerWrapper pid=9) INFO loading", line], 2.0)
+    assert watch.failure is not None
+    assert watch.failure.kind == "fatal"
+    assert watch.failure.signature == signature
+    assert watch.failure.node == "spark-worker-1"
+    text = watch.failure.message()
+    assert "spark-worker-1" in text and "fix:" in text
+    assert "--- last 1 log lines of spark-head ---" in text  # every node's tail
+
+
+def test_benign_allreduce_line_is_not_fatal() -> None:
+    assert classify("Custom allreduce is disabled because this process group spans across "
+                    "nodes.") == []
+
+
+def test_placement_group_wait_is_a_hang_after_its_budget() -> None:
+    watch = StartupWatch(hang_timeout=300, placement_timeout=30, started=0.0)
+    line = ("(EngineCore_DP0 pid=1) INFO [ray_utils.py:300] Waiting for creating a placement "
+            "group of specs for {} seconds. specs=[{{'GPU': 1.0}}, {{'GPU': 1.0}}]")
+    watch.feed("spark-head", [line.format(10)], 10.0)
+    assert watch.failure is None
+    watch.feed("spark-head", [line.format(20)], 20.0)
+    assert watch.failure is None
+    watch.feed("spark-head", [line.format(30)], 30.0)
+    assert watch.failure is not None and watch.failure.kind == "hang"
+    assert "placement-group" in watch.failure.signature
+    assert "ray status" in watch.failure.message()
+
+
+def test_silence_while_loading_is_a_stall() -> None:
+    watch = StartupWatch(hang_timeout=20, placement_timeout=30, started=0.0)
+    watch.feed("spark-head", ["Loading safetensors checkpoint shards:   5% Completed | 2/39 "
+                              "[00:36<11:00, 18.0s/it]"], 1.0)
+    watch.check_stall(20.0)
+    assert watch.failure is None
+    watch.check_stall(21.5)
+    assert watch.failure is not None and watch.failure.kind == "stalled"
+    assert "phase weights" in watch.failure.message()
+
+
+def test_container_exit_is_a_failure_with_tails() -> None:
+    watch = StartupWatch(hang_timeout=20, placement_timeout=30, started=0.0)
+    watch.feed("spark-worker-1", ["Traceback (most recent call last):"], 1.0)
+    watch.container_exited("spark-worker-1", "exited (code 1)", 2.0)
+    assert watch.failure is not None
+    assert "serving container exited on spark-worker-1" in watch.failure.message()
+    assert "Traceback" in watch.failure.message()
+
+
+def test_mark_ready_closes_the_timeline() -> None:
+    watch = StartupWatch(hang_timeout=20, placement_timeout=30, started=100.0)
+    watch.mark_ready(104.5)
+    assert watch.ready
+    assert watch.timeline()[-1] == {"phase": "ready", "start_s": 4.5, "end_s": 4.5}
