@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import testinfra.host
@@ -14,7 +16,9 @@ from pytest_spark.cluster import Cluster, Node
 from pytest_spark.remote.testinfra import testinfra_host
 from pytest_spark.results import NODE_PROP, finding_property
 from pytest_spark.settings import Settings
-from pytest_spark.state import CLUSTER_KEY, SETTINGS_KEY
+from pytest_spark.standup import ServingInfo
+from pytest_spark.startup import StartupWatch
+from pytest_spark.state import CLUSTER_KEY, RUN_DIR_KEY, SERVING_KEY, SETTINGS_KEY
 
 
 class SparkCheckWarning(UserWarning):
@@ -108,22 +112,92 @@ def spark_check(request: pytest.FixtureRequest) -> SparkCheck:
 
 
 @pytest.fixture(scope="session")
-def spark_api(pytestconfig: pytest.Config, spark_settings: Settings) -> ApiEndpoint:
-    """The served API (attach mode): base URL, model id, key; skips nothing, fails clearly."""
+def spark_serving(pytestconfig: pytest.Config, spark_settings: Settings) -> ServingInfo:
+    """The serving cluster, ready: launched with --spark-launch, else attached to. Waits
+    with live progress, fails fast with every node's log tail, never hangs."""
+    from pytest_spark.standup import NotServing, ensure_serving
+
+    cluster = pytestconfig.stash.get(CLUSTER_KEY, None) or _cluster(pytestconfig)
+    cluster.connect()
+    try:
+        info = ensure_serving(cluster, spark_settings, pytestconfig.stash[RUN_DIR_KEY],
+                              progress=_progress_writer(pytestconfig))
+    except NotServing as exc:
+        pytest.fail(str(exc), pytrace=False)
+    finally:
+        _progress_done(pytestconfig)
+    pytestconfig.stash[SERVING_KEY] = info
+    return info
+
+
+def _progress_writer(config: pytest.Config) -> Callable[[StartupWatch, float], None]:
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    capman = config.pluginmanager.get_plugin("capturemanager")
+    last: dict[str, Any] = {"phase": None, "t": 0.0}
+
+    def write(watch: StartupWatch, now: float) -> None:
+        if reporter is None:
+            return
+        line = watch.status_line(now)
+        tty = reporter.isatty() if callable(getattr(reporter, "isatty", None)) else False
+        if not tty and watch.phase == last["phase"] and now - last["t"] < 10:
+            return
+        last.update(phase=watch.phase, t=now)
+        with capman.global_and_fixture_disabled() if capman else contextlib.nullcontext():
+            if tty:
+                reporter.write(f"\r{line:<78}", flush=True)
+            else:
+                reporter.write_line(line)
+    return write
+
+
+def _progress_done(config: pytest.Config) -> None:
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None and getattr(reporter, "isatty", lambda: False)():
+        reporter.write("\n")
+
+
+@pytest.fixture(scope="session")
+def spark_api(request: pytest.FixtureRequest, pytestconfig: pytest.Config,
+              spark_settings: Settings) -> Iterator[ApiEndpoint]:
+    """The served API once ready: base URL (direct, or an SSH tunnel through the head),
+    model id and key. With --spark-api-url alone, attach to that server directly."""
     from pytest_spark.api import ApiError, discover, read_api_key
 
     settings = spark_settings
+    tunnel = None
     try:
         key = read_api_key(settings.api_key, settings.api_key_file)
         base = settings.api_url
         if base is None:
-            cluster: Cluster = pytestconfig.stash.get(CLUSTER_KEY, None) or _cluster(
-                pytestconfig)
-            base = f"http://{cluster.head.conn.target.hostname}:{settings.port}"
-        return discover(base, api_key=key, model=settings.model,
-                        timeout=settings.http_timeout)
+            request.getfixturevalue("spark_serving")
+            cluster = pytestconfig.stash[CLUSTER_KEY]
+            base, tunnel = route_to_api(cluster, settings.port)
+        endpoint = discover(base, api_key=key, model=settings.model,
+                            timeout=settings.http_timeout)
     except ApiError as exc:
         pytest.fail(str(exc), pytrace=False)
+    try:
+        yield endpoint
+    finally:
+        if tunnel is not None:
+            tunnel.close()
+
+
+def route_to_api(cluster: Cluster, port: int) -> tuple[str, Any]:
+    """Direct to the head's address when it answers, else an SSH tunnel via the head."""
+    import httpx
+
+    from pytest_spark.remote.tunnel import Tunnel
+
+    direct = f"http://{cluster.head.conn.target.hostname}:{port}"
+    try:
+        if httpx.get(f"{direct}/health", timeout=3).status_code == 200:
+            return direct, None
+    except httpx.HTTPError:
+        pass
+    tunnel = Tunnel(cluster.head.conn, "127.0.0.1", port)
+    return tunnel.url, tunnel
 
 
 def _cluster(config: pytest.Config) -> Cluster:

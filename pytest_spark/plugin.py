@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from pytest_spark import fixtures, hooks
-from pytest_spark.cluster import node_names
+from pytest_spark.cluster import Cluster, node_names
 from pytest_spark.results import CATEGORIES, ResultsRecorder
 from pytest_spark.settings import Settings, add_options, resolve
 from pytest_spark.simcontrol import sim_attach, sim_up
-from pytest_spark.state import RESULTS_KEY, SETTINGS_KEY, SIM_KEY
+from pytest_spark.standup import stop_if_launched
+from pytest_spark.state import CLUSTER_KEY, RESULTS_KEY, RUN_DIR_KEY, SETTINGS_KEY, SIM_KEY
 
 MARKERS = {
     "preflight": "node fitness before serving (docker, GPU, disk, model dir, clocks, env)",
@@ -24,10 +27,11 @@ MARKERS = {
     "throughput": "tokens/sec and latency against the profile",
 }
 SIM_INFO = "spark_sim_cluster_json"
+RUN_DIR = "spark_run_dir"
 API_FIXTURES = {"spark_api"}
 NODE_FIXTURES = {"spark_node", "_spark_node", "host"}
 CLUSTER_FIXTURES = NODE_FIXTURES | {"spark_cluster", "spark_head", "spark_workers",
-                                    "spark_head_host", "spark_twin"}
+                                    "spark_head_host", "spark_twin", "spark_serving"}
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
@@ -59,6 +63,10 @@ def pytest_configure(config: pytest.Config) -> None:
         settings = settings.replace(
             head=sim.head, workers=sim.workers, ssh_config=sim.ssh_config, user="root")
     config.stash[SETTINGS_KEY] = settings
+    if _is_worker(config):
+        config.stash[RUN_DIR_KEY] = Path(config.workerinput[RUN_DIR])  # type: ignore[attr-defined]
+    else:
+        config.stash[RUN_DIR_KEY] = Path(tempfile.mkdtemp(prefix="pytest-spark-run-"))
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(XdistHooks(), "spark.xdist")
     if not _is_worker(config):
@@ -82,15 +90,39 @@ class XdistHooks:
     """Only registered when pytest-xdist is present."""
 
     def pytest_configure_node(self, node: Any) -> None:
+        node.workerinput[RUN_DIR] = str(node.config.stash[RUN_DIR_KEY])
         sim = node.config.stash.get(SIM_KEY, None)
         if sim is not None:
             node.workerinput[SIM_INFO] = str(sim.state_dir / "cluster.json")
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Controller only: stop what --spark-launch started, once, whatever happened."""
+    config = session.config
+    if _is_worker(config) or RUN_DIR_KEY not in config.stash:
+        return
+    settings = config.stash[SETTINGS_KEY]
+    if not settings.head:
+        return
+    cluster = config.stash.get(CLUSTER_KEY, None) or Cluster(settings)
+    problem = stop_if_launched(cluster, config.stash[RUN_DIR_KEY], settings.keep)
+    if problem:
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"pytest-dgx-spark teardown: {problem}", red=True)
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
+    cluster = config.stash.get(CLUSTER_KEY, None)
+    if cluster is not None:
+        cluster.close()
     sim = config.stash.get(SIM_KEY, None)
     if sim is not None:
         sim.down()
+    run_dir = config.stash.get(RUN_DIR_KEY, None)
+    if run_dir is not None and not _is_worker(config):
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

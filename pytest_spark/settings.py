@@ -183,6 +183,25 @@ OPTIONS: tuple[Option, ...] = (
     Option("port", _port, 8000, "vLLM API port on the head", "PORT"),
     Option("http-timeout", _seconds, 30.0, "timeout of one HTTP request, and the idle "
            "timeout of a stream", "SECONDS"),
+    Option("launch", _bool, False, "start the serving cluster with the launch script on the "
+           "head, wait until it is ready, and stop it after the session", flag=True,
+           ini_type="bool"),
+    Option("keep", _bool, False, "with --spark-launch: leave the cluster running afterwards",
+           flag=True, ini_type="bool"),
+    Option("launch-script", _text, "./launch-cluster.sh", "launch-cluster.sh path on the head",
+           "PATH"),
+    Option("launch-nodes", _host_list, (), "node IPs passed to the launcher's -n (default: "
+           "the nodes' addresses)", "IP[,IP...]"),
+    Option("image", _text, None, "serving image for the launcher's -t", "IMAGE"),
+    Option("container", _text, "vllm_node", "serving container name on every node", "NAME"),
+    Option("serve-args", _text, None, "the `vllm serve ...` command the launcher runs in the "
+           "head container", "'vllm serve ...'"),
+    Option("nccl-debug", _text, None, "launcher --nccl-debug level (VERSION, WARN, INFO, TRACE)",
+           "LEVEL"),
+    Option("ready-timeout", _seconds, 1200.0, "give up waiting for readiness after this long",
+           "SECONDS", profile_key="readiness.ready_timeout_s"),
+    Option("hang-timeout", _seconds, 300.0, "no log progress on any node for this long while "
+           "loading is a hang", "SECONDS", profile_key="readiness.hang_timeout_s"),
 )
 
 OPTIONS_BY_ATTR = {option.attr: option for option in OPTIONS}
@@ -271,6 +290,11 @@ def resolve(config: pytest.Config, environ: Mapping[str, str] | None = None) -> 
     except ProfileError as exc:
         culprit = "threshold" if "threshold" in str(exc) else "profile"
         raise SettingsError(f"{exc} (from {sources[culprit]})") from None
+    for option in OPTIONS:
+        if option.profile_key and sources[option.attr] == "default" and (
+                option.profile_key in profile.values):
+            values[option.attr] = option.parse(str(profile[option.profile_key]))
+            sources[option.attr] = f"profile {profile.name}"
     secrets = frozenset(o.attr for o in OPTIONS if o.secret)
     return Settings(values, sources, profile, secrets)
 

@@ -7,6 +7,9 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
+    from pytest_spark.standup import ServingInfo
     from pytest_spark.cluster import Cluster
     from pytest_spark.results import ResultsRecorder
     from pytest_spark.settings import Settings
@@ -16,3 +19,5 @@ SETTINGS_KEY = pytest.StashKey["Settings"]()
 CLUSTER_KEY = pytest.StashKey["Cluster"]()
 SIM_KEY = pytest.StashKey["SimCluster"]()
 RESULTS_KEY = pytest.StashKey["ResultsRecorder"]()
+RUN_DIR_KEY = pytest.StashKey["Path"]()
+SERVING_KEY = pytest.StashKey["ServingInfo"]()

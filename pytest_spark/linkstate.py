@@ -1,0 +1,59 @@
+"""Link facts of the cluster: one SSH round trip per node, cached for the session."""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_spark.checks.links import twin_key
+from pytest_spark.cluster import Cluster, Node
+from pytest_spark.facts.links import (
+    LINK_PROBE,
+    NodeLinkFacts,
+    PortFacts,
+    discover_fabric_ifs,
+    parse_link_probe,
+)
+from pytest_spark.parsers.links import ParseError
+from pytest_spark.remote.base import RemoteError
+
+
+def node_link_facts(cluster: Cluster, node: Node) -> NodeLinkFacts:
+    def probe() -> NodeLinkFacts:
+        result = node.run(LINK_PROBE, timeout=30)
+        try:
+            return parse_link_probe(result.stdout)
+        except ParseError as exc:
+            pytest.fail(f"{node.name}: cannot read the link probe output ({exc}):\n"
+                        f"{result.evidence()}", pytrace=False)
+
+    return cluster.cached(("link-facts", node.name), probe)
+
+
+def all_link_facts(cluster: Cluster) -> dict[str, NodeLinkFacts | RemoteError]:
+    """Every reachable node's facts, gathered concurrently (errors kept per node)."""
+    return cluster.map(lambda node: node_link_facts(cluster, node))
+
+
+def fabric_ifs(cluster: Cluster) -> list[str]:
+    """The fabric twins: --spark-fabric-ifs, else every netdev ibdev2netdev reports Up on
+    some node, plus its twin (the other netdev of the same physical port), so a twin that
+    is down everywhere is still checked rather than silently dropped."""
+    if cluster.settings.fabric_ifs:
+        return list(cluster.settings.fabric_ifs)
+
+    def discover() -> list[str]:
+        facts = [f for f in all_link_facts(cluster).values() if isinstance(f, NodeLinkFacts)]
+        up = [name for f in facts for name in discover_fabric_ifs(f)]
+        keys = {twin_key(name) for name in up}
+        every = [m.netdev for f in facts for m in sorted(f.roce, key=lambda m: (m.dev, m.port))]
+        return list(dict.fromkeys(n for n in every if twin_key(n) in keys))
+
+    return cluster.cached("fabric-ifs", discover)
+
+
+def port_of(facts: NodeLinkFacts, ifname: str) -> PortFacts:
+    port = facts.ports.get(ifname)
+    if port is not None:
+        return port
+    return PortFacts(ifname, None, None, None, None, None, None, None, None, None, None,
+                     exists=False)

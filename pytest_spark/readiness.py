@@ -1,0 +1,195 @@
+"""Wait for the serving cluster to become ready, watching every node.
+
+Every poll (twice a second) is one SSH round trip per node, all nodes at once: the head's
+``/health`` (asked on the head itself, as operators do with curl), the serving container's
+state, and the log lines it printed since the last poll. The lines feed a ``StartupWatch``
+that keeps the phase timeline and fails fast on a fatal signature, an exited container, a
+hang signature or silence."""
+
+from __future__ import annotations
+
+import shlex
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from pytest_spark.cluster import Cluster, Node
+from pytest_spark.remote.base import CommandResult, RemoteError
+from pytest_spark.startup import StartupFailure, StartupWatch
+
+SEP = "__PYTEST_SPARK_PROBE__"
+POLL_S = 0.5
+MAX_PROBE_FAILURES = 4
+
+
+class StartupFailed(Exception):
+    def __init__(self, failure: StartupFailure, watch: StartupWatch) -> None:
+        super().__init__(failure.message())
+        self.failure = failure
+        self.watch = watch
+
+
+@dataclass
+class NodeProbe:
+    health: str | None
+    status: str  # running | exited N | missing | ...
+    lines: list[str]
+    launcher_alive: bool | None = None
+
+
+def probe_command(container: str, since: str, port: int | None, launcher_pid: int | None
+                  ) -> str:
+    c = shlex.quote(container)
+    parts = []
+    if port is not None:
+        parts.append(
+            "if command -v curl >/dev/null; then curl -s -o /dev/null -m 2 -w '%{http_code}' "
+            f"http://127.0.0.1:{int(port)}/health; else echo nocurl; fi; echo")
+    parts.append(f"echo {SEP}")
+    parts.append(f"docker inspect -f '{{{{.State.Status}}}} {{{{.State.ExitCode}}}}' {c} 2>&1 "
+                 "| head -n 1")
+    parts.append(f"echo {SEP}")
+    parts.append(f"docker logs --timestamps --since {shlex.quote(since)} {c} 2>&1 "
+                 "| tail -n 2000")
+    if launcher_pid is not None:
+        parts.append(f"echo {SEP}")
+        parts.append(f"kill -0 {int(launcher_pid)} 2>/dev/null && echo alive || echo dead")
+    return "; ".join(parts)
+
+
+def parse_probe(result: CommandResult, with_health: bool) -> NodeProbe:
+    sections = result.stdout.split(SEP + "\n")
+    health = sections.pop(0).strip() if with_health else None
+    state = sections[0].strip() if sections else ""
+    logs = sections[1] if len(sections) > 1 else ""
+    alive = None
+    if len(sections) > 2:
+        alive = sections[2].strip() == "alive"
+    if "No such object" in state or "No such container" in state:
+        status = "missing"
+    elif state.startswith(("running", "created", "restarting")):
+        status = state.split()[0]
+    elif state.startswith(("exited", "dead")):
+        parts = state.split()
+        status = f"{parts[0]} (code {parts[1]})" if len(parts) > 1 else parts[0]
+    else:
+        status = f"unknown: {state[:200]}"
+    lines: list[str] = []
+    for raw in logs.splitlines():
+        lines.extend(seg for seg in raw.split("\r") if seg.strip())
+    return NodeProbe(health, status, lines, alive)
+
+
+@dataclass
+class LogCursor:
+    """Remembers the last docker log timestamp seen on a node, to fetch only new lines."""
+
+    since: str
+    seen_at_since: set[str] = field(default_factory=set)
+
+    def new_lines(self, lines: list[str]) -> list[str]:
+        fresh: list[str] = []
+        for line in lines:
+            ts, _, text = line.partition(" ")
+            if not ts[:4].isdigit():  # a \r continuation of a tqdm line: no timestamp
+                fresh.append(line)
+                continue
+            if ts < self.since or (ts == self.since and line in self.seen_at_since):
+                continue
+            if ts > self.since:
+                self.since, self.seen_at_since = ts, set()
+            self.seen_at_since.add(line)
+            fresh.append(text)
+        return fresh
+
+
+def remote_now(node: Node) -> str:
+    result = node.run("date -u +%Y-%m-%dT%H:%M:%S.%NZ", timeout=10)
+    return result.stdout.strip() or "1970-01-01T00:00:00Z"
+
+
+def wait_ready(
+    cluster: Cluster,
+    *,
+    container: str,
+    port: int,
+    ready_timeout: float,
+    hang_timeout: float,
+    placement_timeout: float,
+    since: str | None = None,
+    launcher_pid: int | None = None,
+    launcher_log: Callable[[], str] | None = None,
+    progress: Callable[[StartupWatch, float], None] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> StartupWatch:
+    """Return the watch once the head's /health answers 200; raise StartupFailed otherwise."""
+    start = clock()
+    watch = StartupWatch(hang_timeout, placement_timeout, start)
+    since = since or remote_now(cluster.head)
+    cursors = {node.name: LogCursor(since) for node in cluster.nodes}
+    failures = {node.name: 0 for node in cluster.nodes}
+    missing_since: dict[str, float] = {}
+    for node in cluster.nodes:
+        watch.node_seen(node.name)
+
+    def probe(node: Node) -> NodeProbe:
+        is_head = node is cluster.head
+        cmd = probe_command(container, cursors[node.name].since, port if is_head else None,
+                            launcher_pid if is_head else None)
+        return parse_probe(node.run(cmd, timeout=15), is_head)
+
+    while True:
+        tick = clock()
+        results = cluster.map(probe)
+        now = clock()
+        head_health = None
+        for name, outcome in results.items():
+            if isinstance(outcome, RemoteError):
+                failures[name] += 1
+                if failures[name] >= MAX_PROBE_FAILURES and watch.failure is None:
+                    watch.failure = StartupFailure(
+                        "unreachable", name, str(outcome), "",
+                        "the node stopped answering over SSH while the cluster was starting: "
+                        "check its power, management link and sshd", watch.snapshot_tails())
+                continue
+            failures[name] = 0
+            watch.feed(name, cursors[name].new_lines(outcome.lines), now)
+            if outcome.status.startswith(("exited", "dead")):
+                watch.container_exited(name, f"container {container} {outcome.status}", now)
+            elif outcome.status == "missing":
+                missing_since.setdefault(name, now)
+                launcher_dead = outcome.launcher_alive is False or (
+                    launcher_pid is None and now - start > 5)
+                if (launcher_dead or now - missing_since[name] > max(hang_timeout, 30)) and (
+                        watch.failure is None):
+                    log = launcher_log() if launcher_log else ""
+                    watch.failure = StartupFailure(
+                        "exited", name, f"no container named {container!r}",
+                        log.strip().splitlines()[-1] if log.strip() else "",
+                        "the launcher did not start the container on this node: read the "
+                        "launcher output below (SSH from head to workers, image present, "
+                        "docker running)",
+                        {**watch.snapshot_tails(), "launcher": log.splitlines()[-15:]})
+            else:
+                missing_since.pop(name, None)
+            if outcome.health is not None:
+                head_health = outcome.health
+        if head_health == "200":
+            watch.mark_ready(now)
+            return watch
+        if head_health == "nocurl" and watch.failure is None:
+            watch.failure = StartupFailure(
+                "exited", cluster.head.name, "curl not found on the head", "",
+                "install curl on the head node (the readiness probe asks /health there)",
+                watch.snapshot_tails())
+        watch.check_stall(now)
+        if watch.failure is None and now - start >= ready_timeout:
+            watch.failure = StartupFailure(
+                "timeout", None, f"not ready after {ready_timeout:.0f} s (phase {watch.phase})",
+                "", "raise --spark-ready-timeout if the load is progressing, else read the "
+                "log tails", watch.snapshot_tails())
+        if watch.failure is not None:
+            raise StartupFailed(watch.failure, watch)
+        if progress is not None:
+            progress(watch, now)
+        time.sleep(max(0.0, POLL_S - (clock() - tick)))
