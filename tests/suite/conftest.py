@@ -1,0 +1,84 @@
+"""Run the real suite (tests_infra, tests_e2e) against sparksim, as a user would: in a
+subprocess, over SSH, reading the verdicts from the JSON results."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_spark.simcontrol import SimCluster, sim_up
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _missing() -> str | None:
+    if os.geteuid() != 0:
+        return "sparksim needs root (network namespaces, veth, tc, sshd)"
+    for tool in ("ip", "tc", "unshare", "ssh-keygen"):
+        if shutil.which(tool) is None:
+            return f"{tool} not installed"
+    if not os.access("/usr/sbin/sshd", os.X_OK):
+        return "/usr/sbin/sshd not installed (apt-get install openssh-server)"
+    return None
+
+
+@pytest.fixture(scope="session")
+def sim() -> Iterator[SimCluster]:
+    reason = _missing()
+    if reason:
+        pytest.skip(reason)
+    cluster = sim_up(2)
+    try:
+        yield cluster
+    finally:
+        cluster.down()
+
+
+@dataclass
+class SuiteRun:
+    ret: int
+    output: str
+    results: dict[str, Any]
+
+    def checks(self, **match: str) -> list[dict[str, Any]]:
+        return [c for c in self.results["checks"]
+                if all(c.get(k) == v for k, v in match.items())]
+
+    def outcomes(self) -> dict[str, str]:
+        return {c["nodeid"].split("::", 1)[1]: c["outcome"] for c in self.results["checks"]}
+
+    def failed(self) -> dict[str, str]:
+        return {c["nodeid"].split("::", 1)[1]: c["message"] for c in self.results["checks"]
+                if c["outcome"] in ("failed", "error")}
+
+
+def run_suite(tmp_path: Path, *args: str, sim: SimCluster | None = None, timeout: float = 600
+              ) -> SuiteRun:
+    """``pytest tests_infra ...`` in a subprocess; returns exit code, output and JSON."""
+    results = tmp_path / "results.json"
+    argv = [str(REPO / ".venv" / "bin" / "pytest") if (REPO / ".venv").exists() else "pytest"]
+    argv += ["-p", "no:cacheprovider", "-q", "-rfEs", f"--spark-results={results}",
+             "--rootdir", str(REPO), "-c", str(REPO / "pyproject.toml")]
+    if sim is not None:
+        argv += [f"--spark-head={sim.head}", f"--spark-workers={','.join(sim.workers)}",
+                 f"--spark-ssh-config={sim.ssh_config}", "--spark-profile=sim"]
+    argv += list(args)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SPARK_", "PYTEST_"))}
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                          env=env)
+    output = proc.stdout + proc.stderr
+    data = json.loads(results.read_text()) if results.exists() else {"checks": []}
+    return SuiteRun(proc.returncode, output, data)
+
+
+def sim_fault(sim: SimCluster, *args: str) -> None:
+    result = sim.cli("fault", *args)
+    assert result.returncode == 0, result.stderr

@@ -1,0 +1,107 @@
+"""The link suite against sparksim: healthy passes, each fault fails exactly its check
+with the node, the interface, the figures and a fix in the message."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pytest_spark.simcontrol import SimCluster
+
+from conftest import REPO, run_suite, sim_fault  # type: ignore[import-not-found]
+
+pytestmark = pytest.mark.sim
+INFRA = str(REPO / "tests_infra" / "test_link.py")
+
+
+@pytest.fixture
+def clean(sim: SimCluster) -> Iterator[SimCluster]:
+    sim_fault(sim, "clear")
+    yield sim
+    sim_fault(sim, "clear")
+
+
+def test_healthy_sim_passes_every_link_check(clean: SimCluster, tmp_path: Path) -> None:
+    run = run_suite(tmp_path, INFRA, sim=clean)
+    assert run.ret == 0, run.output
+    outcomes = run.outcomes()
+    assert len(outcomes) == 13 * 2  # 2 nodes x (1 + 2 twins x 5) + 2 twins x 2
+    assert set(outcomes.values()) == {"passed"}, outcomes
+    rates = run.checks(outcome="passed")
+    assert all(c["category"] == "link" for c in rates)
+    rate = next(c for c in rates if "test_link_rate[spark-head-twin0]" in c["nodeid"])
+    assert (rate["measured"], rate["unit"]) == (200.0, "Gb/s")
+
+
+def test_link_down_fails_link_up_on_both_ends_and_skips_dependents(
+        clean: SimCluster, tmp_path: Path) -> None:
+    sim_fault(clean, "link-down", "spark-2", "enp1s0f1np1")
+    run = run_suite(tmp_path, INFRA, sim=clean)
+    assert run.ret == 1
+    failed = run.failed()
+    assert set(failed) == {
+        "test_fabric_twins_up[spark-head]", "test_fabric_twins_up[spark-worker-1]",
+        "test_link_up[spark-head-twin1]", "test_link_up[spark-worker-1-twin1]"}, failed
+    down = failed["test_link_up[spark-worker-1-twin1]"]
+    assert "spark-worker-1 enp1s0f1np1" in down and "administratively down" in down
+    assert "ip link set enp1s0f1np1 up" in down
+    assert "no carrier" in failed["test_link_up[spark-head-twin1]"]
+    skipped = {k: v for k, v in run.outcomes().items() if v == "skipped"}
+    assert set(skipped) == {f"test_{t}[{n}-twin1]" for t in ("roce_active", "link_rate",
+                            "ping_peer_at_full_mtu") for n in ("spark-head", "spark-worker-1")}
+    reasons = {c["message"] for c in run.checks(outcome="skipped")}
+    assert all("see the link-up check" in r for r in reasons), reasons
+
+
+def test_degraded_rate_fails_the_rate_check_only(clean: SimCluster, tmp_path: Path) -> None:
+    sim_fault(clean, "link-rate", "spark-1", "100000", "enP2p1s0f1np1")
+    run = run_suite(tmp_path, INFRA, sim=clean)
+    failed = run.failed()
+    assert list(failed) == ["test_link_rate[spark-head-twin0]"], failed
+    message = failed["test_link_rate[spark-head-twin0]"]
+    assert "spark-head enP2p1s0f1np1" in message
+    assert "100 Gb/s" in message and ">= 200 Gb/s" in message and "cable" in message
+    record = run.checks(nodeid="tests_infra/test_link.py::test_link_rate[spark-head-twin0]")[0]
+    assert (record["measured"], record["expected"]) == (100.0, 200.0)
+
+
+def test_mtu_mismatch_fails_consistency_and_full_mtu_ping_and_warns(
+        clean: SimCluster, tmp_path: Path) -> None:
+    sim_fault(clean, "mtu", "spark-2", "1500", "enP2p1s0f1np1")
+    run = run_suite(tmp_path, INFRA, sim=clean)
+    failed = run.failed()
+    assert set(failed) == {"test_mtu_consistent[twin0]",
+                           "test_ping_peer_at_full_mtu[spark-head-twin0]"}, failed
+    assert "spark-head 9000, spark-worker-1 1500" in failed["test_mtu_consistent[twin0]"]
+    assert "MTU problem" in failed["test_ping_peer_at_full_mtu[spark-head-twin0]"]
+    warned = run.checks(nodeid="tests_infra/test_link.py::test_mtu[spark-worker-1-twin0]")[0]
+    assert warned["outcome"] == "passed" and warned["level"] == "warn"
+    assert "~5%" in warned["message"]
+    assert "SparkCheckWarning" in run.output
+
+
+def test_spark_sim_option_stands_up_and_tears_down(tmp_path: Path) -> None:
+    before = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    run = run_suite(tmp_path, "--spark-sim", "-m", "link", str(REPO / "tests_infra"))
+    assert run.ret == 0, run.output
+    assert run.results["cluster"]["sim"] is True
+    assert run.results["cluster"]["profile"] == "sim"
+    assert len(run.outcomes()) == 26
+    after = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert sorted(after.split("\n")) == sorted(before.split("\n")), (before, after)
+
+
+def test_unreachable_worker_is_an_error_naming_it_not_a_check_failure(
+        sim: SimCluster, tmp_path: Path) -> None:
+    run = run_suite(tmp_path, INFRA, f"--spark-head={sim.head}",
+                    "--spark-workers=198.18.255.254", f"--spark-ssh-config={sim.ssh_config}",
+                    "--spark-profile=sim", "--spark-connect-timeout=2")
+    errors = {k: v for k, v in run.outcomes().items() if v == "error"}
+    assert errors and all("spark-worker-1" in k or "twin" in k for k in errors), run.outcomes()
+    message = run.checks(outcome="error")[0]["message"]
+    assert "node unreachable" in message and "spark-worker-1" in message
+    head_ok = run.checks(nodeid="tests_infra/test_link.py::test_link_up[spark-head-twin0]")
+    assert head_ok[0]["outcome"] == "passed"
