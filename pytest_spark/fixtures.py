@@ -14,7 +14,7 @@ from pytest_spark.api import ApiEndpoint
 from pytest_spark.checks.base import Finding
 from pytest_spark.cluster import Cluster, Node
 from pytest_spark.remote.testinfra import testinfra_host
-from pytest_spark.results import NODE_PROP, finding_property
+from pytest_spark.results import DATA_PREFIX, NODE_PROP, finding_property
 from pytest_spark.settings import Settings
 from pytest_spark.standup import ServingInfo
 from pytest_spark.startup import StartupWatch
@@ -95,6 +95,11 @@ class SparkCheck:
         self._item.user_properties.append(finding_property(finding))
         return finding
 
+    def attach(self, name: str, data: Any) -> None:
+        """Keep JSON-able evidence or figures with the check (results ``extra``, report
+        plots): e.g. ``attach("busbw_series", [{"bytes": ..., "busbw_gbps": ...}])``."""
+        self._item.user_properties.append((f"{DATA_PREFIX}{name}", data))
+
     def require(self, finding: Finding) -> Finding:
         """Record, then fail on ``fail`` and warn on ``warn``."""
         self.record(finding)
@@ -119,13 +124,16 @@ def spark_serving(pytestconfig: pytest.Config, spark_settings: Settings) -> Serv
 
     cluster = pytestconfig.stash.get(CLUSTER_KEY, None) or _cluster(pytestconfig)
     cluster.connect()
+    problem = None
     try:
         info = ensure_serving(cluster, spark_settings, pytestconfig.stash[RUN_DIR_KEY],
                               progress=_progress_writer(pytestconfig))
     except NotServing as exc:
-        pytest.fail(str(exc), pytrace=False)
+        problem = str(exc)
     finally:
         _progress_done(pytestconfig)
+    if problem is not None:
+        pytest.fail(problem, pytrace=False)
     pytestconfig.stash[SERVING_KEY] = info
     return info
 
@@ -176,7 +184,13 @@ def spark_api(request: pytest.FixtureRequest, pytestconfig: pytest.Config,
         endpoint = discover(base, api_key=key, model=settings.model,
                             timeout=settings.http_timeout)
     except ApiError as exc:
-        pytest.fail(str(exc), pytrace=False)
+        problem = str(exc)
+    else:
+        problem = None
+    if problem is not None:
+        if tunnel is not None:
+            tunnel.close()
+        pytest.fail(problem, pytrace=False)
     try:
         yield endpoint
     finally:

@@ -70,7 +70,8 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(XdistHooks(), "spark.xdist")
     if not _is_worker(config):
-        recorder = ResultsRecorder(config, settings.results, cluster_info(settings))
+        recorder = ResultsRecorder(config, settings.results, cluster_info(settings),
+                                   config.stash[RUN_DIR_KEY])
         config.stash[RESULTS_KEY] = recorder
         config.pluginmanager.register(recorder, "spark.results")
 
@@ -146,12 +147,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     settings = config.stash[SETTINGS_KEY]
     if settings.head:
         return
-    wanted = CLUSTER_FIXTURES if settings.api_url else CLUSTER_FIXTURES | API_FIXTURES
-    needy = [i for i in items if set(getattr(i, "fixturenames", ())) & wanted]
+    cluster_tests = [i for i in items if set(getattr(i, "fixturenames", ())) & CLUSTER_FIXTURES]
+    if settings.api_url:
+        skip = pytest.mark.skip(reason="needs the cluster's nodes (--spark-head): only the "
+                                "API was given (--spark-api-url)")
+        for item in cluster_tests:
+            item.add_marker(skip)
+        return
+    needy = cluster_tests + [i for i in items
+                             if set(getattr(i, "fixturenames", ())) & API_FIXTURES]
     if needy:
         raise pytest.UsageError(
             "these tests check a cluster: give --spark-head HOST (the head node's management "
             "address or ssh_config alias), --spark-api-url URL for the serving checks alone, "
-            "or --spark-sim to run them against the embedded "
-            f"simulated cluster ({len(needy)} tests need it, e.g. {needy[0].nodeid})"
+            "or --spark-sim to run them against the embedded simulated cluster "
+            f"({len(needy)} tests need it, e.g. {needy[0].nodeid})"
         )

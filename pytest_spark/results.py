@@ -16,6 +16,7 @@ from pytest_spark.checks.base import Finding
 CATEGORIES = ("preflight", "link", "nccl", "readiness", "tool_calls", "reasoning", "throughput")
 FINDING_PROP = "spark_finding"
 NODE_PROP = "spark_node"
+DATA_PREFIX = "spark_data:"
 
 
 def finding_property(finding: Finding) -> tuple[str, dict[str, Any]]:
@@ -37,14 +38,16 @@ def category_of(keywords: Any) -> str | None:
 class ResultsRecorder:
     """Collects one record per suite check from the reports; writes JSON at the end."""
 
-    def __init__(self, config: pytest.Config, path: Path | None, cluster_info: dict[str, Any]
-                 ) -> None:
+    def __init__(self, config: pytest.Config, path: Path | None, cluster_info: dict[str, Any],
+                 run_dir: Path | None = None) -> None:
         self.config = config
+        self.run_dir = run_dir
         self.path = path
         self.cluster_info = cluster_info
         self.started = datetime.now(UTC)
         self._t0 = time.monotonic()
         self.checks: dict[str, dict[str, Any]] = {}
+        self.session: dict[str, Any] = {}
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         category = category_of(report.keywords)
@@ -77,8 +80,9 @@ class ResultsRecorder:
                 "unit": finding.get("unit"),
                 "message": message,
                 "duration_s": round(report.duration, 4),
-                "extra": {k: v for k, v in props.items()
-                          if k not in (FINDING_PROP, NODE_PROP) and _jsonable(v)},
+                "evidence": finding.get("evidence") or {},
+                "extra": {k.removeprefix(DATA_PREFIX): v for k, v in props.items()
+                          if k.startswith(DATA_PREFIX) and _jsonable(v)},
             }
 
     def document(self) -> dict[str, Any]:
@@ -88,12 +92,19 @@ class ResultsRecorder:
             "duration_s": round(time.monotonic() - self._t0, 3),
             "cluster": self.cluster_info,
             "checks": list(self.checks.values()),
+            **self.session,
         }
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         doc = self.document()
         doc["exitstatus"] = int(exitstatus)
+        serving = self.run_dir / "serving.json" if self.run_dir else None
+        if serving is not None and serving.exists():
+            try:
+                doc["serving"] = json.loads(serving.read_text())
+            except ValueError:
+                pass
         handled = self.config.hook.pytest_spark_results(config=self.config, results=doc)
         if handled is None and self.path is not None:
             write_json(self.path, doc)
