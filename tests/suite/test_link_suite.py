@@ -96,8 +96,9 @@ def test_spark_sim_option_stands_up_and_tears_down(tmp_path: Path) -> None:
 
 def test_unreachable_worker_is_an_error_naming_it_not_a_check_failure(
         sim: SimCluster, tmp_path: Path) -> None:
+    nobody = sim.head.rsplit(".", 1)[0] + ".99"  # on the sim's own bridge, no node there
     run = run_suite(tmp_path, INFRA, f"--spark-head={sim.head}",
-                    "--spark-workers=198.18.255.254", f"--spark-ssh-config={sim.ssh_config}",
+                    f"--spark-workers={nobody}", f"--spark-ssh-config={sim.ssh_config}",
                     "--spark-profile=sim", "--spark-connect-timeout=2")
     errors = {k: v for k, v in run.outcomes().items() if v == "error"}
     assert errors and all("spark-worker-1" in k or "twin" in k for k in errors), run.outcomes()
