@@ -1,0 +1,505 @@
+"""One-round-trip link probe for a node, and the facts parsed from its output.
+
+``LINK_PROBE`` is a single shell command (``sh -c '...'``, so it runs the same under any
+login shell) that prints every link-state section a node can give, each framed by marker
+lines::
+
+    @@pytest-spark-links@@ probe v1 HOSTNAME
+    @@pytest-spark-links@@ begin NAME
+    ...stdout of the command...
+    @@pytest-spark-links@@ stderr NAME
+    ...stderr of the command...
+    @@pytest-spark-links@@ end NAME rc=N
+
+Sections: ``ibdev2netdev``, ``ibstat``, ``ibv_devinfo``, ``rdma_link``, ``ip_link``
+(``ip -j link``), ``ip_addr`` (``ip -j addr``), then per RoCE netdev ``ethtool:IF``,
+``carrier:IF`` and ``carrier_changes:IF`` (sysfs). A missing tool gives ``rc=127`` and
+``TOOL: command not found`` on its stderr; every other section still runs. A tool that
+hangs is stopped after 10 s (``rc=124``) where coreutils ``timeout`` exists.
+
+:func:`parse_link_probe` turns that output into :class:`NodeLinkFacts`, with one
+:class:`PortFacts` per RoCE netdev joining what every tool said about it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import shlex
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from pytest_spark.parsers.links import (
+    CaInfo,
+    Ethtool,
+    IbvPort,
+    IpLink,
+    ParseError,
+    RdmaLink,
+    RoceMapping,
+    parse_ethtool,
+    parse_ibdev2netdev,
+    parse_ibstat,
+    parse_ibv_devinfo,
+    parse_ip_addr_json,
+    parse_ip_link_json,
+    parse_rdma_link,
+)
+
+__all__ = [
+    "BASE_SECTIONS",
+    "LINK_PROBE",
+    "MARKER",
+    "NodeLinkFacts",
+    "PortFacts",
+    "ProbeSection",
+    "discover_fabric_ifs",
+    "link_probe_command",
+    "parse_link_probe",
+    "ping_command",
+    "primary_fabric_if",
+    "split_probe",
+]
+
+MARKER = "@@pytest-spark-links@@"
+BASE_SECTIONS = ("ibdev2netdev", "ibstat", "ibv_devinfo", "rdma_link", "ip_link", "ip_addr")
+
+_SCRIPT = r"""
+export LC_ALL=C
+PATH="$PATH:/usr/sbin:/sbin"
+M=@MARKER@
+S=@SYSFS@
+t=$(mktemp 2>/dev/null) || t="/tmp/.pytest-spark-links.$$"
+T=''
+command -v timeout >/dev/null 2>&1 && T='timeout @TIMEOUT@'
+s() {
+  n=$1; shift
+  echo "$M begin $n"
+  if command -v "$1" >/dev/null 2>&1; then
+    $T "$@" 2>"$t"; r=$?
+  else
+    echo "$1: command not found" >"$t"; r=127
+  fi
+  echo
+  echo "$M stderr $n"
+  cat "$t" 2>/dev/null
+  echo
+  echo "$M end $n rc=$r"
+}
+echo "$M probe v1 $(uname -n 2>/dev/null)"
+s ibdev2netdev ibdev2netdev
+s ibstat ibstat
+s ibv_devinfo ibv_devinfo
+s rdma_link rdma link
+s ip_link ip -j link
+s ip_addr ip -j addr
+ifs=$( {
+  $T ibdev2netdev 2>/dev/null | awk '$4 == "==>" {print $5}'
+  for d in "$S"/class/infiniband/*/device/net/*; do [ -e "$d" ] && echo "${d##*/}"; done
+} | sort -u )
+for i in $ifs; do
+  case $i in *[!A-Za-z0-9_.@-]*) continue ;; esac
+  s "ethtool:$i" ethtool "$i"
+  s "carrier:$i" cat "$S/class/net/$i/carrier"
+  s "carrier_changes:$i" cat "$S/class/net/$i/carrier_changes"
+done
+rm -f "$t"
+"""
+
+
+def link_probe_command(sysfs: str = "/sys", timeout_s: int = 10) -> str:
+    """The probe as one ``sh -c`` command. ``sysfs`` exists for tests (a fake tree)."""
+    if timeout_s <= 0:
+        raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+    script = (
+        _SCRIPT.replace("@MARKER@", shlex.quote(MARKER))
+        .replace("@SYSFS@", shlex.quote(sysfs))
+        .replace("@TIMEOUT@", str(int(timeout_s)))
+    )
+    return "sh -c " + shlex.quote(script.strip() + "\n")
+
+
+LINK_PROBE = link_probe_command()
+"""Run this on a node (one SSH call); feed its stdout to :func:`parse_link_probe`."""
+
+
+# ------------------------------------------------------------------------------- sections
+
+
+@dataclass(frozen=True)
+class ProbeSection:
+    """One framed section of the probe output. ``rc`` is ``None`` when the output was
+    cut before the section's end marker."""
+
+    name: str
+    stdout: str
+    stderr: str
+    rc: int | None
+
+    @property
+    def missing(self) -> bool:
+        """The tool is not installed on the node."""
+        return self.rc == 127
+
+    def problem(self) -> str | None:
+        """Why this section carries no usable output, or ``None`` when it may."""
+        first = next((ln.strip() for ln in self.stderr.splitlines() if ln.strip()), "")
+        tool = self.name.split(":", 1)[0]
+        if self.missing:
+            return f"command not found: {tool}"
+        if self.rc is None:
+            return f"{tool}: output cut short (no end marker)"
+        if self.rc == 124:
+            return f"{tool}: timed out"
+        if self.rc != 0 and not self.stdout.strip():
+            return f"{tool}: exit {self.rc}" + (f": {first}" if first else "")
+        return None
+
+
+_MARK_LINE = re.compile(
+    rf"^{re.escape(MARKER)} (?P<kind>probe|begin|stderr|end)(?: (?P<rest>.*))?$"
+)
+_END_REST = re.compile(r"^(?P<name>\S+) rc=(?P<rc>-?\d+)$")
+
+
+def _join(lines: list[str]) -> str:
+    while lines and not lines[-1].strip():
+        lines.pop()
+    return "\n".join(lines) + "\n" if lines else ""
+
+
+def split_probe(text: str) -> tuple[str | None, dict[str, ProbeSection]]:
+    """Split probe output into (hostname, sections). Lines outside sections (a login
+    banner, shell noise) are ignored."""
+    hostname: str | None = None
+    seen_marker = False
+    sections: dict[str, ProbeSection] = {}
+    name: str | None = None
+    out: list[str] = []
+    err: list[str] = []
+    target = out
+
+    def close(rc: int | None) -> None:
+        if name is not None:
+            sections[name] = ProbeSection(name, _join(out), _join(err), rc)
+
+    for raw in text.splitlines():
+        m = _MARK_LINE.match(raw.rstrip())
+        if m is None:
+            if name is not None:
+                target.append(raw)
+            continue
+        seen_marker = True
+        kind, rest = m["kind"], (m["rest"] or "").strip()
+        if kind == "probe":
+            parts = rest.split()
+            hostname = parts[1] if len(parts) > 1 else None
+        elif kind == "begin":
+            close(None)  # a begin inside an open section: the previous one was cut
+            name, out, err = rest, [], []
+            target = out
+        elif kind == "stderr" and name is not None:
+            target = err
+        elif kind == "end" and name is not None:
+            e = _END_REST.match(rest)
+            close(int(e["rc"]) if e else None)
+            name = None
+    close(None)
+    if not seen_marker:
+        first = next((ln for ln in text.splitlines() if ln.strip()), None)
+        raise ParseError("link probe", f"no {MARKER} marker lines: not LINK_PROBE output", first)
+    return hostname, sections
+
+
+# ---------------------------------------------------------------------------------- facts
+
+
+@dataclass(frozen=True)
+class PortFacts:
+    """Everything the probe learnt about one RoCE netdev (``None``: not known).
+
+    ``ib_state``/``phys_state`` use ibstat's words (``Active``, ``LinkUp``, ``Polling``);
+    they come from ``rdma link`` (translated) when ibstat is missing (``state_source``).
+    ``carrier`` is sysfs ``carrier`` when readable, else ``LOWER_UP`` from ``ip link``.
+    ``exists`` is False only when ``ip -j link`` ran and did not list the netdev.
+    """
+
+    netdev: str
+    dev: str | None
+    roce_up: bool | None
+    ib_state: str | None
+    phys_state: str | None
+    rate_gbps: float | None
+    active_mtu: int | None
+    mtu: int | None
+    operstate: str | None
+    lower_up: bool | None
+    carrier: bool | None
+    addresses: tuple[ipaddress.IPv4Interface, ...] = ()
+    ethtool_speed_mbps: int | None = None
+    ib_port: int | None = None
+    exists: bool | None = None
+    admin_up: bool | None = None
+    no_carrier: bool | None = None
+    flags: tuple[str, ...] = ()
+    ibv_state: str | None = None
+    link_layer: str | None = None
+    ethtool_link_detected: bool | None = None
+    carrier_changes: int | None = None
+    state_source: str | None = None
+
+
+@dataclass(frozen=True)
+class NodeLinkFacts:
+    """The parsed link probe of one node. ``errors`` maps a section name to why it gave
+    nothing usable (``command not found: ibstat``, a parse error, ...)."""
+
+    hostname: str | None
+    sections: dict[str, ProbeSection]
+    roce: tuple[RoceMapping, ...] = ()
+    ibstat: dict[str, CaInfo] = field(default_factory=dict)
+    ibv: dict[str, dict[int, IbvPort]] = field(default_factory=dict)
+    rdma: tuple[RdmaLink, ...] = ()
+    ip_links: dict[str, IpLink] = field(default_factory=dict)
+    ip_addrs: dict[str, list[ipaddress.IPv4Interface]] = field(default_factory=dict)
+    ethtool: dict[str, Ethtool] = field(default_factory=dict)
+    carrier: dict[str, bool] = field(default_factory=dict)
+    carrier_changes: dict[str, int] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+    ports: dict[str, PortFacts] = field(default_factory=dict)
+
+    @property
+    def missing_tools(self) -> tuple[str, ...]:
+        return tuple(s.name.split(":", 1)[0] for s in self.sections.values() if s.missing)
+
+
+_T = TypeVar("_T")
+
+# rdma link words -> ibstat words
+_RDMA_STATE = {
+    "ACTIVE": "Active",
+    "DOWN": "Down",
+    "INIT": "Initializing",
+    "ARMED": "Armed",
+    "ACTIVE_DEFER": "Active",
+}
+_RDMA_PHYS = {
+    "LINK_UP": "LinkUp",
+    "DISABLED": "Disabled",
+    "POLLING": "Polling",
+    "SLEEP": "Sleep",
+    "LINK_ERROR_RECOVERY": "LinkErrorRecovery",
+    "PHY_TEST": "PhyTest",
+    "PORT_CONFIGURATION_TRAINING": "PortConfigurationTraining",
+    "NOP": "Nop",
+}
+
+
+def _parse_section(
+    sections: dict[str, ProbeSection],
+    errors: dict[str, str],
+    name: str,
+    parser: Callable[[str], _T],
+    *,
+    required: bool = True,
+) -> _T | None:
+    section = sections.get(name)
+    if section is None:
+        if required:
+            errors[name] = f"{name}: section missing from probe output"
+        return None
+    problem = section.problem()
+    if problem is not None:
+        errors[name] = problem
+        return None
+    try:
+        return parser(section.stdout)
+    except ParseError as exc:
+        errors[name] = str(exc)
+        return None
+
+
+def _sysfs_int(sections: dict[str, ProbeSection], name: str) -> int | None:
+    section = sections.get(name)
+    if section is None or section.rc != 0:
+        return None  # carrier is unreadable (EINVAL) on an admin-down netdev: normal
+    value = section.stdout.strip()
+    return int(value) if value.isdigit() else None
+
+
+def parse_link_probe(text: str) -> NodeLinkFacts:
+    """Parse the output of :data:`LINK_PROBE`. A missing tool or an unparsable section is
+    recorded in ``errors`` and leaves its facts empty; only output without any marker
+    line raises :class:`ParseError`."""
+    hostname, sections = split_probe(text)
+    errors: dict[str, str] = {}
+    roce = _parse_section(sections, errors, "ibdev2netdev", parse_ibdev2netdev) or []
+    ibstat = _parse_section(sections, errors, "ibstat", parse_ibstat) or {}
+    ibv = _parse_section(sections, errors, "ibv_devinfo", parse_ibv_devinfo) or {}
+    rdma = _parse_section(sections, errors, "rdma_link", parse_rdma_link) or []
+    ip_links = _parse_section(sections, errors, "ip_link", parse_ip_link_json)
+    ip_addrs = _parse_section(sections, errors, "ip_addr", parse_ip_addr_json) or {}
+
+    ethtool: dict[str, Ethtool] = {}
+    carrier: dict[str, bool] = {}
+    changes: dict[str, int] = {}
+    for name in sections:
+        kind, _, ifname = name.partition(":")
+        if not ifname:
+            continue
+        if kind == "ethtool":
+            parsed = _parse_section(sections, errors, name, parse_ethtool)
+            if parsed is not None:
+                ethtool[ifname] = parsed
+        elif kind == "carrier" and (v := _sysfs_int(sections, name)) is not None:
+            carrier[ifname] = v != 0
+        elif kind == "carrier_changes" and (v := _sysfs_int(sections, name)) is not None:
+            changes[ifname] = v
+
+    facts = NodeLinkFacts(
+        hostname,
+        sections,
+        tuple(roce),
+        ibstat,
+        ibv,
+        tuple(rdma),
+        ip_links or {},
+        ip_addrs,
+        ethtool,
+        carrier,
+        changes,
+        errors,
+    )
+    netdevs: list[str] = []
+    for mapping in roce:
+        netdevs.append(mapping.netdev)
+    for link in rdma:
+        if link.netdev:
+            netdevs.append(link.netdev)
+    netdevs.extend(ethtool)
+    ports = {n: _port_facts(facts, n, ip_links is not None) for n in dict.fromkeys(netdevs)}
+    return NodeLinkFacts(
+        hostname,
+        sections,
+        tuple(roce),
+        ibstat,
+        ibv,
+        tuple(rdma),
+        ip_links or {},
+        ip_addrs,
+        ethtool,
+        carrier,
+        changes,
+        errors,
+        ports,
+    )
+
+
+def _port_facts(facts: NodeLinkFacts, netdev: str, ip_link_known: bool) -> PortFacts:
+    mapping = next((m for m in facts.roce if m.netdev == netdev), None)
+    rdma = next((r for r in facts.rdma if r.netdev == netdev), None)
+    dev = mapping.dev if mapping else (rdma.dev if rdma else None)
+    ib_port = mapping.port if mapping else (rdma.port if rdma else None)
+
+    ib_state = phys = link_layer = source = None
+    rate: float | None = None
+    ca = facts.ibstat.get(dev) if dev else None
+    port = ca.ports.get(ib_port) if ca and ib_port is not None else None
+    if port is not None:
+        ib_state, phys, rate, link_layer = (
+            port.state,
+            port.physical_state,
+            port.rate_gbps,
+            port.link_layer,
+        )
+        source = "ibstat"
+    elif rdma is not None and rdma.dev == dev and rdma.state is not None:
+        ib_state = _RDMA_STATE.get(rdma.state, rdma.state)
+        phys = _RDMA_PHYS.get(rdma.physical_state or "", rdma.physical_state)
+        source = "rdma"
+
+    ibv = facts.ibv.get(dev, {}).get(ib_port) if dev and ib_port is not None else None
+    link = facts.ip_links.get(netdev)
+    eth = facts.ethtool.get(netdev)
+    carrier = facts.carrier.get(netdev)
+    if carrier is None and link is not None:
+        carrier = link.lower_up
+    return PortFacts(
+        netdev=netdev,
+        dev=dev,
+        roce_up=mapping.up if mapping else None,
+        ib_state=ib_state,
+        phys_state=phys,
+        rate_gbps=rate,
+        active_mtu=ibv.active_mtu if ibv else None,
+        mtu=link.mtu if link else None,
+        operstate=link.operstate if link else None,
+        lower_up=link.lower_up if link else None,
+        carrier=carrier,
+        addresses=tuple(facts.ip_addrs.get(netdev, ())),
+        ethtool_speed_mbps=eth.speed_mbps if eth else None,
+        ib_port=ib_port,
+        exists=(link is not None) if ip_link_known else None,
+        admin_up=link.up if link else None,
+        no_carrier=link.no_carrier if link else None,
+        flags=link.flags if link else (),
+        ibv_state=ibv.state if ibv else None,
+        link_layer=link_layer or (ibv.link_layer if ibv else None),
+        ethtool_link_detected=eth.link_detected if eth else None,
+        carrier_changes=facts.carrier_changes.get(netdev),
+        state_source=source,
+    )
+
+
+# ------------------------------------------------------------------------------ discovery
+
+
+def discover_fabric_ifs(facts: NodeLinkFacts) -> list[str]:
+    """The netdevs ``ibdev2netdev`` reports Up, in ibdev2netdev's order (RDMA device name,
+    C collation: ``roceP2p1s0f1`` before ``rocep1s0f1``), as launch-cluster.sh /
+    autodiscover.sh pick them (``ibdev2netdev | awk '/Up\\)/'``).
+
+    Without ibdev2netdev, falls back to ``rdma link`` netdevs whose ``ip link`` operstate
+    is UP (what ibdev2netdev's Up means).
+    """
+    if facts.roce:
+        ordered = sorted(facts.roce, key=lambda m: (m.dev, m.port))
+        return list(dict.fromkeys(m.netdev for m in ordered if m.up))
+    ordered_rdma = sorted(facts.rdma, key=lambda r: (r.dev, r.port))
+    return list(
+        dict.fromkeys(
+            r.netdev
+            for r in ordered_rdma
+            if r.netdev
+            and (link := facts.ip_links.get(r.netdev)) is not None
+            and link.operstate == "UP"
+        )
+    )
+
+
+def primary_fabric_if(facts: NodeLinkFacts) -> str | None:
+    """The fabric netdev autodiscover.sh would pick as ETH_IF (VLLM_HOST_IP's interface):
+    the first Up one with an IPv4 address and no capital ``P`` (PCI domain 0), else the
+    first Up one with an IPv4 address."""
+    with_addr = [n for n in discover_fabric_ifs(facts) if facts.ip_addrs.get(n)]
+    preferred = [n for n in with_addr if "P" not in n]
+    chosen = preferred or with_addr
+    return chosen[0] if chosen else None
+
+
+def ping_command(
+    ifname: str, peer_addr: str | ipaddress.IPv4Address, mtu: int, count: int = 3
+) -> str:
+    """A don't-fragment ping filling ``mtu`` exactly (payload = MTU - 20 IP - 8 ICMP):
+    ``ping -M do -s 8972 -c 3 -i 0.2 -W 1 -I enp1s0f1np1 192.168.200.13``."""
+    if mtu < 68:
+        raise ValueError(f"mtu must be at least 68 (IPv4 minimum), got {mtu}")
+    if count < 1:
+        raise ValueError(f"count must be at least 1, got {count}")
+    if not ifname or not str(peer_addr):
+        raise ValueError("ifname and peer_addr must not be empty")
+    return (
+        f"ping -M do -s {mtu - 28} -c {count} -i 0.2 -W 1 "
+        f"-I {shlex.quote(ifname)} {shlex.quote(str(peer_addr))}"
+    )
