@@ -86,7 +86,7 @@ def test_link_probe_command_validates_timeout() -> None:
 
 def test_ping_command_exact() -> None:
     assert ping_command("enp1s0f1np1", "192.168.200.13", 9000) == (
-        "ping -M do -s 8972 -c 3 -i 0.2 -W 1 -I enp1s0f1np1 192.168.200.13"
+        "LC_ALL=C ping -M do -s 8972 -c 3 -i 0.2 -W 1 -I enp1s0f1np1 192.168.200.13"
     )
     assert "-s 1472 -c 5 " in ping_command("enp1s0f1np1", "192.168.200.13", 1500, count=5)
 

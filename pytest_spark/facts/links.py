@@ -500,6 +500,6 @@ def ping_command(
     if not ifname or not str(peer_addr):
         raise ValueError("ifname and peer_addr must not be empty")
     return (
-        f"ping -M do -s {mtu - 28} -c {count} -i 0.2 -W 1 "
+        f"LC_ALL=C ping -M do -s {mtu - 28} -c {count} -i 0.2 -W 1 "
         f"-I {shlex.quote(ifname)} {shlex.quote(str(peer_addr))}"
     )
