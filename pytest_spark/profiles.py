@@ -42,6 +42,8 @@ class Profile:
                 known = ", ".join(sorted(values))
                 raise ProfileError(f"unknown threshold {key!r}; profile {self.name!r} has: {known}")
             values[key] = _coerce(key, raw, values[key])
+            if isinstance(values[key], list) and not values[key]:
+                raise ProfileError(f"threshold {key}={raw!r}: expected a list (e.g. 1;4;16)")
         return Profile(self.name, self.origin, values, self.overridden | set(overrides))
 
 
@@ -56,6 +58,10 @@ def _coerce(key: str, raw: str, current: Any) -> Any:
             return int(raw)
         if isinstance(current, float):
             return float(raw)
+        if isinstance(current, list):
+            items = [item.strip() for item in raw.replace(";", ",").split(",") if item.strip()]
+            kind = type(current[0]) if current else str
+            return [kind(item) for item in items]
     except ValueError:
         kind = type(current).__name__
         raise ProfileError(f"threshold {key}={raw!r}: expected a {kind}") from None
