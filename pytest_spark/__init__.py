@@ -2,38 +2,61 @@
 
 Import name ``pytest_spark`` (PyPI's unrelated ``pytest-spark`` PySpark plugin uses the
 same import name: do not install both in one environment).
+
+The public names below are imported lazily, so the simulator (``pytest_spark.sim``, which
+needs only the standard library) starts without loading paramiko, httpx or pytest.
 """
 
-from pytest_spark.checks.base import Finding
-from pytest_spark.cluster import Cluster, Node
-from pytest_spark.fixtures import SparkCheck, SparkCheckWarning
-from pytest_spark.profiles import Profile, load_profile
-from pytest_spark.remote.base import (
-    CommandFailed,
-    CommandResult,
-    CommandTimeout,
-    HostKeyError,
-    NodeUnreachable,
-    RemoteError,
-)
-from pytest_spark.settings import Settings
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "Cluster",
-    "CommandFailed",
-    "CommandResult",
-    "CommandTimeout",
-    "Finding",
-    "HostKeyError",
-    "Node",
-    "NodeUnreachable",
-    "Profile",
-    "RemoteError",
-    "Settings",
-    "SparkCheck",
-    "SparkCheckWarning",
-    "__version__",
-    "load_profile",
-]
+_EXPORTS = {
+    "Cluster": "pytest_spark.cluster",
+    "Node": "pytest_spark.cluster",
+    "CommandFailed": "pytest_spark.remote.base",
+    "CommandResult": "pytest_spark.remote.base",
+    "CommandTimeout": "pytest_spark.remote.base",
+    "HostKeyError": "pytest_spark.remote.base",
+    "NodeUnreachable": "pytest_spark.remote.base",
+    "RemoteError": "pytest_spark.remote.base",
+    "Finding": "pytest_spark.checks.base",
+    "SparkCheck": "pytest_spark.fixtures",
+    "SparkCheckWarning": "pytest_spark.fixtures",
+    "Profile": "pytest_spark.profiles",
+    "load_profile": "pytest_spark.profiles",
+    "Settings": "pytest_spark.settings",
+}
+
+__all__ = sorted([*_EXPORTS, "__version__"])
+
+if TYPE_CHECKING:
+    from pytest_spark.checks.base import Finding
+    from pytest_spark.cluster import Cluster, Node
+    from pytest_spark.fixtures import SparkCheck, SparkCheckWarning
+    from pytest_spark.profiles import Profile, load_profile
+    from pytest_spark.remote.base import (
+        CommandFailed,
+        CommandResult,
+        CommandTimeout,
+        HostKeyError,
+        NodeUnreachable,
+        RemoteError,
+    )
+    from pytest_spark.settings import Settings
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pytest_spark' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

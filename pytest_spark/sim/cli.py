@@ -1,0 +1,179 @@
+"""``spark-sim``: the command line of sparksim (argparse only; the work is elsewhere).
+
+Exit status: 0 success (``status``: up and healthy), 1 failure or not up, 2 usage error.
+``up`` prints only the cluster JSON on stdout; messages go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from . import cluster, faults
+from .netns import SimError
+from .topology import MAX_NODES
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _nodes(text: str) -> int:
+    value = _positive_int(text)
+    if not 2 <= value <= MAX_NODES:
+        raise argparse.ArgumentTypeError(f"--nodes {value}: expected 2..{MAX_NODES}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    state_help = (
+        f"state directory (default: ${cluster.STATE_DIR_ENV} or {cluster.DEFAULT_STATE_DIR})"
+    )
+    parser = argparse.ArgumentParser(
+        prog="spark-sim",
+        description="sparksim: a simulated N-node DGX Spark cluster in network namespaces.",
+    )
+    parser.add_argument("--state-dir", metavar="DIR", help=state_help)
+    # Also accepted after the subcommand (`spark-sim up --state-dir DIR`).
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--state-dir", metavar="DIR", help=state_help, default=argparse.SUPPRESS)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p_up = sub.add_parser("up", parents=[common], help="start the cluster, print its JSON")
+    p_up.add_argument(
+        "--nodes", type=_nodes, default=2, metavar="N", help="number of nodes, >= 2 (default: 2)"
+    )
+
+    p_status = sub.add_parser(
+        "status", parents=[common], help="show state; exit 0 when up and healthy"
+    )
+    p_status.add_argument("--json", action="store_true", help="print JSON")
+
+    p_down = sub.add_parser("down", parents=[common], help="remove everything the sim made")
+    p_down.add_argument(
+        "--all", action="store_true", help="remove every sparksim instance on this machine"
+    )
+
+    p_fault = sub.add_parser("fault", parents=[common], help="inject or clear a fault")
+    kinds = p_fault.add_subparsers(dest="kind", required=True, metavar="KIND")
+    node_help = "node: index (1..N), hostname, 'head' or 'worker-N'"
+    twin_help = "twin: 0, 1 or interface name (default: both)"
+    k = kinds.add_parser("link-down", parents=[common], help="take a fabric link down")
+    k.add_argument("node", metavar="NODE", help=node_help)
+    k.add_argument("twin", metavar="TWIN", nargs="?", help=twin_help)
+    k = kinds.add_parser("link-rate", parents=[common], help="degrade a link's rate")
+    k.add_argument("node", metavar="NODE", help=node_help)
+    k.add_argument(
+        "mbps", metavar="MBPS", type=_positive_int, help="rate in Mb/s (healthy: 200000)"
+    )
+    k.add_argument("twin", metavar="TWIN", nargs="?", help=twin_help)
+    k = kinds.add_parser("mtu", parents=[common], help="set a fabric port's MTU")
+    k.add_argument("node", metavar="NODE", help=node_help)
+    k.add_argument("mtu", metavar="MTU", type=_positive_int, help="MTU (healthy: 9000)")
+    k.add_argument("twin", metavar="TWIN", nargs="?", help=twin_help)
+    kinds.add_parser("clear", parents=[common], help="back to a healthy fabric")
+    return parser
+
+
+def _state_dir(args: argparse.Namespace) -> Path:
+    raw = getattr(args, "state_dir", None)
+    return Path(os.path.abspath(raw)) if raw else Path(os.path.abspath(cluster.default_state_dir()))
+
+
+def _print_status(report: dict[str, Any]) -> None:
+    if not report["up"]:
+        print(f"sparksim at {report['state_dir']}: down")
+        return
+    word = "healthy" if report["healthy"] else "UNHEALTHY"
+    print(
+        f"sparksim instance {report['instance']} at {report['state_dir']}: up, {word}, "
+        f"{len(report['nodes'])} nodes"
+    )
+    for n in report["nodes"]:
+        ports = "  ".join(
+            f"{link['if']} {link['operstate']} mtu {link['mtu']} {link['rate_mbps']}Mb/s"
+            for link in n["links"]
+        )
+        print(
+            f"  {n['name']:<9} {n['role']:<7} {n['mgmt']:<14} {n['netns']:<9} "
+            f"sshd {n['sshd']:<8} {ports}"
+        )
+    for f in report["faults"]:
+        value = "" if f["value"] is None else f" {f['value']}"
+        print(f"  fault: {f['kind']} {f['node']} {f['if']}{value} (since {f['since']})")
+    for problem in report["problems"]:
+        print(f"  problem: {problem}")
+
+
+def _require_root() -> None:
+    if os.geteuid() != 0:
+        raise SimError("spark-sim needs root (network namespaces, veth, tc, sshd)")
+
+
+def run(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    state_dir = _state_dir(args)
+    if args.command == "status":
+        report = cluster.health(state_dir)
+        if args.json:
+            print(json.dumps(report, indent=2))
+        else:
+            _print_status(report)
+        return 0 if report["healthy"] else 1
+    _require_root()
+    if args.command == "up":
+        start = time.monotonic()
+        data = cluster.up(state_dir, args.nodes)
+        print(json.dumps(data, indent=2))
+        print(
+            f"spark-sim: {args.nodes} nodes up in {time.monotonic() - start:.1f} s "
+            f"(instance {data['instance']}, ssh -F {data['ssh_config']} "
+            f"{data['nodes'][0]['mgmt']})",
+            file=sys.stderr,
+        )
+        return 0
+    if args.command == "down":
+        removed = cluster.down_all() if args.all else cluster.down(state_dir)
+        what = f"removed {', '.join(removed)}" if removed else "nothing to remove"
+        print(f"spark-sim: down: {what}", file=sys.stderr)
+        return 0
+    # fault
+    cluster.require_topology(state_dir)
+    with cluster.lock(state_dir):
+        topo = cluster.require_topology(state_dir)
+        if args.kind == "link-down":
+            msgs = faults.link_down(state_dir, topo, args.node, args.twin)
+        elif args.kind == "link-rate":
+            msgs = faults.link_rate(state_dir, topo, args.node, args.mbps, args.twin)
+        elif args.kind == "mtu":
+            msgs = faults.mtu(state_dir, topo, args.node, args.mtu, args.twin)
+        else:
+            msgs = faults.clear(state_dir, topo)
+    for msg in msgs:
+        print(msg)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        return run(argv)
+    except SimError as exc:
+        print(f"spark-sim: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

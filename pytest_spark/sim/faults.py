@@ -1,0 +1,162 @@
+"""Faults injected into a running sim as real kernel state (plus state.json for what the
+kernel cannot show, e.g. the negotiated rate). Each fault is recorded in DIR/faults.json
+so that ``status`` lists it; ``clear`` restores the healthy cluster."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from . import node as nodes_mod
+from .netns import SimError, ip_batch, tbf_line, tc_batch
+from .topology import (
+    FABRIC_TWINS,
+    HEALTHY_MTU,
+    HEALTHY_RATE_MBPS,
+    UNPLUGGED,
+    UNPLUGGED_MTU,
+    NodeSpec,
+    Topology,
+    resolve_node,
+    resolve_twins,
+    tbf_mbit,
+)
+
+FAULTS_JSON = "faults.json"
+
+
+def load_faults(state_dir: Path) -> list[dict[str, Any]]:
+    try:
+        data = json.loads((state_dir / FAULTS_JSON).read_text())
+    except (OSError, json.JSONDecodeError):
+        return []
+    return data if isinstance(data, list) else []
+
+
+def _save(state_dir: Path, faults: list[dict[str, Any]]) -> None:
+    nodes_mod.write_atomic(state_dir / FAULTS_JSON, json.dumps(faults, indent=2) + "\n")
+
+
+def _record(
+    state_dir: Path, kind: str, node: NodeSpec, ifname: str, value: Any, healthy: bool
+) -> None:
+    faults = [
+        f
+        for f in load_faults(state_dir)
+        if (f["kind"], f["node"], f["if"]) != (kind, node.name, ifname)
+    ]
+    if not healthy:
+        faults.append(
+            {
+                "kind": kind,
+                "node": node.name,
+                "if": ifname,
+                "value": value,
+                "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            }
+        )
+    _save(state_dir, faults)
+
+
+def _rates(state_dir: Path, topo: Topology) -> dict[tuple[int, int], int]:
+    """Advertised rate in Mb/s per (node index, twin) from state.json."""
+    rates = {}
+    for n in topo.nodes:
+        ports = nodes_mod.read_state(state_dir, n)["ports"]
+        assert isinstance(ports, dict)
+        for p in n.fabric:
+            rates[(n.index, p.twin)] = round(float(ports[p.dev]["rate_gbps"]) * 1000)
+    return rates
+
+
+def apply_shaping(state_dir: Path, topo: Topology) -> None:
+    """tbf at rate/100 on every fabric link end. A direct cable runs at the slower of
+    its two ends; behind the switch a node's port and its switch port share its rate."""
+    rates = _rates(state_dir, topo)
+    per_ns: dict[str | None, list[str]] = {}
+    for n in topo.nodes:
+        for p in n.fabric:
+            if topo.switched:
+                mbit = tbf_mbit(rates[(n.index, p.twin)])
+                per_ns.setdefault(None, []).append(tbf_line(topo.switch_port(n, p.twin), mbit))
+            else:
+                other = topo.peer(n)
+                mbit = tbf_mbit(min(rates[(n.index, p.twin)], rates[(other.index, p.twin)]))
+            per_ns.setdefault(n.netns, []).append(tbf_line(p.ifname, mbit))
+    for ns, lines in per_ns.items():
+        tc_batch(lines, netns=ns)
+
+
+def _target(topo: Topology, node_spec: str, twin_spec: str | None) -> tuple[NodeSpec, list[int]]:
+    try:
+        return resolve_node(topo, node_spec), resolve_twins(twin_spec)
+    except ValueError as exc:
+        raise SimError(str(exc)) from exc
+
+
+def link_down(state_dir: Path, topo: Topology, node_spec: str, twin: str | None) -> list[str]:
+    node, twins = _target(topo, node_spec, twin)
+    names = [FABRIC_TWINS[t][0] for t in twins]
+    ip_batch([f"link set {name} down" for name in names], netns=node.netns)
+    for name in names:
+        _record(state_dir, "link-down", node, name, None, healthy=False)
+    return [f"{node.name} {name}: link down (cable pulled)" for name in names]
+
+
+def link_rate(
+    state_dir: Path, topo: Topology, node_spec: str, mbps: int, twin: str | None
+) -> list[str]:
+    if mbps <= 0:
+        raise SimError(f"link-rate {mbps}: give the rate in Mb/s, e.g. 100000 for 100G")
+    node, twins = _target(topo, node_spec, twin)
+    state = nodes_mod.read_state(state_dir, node)
+    ports = state["ports"]
+    assert isinstance(ports, dict)
+    msgs = []
+    for t in twins:
+        ifname, dev, _ = FABRIC_TWINS[t]
+        gbps = mbps / 1000
+        ports[dev]["rate_gbps"] = int(gbps) if gbps.is_integer() else gbps
+        _record(state_dir, "link-rate", node, ifname, mbps, healthy=mbps == HEALTHY_RATE_MBPS)
+        msgs.append(f"{node.name} {ifname}: rate {mbps} Mb/s (shaped to {tbf_mbit(mbps)} Mbit/s)")
+    nodes_mod.write_state(state_dir, node, state)
+    apply_shaping(state_dir, topo)
+    return msgs
+
+
+def mtu(state_dir: Path, topo: Topology, node_spec: str, value: int, twin: str | None) -> list[str]:
+    if not 68 <= value <= 65535:
+        raise SimError(f"mtu {value}: expected 68..65535 (healthy fabric is {HEALTHY_MTU})")
+    node, twins = _target(topo, node_spec, twin)
+    names = [FABRIC_TWINS[t][0] for t in twins]
+    ip_batch([f"link set {name} mtu {value}" for name in names], netns=node.netns)
+    for name in names:
+        _record(state_dir, "mtu", node, name, value, healthy=value == HEALTHY_MTU)
+    return [f"{node.name} {name}: mtu {value}" for name in names]
+
+
+def clear(state_dir: Path, topo: Topology) -> list[str]:
+    """All fabric links up at MTU 9000 and 200 Gb/s, unplugged ports as built, no faults."""
+    for n in topo.nodes:
+        state = nodes_mod.initial_state(n)
+        nodes_mod.write_state(state_dir, n, state)
+        lines = [f"link set {ifname} mtu {HEALTHY_MTU} up" for ifname, _, _ in FABRIC_TWINS]
+        lines += [f"link set {ifname} mtu {UNPLUGGED_MTU} up" for ifname, _ in UNPLUGGED]
+        ip_batch(lines, netns=n.netns)
+    if topo.switched:
+        ip_batch(
+            [
+                f"link set {topo.switch_port(n, t)} mtu {HEALTHY_MTU} up"
+                for n in topo.nodes
+                for t in range(len(FABRIC_TWINS))
+            ]
+        )
+    apply_shaping(state_dir, topo)
+    count = len(load_faults(state_dir))
+    _save(state_dir, [])
+    return [
+        f"cleared {count} fault(s): fabric healthy (up, mtu {HEALTHY_MTU}, "
+        f"{HEALTHY_RATE_MBPS} Mb/s)"
+    ]

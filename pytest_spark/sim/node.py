@@ -1,0 +1,323 @@
+"""Per-node files (keys, sshd/ssh configs, hosts, tools, state.json) and the sshd launch.
+
+Each node's sshd runs as::
+
+    nsenter --net=/run/netns/spk{k}-n{i} unshare --uts --pid --fork --kill-child \\
+        --mount-proc --propagation private sh -c '<mounts>; exec sshd -D -f .../sshd_config'
+
+so it has its own network namespace, hostname, PID 1 and a private mount namespace with
+a sysfs of its own network namespace (host cgroup mounts kept), in which the node's
+tools dir covers ``/usr/local/sbin`` (first on sshd's default PATH), an
+empty file covers ``/root/.bashrc`` (pyenv init costs ~130 ms per command), the node's
+``ssh/`` dir covers ``/root/.ssh`` (head -> worker ssh works) and a cluster hosts file
+covers ``/etc/hosts``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .netns import SimError, run
+from .topology import ALL_PORTS, FABRIC_TWINS, HEALTHY_RATE_MBPS, NodeSpec, Topology
+
+SSHD = "/usr/sbin/sshd"
+TOOLS = ("ibdev2netdev", "ibstat", "ibv_devinfo", "rdma", "nvidia-smi", "ethtool")
+TOOLS_PKG = "sparksim_tools"
+CABLED = {dev for _, dev, _ in FABRIC_TWINS}
+FIRMWARE = "28.45.4028"
+DRIVER_VERSION = "580.95.05"
+CUDA_VERSION = "13.0"
+
+
+def tools_python() -> str:
+    """The interpreter baked into tool shebangs: the system one, free of pyenv shims."""
+    for candidate in ("/usr/bin/python3", sys.executable):
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    raise SimError("no python3 found for the node tools")
+
+
+def keygen_many(jobs: list[tuple[Path, str]]) -> None:
+    """Generate missing keys in parallel (ssh-keygen is a process launch each)."""
+    procs = []
+    for path, comment in jobs:
+        if path.exists() and path.with_suffix(".pub").exists():
+            continue
+        for p in (path, path.with_suffix(".pub")):
+            p.unlink(missing_ok=True)
+        argv = ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)]
+        procs.append(
+            (
+                argv,
+                subprocess.Popen(
+                    argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+                ),
+            )
+        )
+    for argv, proc in procs:
+        _, err = proc.communicate()
+        if proc.returncode != 0:
+            raise SimError(f"`{' '.join(argv)}` failed: {err.strip()}")
+
+
+def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+def pubkey(path: Path) -> str:
+    return path.with_suffix(".pub").read_text().split("#")[0].strip()
+
+
+def host_key_line(path: Path) -> str:
+    """``ssh-ed25519 AAAA...`` without the comment."""
+    return " ".join(pubkey(path).split()[:2])
+
+
+def node_dir(state_dir: Path, node: NodeSpec) -> Path:
+    return state_dir / "nodes" / node.name
+
+
+def initial_state(node: NodeSpec) -> dict[str, object]:
+    """DIR/nodes/<name>/state.json: what the fake tools cannot read from the kernel."""
+    return {
+        "node": node.name,
+        "ca_type": "MT4129",
+        "firmware": FIRMWARE,
+        "ports": {
+            dev: {
+                "netdev": netdev,
+                "rate_gbps": HEALTHY_RATE_MBPS // 1000,
+                "cable": dev in CABLED,
+            }
+            for dev, netdev in ALL_PORTS
+        },
+        "gpu": {
+            "driver_version": DRIVER_VERSION,
+            "cuda_version": CUDA_VERSION,
+            "gpus": [
+                {
+                    "index": 0,
+                    "name": "NVIDIA GB10",
+                    "uuid": "GPU-5f1e0c2a-7b3d-4c8e-9a61-%012x" % (0xA0000 + node.index),
+                    "pci_bus_id": "0000000F:01:00.0",
+                    "compute_cap": "12.1",
+                }
+            ],
+            "processes": [],
+        },
+    }
+
+
+def read_state(state_dir: Path, node: NodeSpec) -> dict[str, object]:
+    data: dict[str, object] = json.loads((node_dir(state_dir, node) / "state.json").read_text())
+    return data
+
+
+def write_state(state_dir: Path, node: NodeSpec, state: dict[str, object]) -> None:
+    write_atomic(node_dir(state_dir, node) / "state.json", json.dumps(state, indent=2) + "\n")
+
+
+def install_tools(state_dir: Path) -> Path:
+    """Copy the tools package into DIR/lib so the state dir is self-contained."""
+    lib = state_dir / "lib"
+    dest = lib / TOOLS_PKG
+    src = Path(__file__).resolve().parent / "tools"
+    if dest.exists():
+        shutil.rmtree(dest)
+    shutil.copytree(src, dest, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    return lib
+
+
+def _ssh_quote(value: str) -> str:
+    return f'"{value}"' if any(c.isspace() for c in value) else value
+
+
+def write_client_files(state_dir: Path, topo: Topology) -> None:
+    """DIR/ssh_config, DIR/known_hosts and DIR/authorized_keys for the host side."""
+    identity = state_dir / "id_ed25519"
+    known = state_dir / "known_hosts"
+    blocks = [f"# written by spark-sim up (instance {topo.instance}); do not edit\n"]
+    lines = []
+    for node in topo.nodes:
+        blocks.append(
+            f"Host {node.mgmt}\n"
+            f"    HostName {node.mgmt}\n"
+            f"    User root\n"
+            f"    Port 22\n"
+            f"    IdentityFile {_ssh_quote(str(identity))}\n"
+            f"    IdentitiesOnly yes\n"
+            f"    UserKnownHostsFile {_ssh_quote(str(known))}\n"
+            f"    GlobalKnownHostsFile /dev/null\n"
+            f"    StrictHostKeyChecking yes\n"
+            f"    BatchMode yes\n"
+            f"    LogLevel ERROR\n"
+        )
+        key = host_key_line(node_dir(state_dir, node) / "ssh_host_ed25519_key")
+        lines.append(f"{node.mgmt} {key}\n")
+    write_atomic(state_dir / "ssh_config", "\n".join(blocks))
+    write_atomic(known, "".join(lines))
+    write_atomic(state_dir / "authorized_keys", pubkey(identity) + "\n", 0o600)
+
+
+def write_node_files(state_dir: Path, topo: Topology, node: NodeSpec, lib: Path) -> None:
+    nd = node_dir(state_dir, node)
+    ssh_dir = nd / "ssh"
+    bin_dir = nd / "bin"
+    for d in (nd, ssh_dir, bin_dir, nd / "cgroup"):
+        d.mkdir(parents=True, exist_ok=True)
+    os.chmod(ssh_dir, 0o700)
+    identity = state_dir / "id_ed25519"
+
+    write_atomic(
+        nd / "sshd_config",
+        f"# sparksim node {node.name} (instance {topo.instance})\n"
+        "Port 22\n"
+        # All of the node's own addresses (mgmt and fabric): the namespace holds no others.
+        "ListenAddress 0.0.0.0\n"
+        f"HostKey {nd / 'ssh_host_ed25519_key'}\n"
+        "PidFile none\n"
+        "UsePAM no\n"
+        "PermitRootLogin prohibit-password\n"
+        "PubkeyAuthentication yes\n"
+        "PasswordAuthentication no\n"
+        "KbdInteractiveAuthentication no\n"
+        "AuthorizedKeysFile .ssh/authorized_keys\n"
+        "StrictModes no\n"
+        "UseDNS no\n"
+        "PrintMotd no\n"
+        "PrintLastLog no\n"
+        "X11Forwarding no\n"
+        "AcceptEnv LANG LC_*\n"
+        # The node's own Docker engine (sim/docker.py), never the host's /run/docker.sock.
+        f"SetEnv DOCKER_HOST=unix://{nd / 'docker.sock'}\n"
+        "MaxStartups 200:30:400\n"
+        "MaxSessions 100\n"
+        "LogLevel INFO\n"
+        "Subsystem sftp internal-sftp\n",
+    )
+    write_atomic(nd / "empty", "")
+    # The node's /etc/hosts: every node by hostname on the management network.
+    hosts = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
+    hosts += [f"{n.mgmt}\t{n.name}" for n in topo.nodes]
+    write_atomic(nd / "hosts", "\n".join(hosts) + "\n")
+
+    # The node's ~/.ssh: the cluster client key, every node's host key, authorized_keys.
+    shutil.copyfile(identity, ssh_dir / "id_ed25519")
+    os.chmod(ssh_dir / "id_ed25519", 0o600)
+    shutil.copyfile(identity.with_suffix(".pub"), ssh_dir / "id_ed25519.pub")
+    write_atomic(ssh_dir / "authorized_keys", pubkey(identity) + "\n", 0o600)
+    known = []
+    for n in topo.nodes:
+        names = ",".join([n.mgmt, n.name] + [p.addr for p in n.fabric])
+        known.append(f"{names} {host_key_line(node_dir(state_dir, n) / 'ssh_host_ed25519_key')}")
+    write_atomic(ssh_dir / "known_hosts", "\n".join(known) + "\n")
+    write_atomic(
+        ssh_dir / "config",
+        "Host *\n    User root\n    StrictHostKeyChecking yes\n    IdentitiesOnly yes\n"
+        "    IdentityFile ~/.ssh/id_ed25519\n",
+        0o600,
+    )
+
+    python = tools_python()
+    for tool in TOOLS:
+        write_atomic(
+            bin_dir / tool,
+            f"#!{python} -IS\n"
+            "import sys\n"
+            f"sys.path.insert(0, {str(lib)!r})\n"
+            f"from {TOOLS_PKG} import main\n"
+            f"sys.exit(main({tool!r}, {str(nd)!r}, sys.argv[1:]))\n",
+            0o755,
+        )
+    if not (nd / "state.json").exists():
+        write_state(state_dir, node, initial_state(node))
+
+
+def _mount_script(state_dir: Path, node: NodeSpec) -> str:
+    nd = node_dir(state_dir, node)
+    q = shlex.quote
+    binds = [
+        (nd / "bin", "/usr/local/sbin"),
+        (nd / "ssh", "/root/.ssh"),
+        (nd / "hosts", "/etc/hosts"),
+        (nd / "empty", "/root/.bashrc"),
+    ]
+    park = q(str(nd / "cgroup"))
+    steps = [
+        f"hostname {q(node.name)}",
+        # A sysfs of the node's network namespace over /sys, keeping the host's cgroup
+        # mounts under it (ip netns exec loses them, and dockerd in a node needs them).
+        f"if mountpoint -q /sys/fs/cgroup; then mount --rbind /sys/fs/cgroup {park}; fi",
+        "mount -t sysfs sysfs /sys",
+        f"if mountpoint -q {park}; then mount --move {park} /sys/fs/cgroup; fi",
+    ]
+    for src, dst in binds:
+        steps.append(f"if [ -e {q(dst)} ]; then mount --bind {q(str(src))} {q(dst)}; fi")
+    steps.append(f"exec {SSHD} -D -f {q(str(nd / 'sshd_config'))} -E {q(str(nd / 'sshd.log'))}")
+    return " && ".join(steps)
+
+
+def start_sshd(state_dir: Path, node: NodeSpec) -> int:
+    """Launch the node's sshd detached from us; return the host PID of its wrapper."""
+    if not os.access(SSHD, os.X_OK):
+        raise SimError(f"{SSHD} missing: apt-get install openssh-server")
+    os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # sshd's privilege separation dir
+    os.makedirs("/root/.ssh", mode=0o700, exist_ok=True)  # mount point for the node's ~/.ssh
+    nd = node_dir(state_dir, node)
+    argv = [
+        "nsenter", f"--net=/run/netns/{node.netns}",
+        "unshare", "--uts", "--pid", "--fork", "--kill-child", "--mount-proc",
+        "--propagation", "private",
+        "/bin/sh", "-c", _mount_script(state_dir, node),
+    ]  # fmt: skip
+    launch = f"{shlex.join(argv)} </dev/null >>{shlex.quote(str(nd / 'node.log'))} 2>&1 & echo $!"
+    out = run(["/bin/sh", "-c", launch]).strip()
+    pid = int(out)
+    write_atomic(nd / "sshd.pid", f"{pid}\n")
+    return pid
+
+
+def read_pid(state_dir: Path, node: NodeSpec) -> int | None:
+    try:
+        return int((node_dir(state_dir, node) / "sshd.pid").read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def ssh_banner(addr: str, timeout: float = 1.0) -> bool:
+    """True when an SSH server answers on addr:22."""
+    try:
+        with socket.create_connection((addr, 22), timeout=timeout) as sock:
+            sock.settimeout(timeout)
+            return sock.recv(64).startswith(b"SSH-2.0-")
+    except OSError:
+        return False
+
+
+def wait_sshd(state_dir: Path, nodes: tuple[NodeSpec, ...], timeout: float = 15.0) -> None:
+    pending = list(nodes)
+    deadline = time.monotonic() + timeout
+    while pending:
+        pending = [n for n in pending if not ssh_banner(n.mgmt, timeout=0.5)]
+        if not pending:
+            return
+        if time.monotonic() > deadline:
+            n = pending[0]
+            log = node_dir(state_dir, n) / "node.log"
+            tail = log.read_text()[-2000:] if log.exists() else ""
+            raise SimError(
+                f"{n.name}: sshd did not answer on {n.mgmt}:22 within {timeout:.0f} s; "
+                f"see {log}\n{tail}"
+            )
+        time.sleep(0.02)
