@@ -1,0 +1,237 @@
+"""Engine state shared by the HTTP layer, the startup sequence and the TP peer link.
+
+Holds the parsed arguments, knobs, live faults, metrics and pacer; admission (max_num_seqs);
+the dead/alive flag and the failure lines vLLM prints when a TP worker dies; and one
+supervisor thread that polls the control file, logs throughput every 10 s, writes the
+``ray status`` file and watches for run-time ``worker-death``.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import threading
+import time
+import zlib
+from typing import TYPE_CHECKING
+
+from . import errors as err
+from .config import Knobs, ServeArgs, checkpoint_gib, reasoning_fields, version_tuple
+from .faults import FaultState
+from .generation import Pacer
+from .logs import Log, frame
+from .metrics import Metrics
+from .raystatus import StatusWriter
+
+if TYPE_CHECKING:
+    from .tp import PeerLink
+
+
+class Engine:
+    def __init__(self, args: ServeArgs, knobs: Knobs, faults: FaultState, log: Log) -> None:
+        self.args = args
+        self.knobs = knobs
+        self.faults = faults
+        self.log = log
+        self.pid = os.getpid()
+        self.engine_pid = self.pid + 40
+        self.worker_pids = [self.pid + 68 + 2 * r for r in range(args.world_size)]
+        self.worker_ips = [knobs.head_ip] + [knobs.worker_ip] * (args.world_size - 1)
+        self.api_prefix = f"(APIServer pid={self.pid})"
+        self.dead = False
+        self.ready = False
+        self.dead_reason = ""
+        self.peer: PeerLink | None = None
+        self.placement_group = "none"  # none | pending | created | removed
+        self.kv_cache_tokens = 1
+        self.model_gib = knobs.model_gib if knobs.model_gib > 0 else checkpoint_gib(args.model)
+        self.reasoning_on = args.reasoning_parser is not None
+        self.reasoning_fields = reasoning_fields(knobs.version)
+        self.keep_think_newlines = knobs.think_newlines != "strip"
+        seed = zlib.crc32(f"{args.model}|{knobs.version}".encode())
+        self.fingerprint = f"vllm-{knobs.version}-{seed:08x}"
+        self.metrics = Metrics(
+            args.served_names[0], args.max_model_len, {}, 1, bool(args.tool_call_parser)
+        )
+        self.pacer = Pacer(self._rate, self._cap, self._ttft)
+        self._slots = threading.BoundedSemaphore(args.max_num_seqs)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self.status = StatusWriter(knobs.ray_status_file, self) if knobs.ray_status_file else None
+
+    # --- prefixes -------------------------------------------------------------------------
+    @property
+    def engine_prefix(self) -> str:
+        if self.knobs.engine_prefix:
+            return f"({self.knobs.engine_prefix} pid={self.engine_pid})"
+        old = version_tuple(self.knobs.version) < (0, 30, 0)
+        name = "EngineCore_DP0" if (old or self.args.world_size > 1) else "EngineCore"
+        return f"({name} pid={self.engine_pid})"
+
+    def worker_prefix(self, rank: int) -> str:
+        pid = self.worker_pids[rank]
+        if self.args.world_size == 1:
+            return f"(Worker pid={pid})"
+        if not self.args.uses_ray:
+            return f"(Worker_TP{rank} pid={pid})"
+        if rank == 0:
+            return f"(RayWorkerWrapper pid={pid})"
+        return f"(RayWorkerWrapper pid={pid}, ip={self.worker_ips[rank]})"
+
+    # --- pacing knobs (control-file overrides win) ---------------------------------------
+    def _rate(self) -> float:
+        rate = self.faults.override("decode_tok_s", self.knobs.decode_tok_s)
+        return rate / 10.0 if self.faults.active("slow-decode") else rate
+
+    def _cap(self) -> float:
+        return self.faults.override("max_agg_tok_s", self.knobs.max_agg_tok_s)
+
+    def _ttft(self, prompt_tokens: int) -> float:
+        base = self.faults.override("ttft_s", self.knobs.ttft_s)
+        prefill = self.faults.override("prefill_tok_s", self.knobs.prefill_tok_s)
+        return base + (prompt_tokens / prefill if prefill > 0 else 0.0)
+
+    # --- request admission ----------------------------------------------------------------
+    def check_serving(self) -> None:
+        if self.dead:
+            raise err.engine_dead()
+        if self.faults.active("http-5xx"):
+            raise err.internal()
+
+    def admit(self, prompt_tokens: int) -> float:
+        start = time.monotonic()
+        if not self._slots.acquire(blocking=False):
+            with self._lock:
+                self.metrics.waiting += 1
+            self._slots.acquire()
+            with self._lock:
+                self.metrics.waiting -= 1
+        self.metrics.admit(prompt_tokens)
+        return time.monotonic() - start
+
+    def release(self, prompt_tokens: int, done: int, aborted: bool) -> None:
+        self._slots.release()
+        if aborted:
+            self.metrics.abort(prompt_tokens, done, "error" if self.dead else "abort")
+
+    # --- death ----------------------------------------------------------------------------
+    def die(self, cause: str) -> None:
+        """A TP worker is gone: vLLM's failure lines, then /health 503 and requests 500.
+
+        ``cause``: "worker-death" (fault), "eof" (peer process gone), "timeout" (link down).
+        """
+        with self._lock:
+            if self.dead:
+                return
+            self.dead = True
+            self.dead_reason = cause
+        log, knobs = self.log, self.knobs
+        rank = min(1, self.args.world_size - 1)
+        w_ip = self.worker_ips[rank]
+        w_pid = self.peer.peer_pid if self.peer and self.peer.peer_pid else self.worker_pids[rank]
+        stamp = time.strftime("%m%d %H:%M:%S", time.localtime())
+        micros = f"{time.time() % 1:.6f}"[2:]
+        r0 = self.worker_prefix(0)
+        if cause == "timeout":
+            log.raw(
+                f"{r0} [rank0]:[E{stamp}.{micros} ProcessGroupNCCL.cpp:632] [PG ID 2 PG GUID 3 "
+                "Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=48213, "
+                "OpType=ALLREDUCE, NumelIn=12288, NumelOut=12288, Timeout(ms)=600000) ran for "
+                "600032 milliseconds before timing out."
+            )
+        elif cause == "eof":
+            log.raw(
+                f"{r0} [rank0]:[E{stamp}.{micros} ProcessGroupNCCL.cpp:2057] [PG ID 2 PG GUID 3 "
+                "Rank 0] Process group watchdog thread terminated with exception: NCCL error: "
+                "remote process exited or there was a network error, NCCL version 2.27.3"
+            )
+        node_id = zlib.crc32(w_ip.encode()).to_bytes(4, "big").hex() * 7
+        where = "core.py:922"
+        e = self.engine_prefix
+        trace = [
+            "EngineCore encountered a fatal error.",
+            "Traceback (most recent call last):",
+            frame("v1/engine/core.py", 913, "run_engine_core"),
+            "    engine_core.run_busy_loop()",
+            frame("v1/engine/core.py", 940, "run_busy_loop"),
+            "    self._process_engine_step()",
+            frame("v1/executor/ray_executor.py", 455, "execute_model"),
+            "    return refs[0].get()",
+            "ray.exceptions.RayActorError: The actor died unexpectedly before finishing this task.",
+            "\tclass_name: RayWorkerWrapper",
+            f"\tactor_id: {secrets.token_hex(16)}",
+            f"\tpid: {w_pid}",
+            f"\tnamespace: {secrets.token_hex(4)}-{secrets.token_hex(2)}-{secrets.token_hex(2)}",
+            f"\tip: {w_ip}",
+            f"The actor is dead because its node has died. Node Id: {node_id}"
+            if cause == "timeout"
+            else "The actor is dead because its worker process has died. Worker exit type: "
+            "SYSTEM_ERROR Worker exit detail: Worker unexpectedly exits with a connection error "
+            "code 2. End of file.",
+        ]
+        log.error(e, where, "\n".join(trace))
+        log.error(
+            self.api_prefix,
+            "async_llm.py:527",
+            "\n".join(
+                [
+                    "AsyncLLM output_handler failed.",
+                    "Traceback (most recent call last):",
+                    frame("v1/engine/async_llm.py", 486, "output_handler"),
+                    "    outputs = await engine_core.get_output_async()",
+                    frame("v1/engine/core_client.py", 882, "get_output_async"),
+                    "    raise self._format_exception(outputs) from None",
+                    f"vllm.v1.engine.exceptions.EngineDeadError: {err.ENGINE_DEAD_MESSAGE}",
+                ]
+            ),
+        )
+        self.placement_group = "removed"
+        if knobs.exit_on_death_s >= 0:
+            threading.Timer(knobs.exit_on_death_s, self._exit_dead).start()
+
+    def _exit_dead(self) -> None:
+        self.log.uvicorn("Shutting down")
+        self.log.uvicorn(f"Finished server process [{self.pid}]")
+        os._exit(1)
+
+    # --- supervisor -------------------------------------------------------------------------
+    def start_supervisor(self) -> None:
+        threading.Thread(target=self._supervise, name="supervisor", daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _supervise(self) -> None:
+        knobs = self.knobs
+        next_stats = time.monotonic() + knobs.stats_interval_s
+        next_status = 0.0
+        last_logged_busy = False
+        while not self._stop.wait(knobs.control_poll_s):
+            self.faults.poll()
+            now = time.monotonic()
+            if self.ready and not self.dead and self.faults.active("worker-death"):
+                self.die("worker-death")
+            if self.status is not None and now >= next_status:
+                self.status.write()
+                next_status = now + 1.0
+            if (
+                self.ready
+                and now >= next_stats
+                and not self.args.non_default.get("disable_log_stats")
+            ):
+                prompt, gen = self.metrics.take_window()
+                busy = bool(prompt or gen or self.metrics.running or self.metrics.waiting)
+                if busy or last_logged_busy:
+                    span = knobs.stats_interval_s
+                    self.log.info(
+                        self.api_prefix,
+                        "loggers.py:335",
+                        f"Engine 000: Avg prompt throughput: {prompt / span:.1f} tokens/s, "
+                        f"Avg generation throughput: {gen / span:.1f} tokens/s, "
+                        f"Running: {self.metrics.running} reqs, "
+                        f"Waiting: {self.metrics.waiting} reqs, "
+                        f"GPU KV cache usage: {100 * self.metrics.kv_usage():.1f}%, "
+                        "Prefix cache hit rate: 0.0%",
+                    )
+                last_logged_busy = busy
+                next_stats = now + knobs.stats_interval_s

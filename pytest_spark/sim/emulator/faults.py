@@ -1,0 +1,116 @@
+"""Fault names and the live fault set (environment at start + JSON control file at run time).
+
+Control file (path in ``SPARKSIM_EMU_CONTROL``, re-read when it changes)::
+
+    {"faults": ["slow-decode", "http-5xx"], "decode_tok_s": 20, "max_agg_tok_s": 100}
+
+``faults`` replaces the control-file part of the set (the environment part stays);
+numeric keys override the matching knob while present. ``worker-death`` is a one-way
+event: once the engine is dead it stays dead, as in vLLM.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Iterable
+
+# Faults that act while loading (environment only: the process is not serving yet).
+LOAD_FAULTS = {
+    "crash-oom": "torch.OutOfMemoryError while loading weights; engine init fails, exit 1",
+    "crash-free-memory": "ValueError: Free memory on device ... at worker init, exit 1",
+    "crash-nccl": "NCCL error + watchdog timeout at distributed init, exit 1",
+    "hang-placement-group": "placement-group wait line forever, never ready",
+    "hang-silent": "logging stops mid-load, never ready",
+    "slow-load": "every startup phase x10",
+}
+
+# Faults that act while serving (environment or control file).
+RUN_FAULTS = {
+    "worker-death": "RayActorError + EngineDeadError in the log, /health 503, requests 500",
+    "slow-decode": "per-stream decode rate / 10",
+    "http-5xx": "chat and text completions answer HTTP 500",
+    "malformed-sse": "one SSE data line carries invalid JSON",
+    "truncated-stream": "connection closed mid-stream, no [DONE]",
+    "invalid-json-body": "non-streaming body is not valid JSON (HTTP 200)",
+    "tool-in-content": "raw <tool_call> markup left in content, no tool_calls",
+    "tool-args-unstreamed": "streamed tool call: header only, arguments never sent",
+    "tool-param-leak": "</parameter> leaks into content next to the tool call",
+    "tool-args-strings": "every tool argument typed as a string",
+    "think-in-content": "the </think> tag leaks into content",
+    "reasoning-in-content": "reasoning lands in content, reasoning field null",
+    "answer-in-reasoning": "with enable_thinking false the answer lands in reasoning",
+}
+
+ALL_FAULTS = {**LOAD_FAULTS, **RUN_FAULTS}
+
+NUMERIC_OVERRIDES = ("decode_tok_s", "max_agg_tok_s", "ttft_s", "prefill_tok_s")
+
+
+def parse_faults(text: str | Iterable[str]) -> set[str]:
+    items = text.split(",") if isinstance(text, str) else list(text)
+    names = {item.strip() for item in items if item and item.strip()}
+    unknown = names - set(ALL_FAULTS)
+    if unknown:
+        known = ", ".join(sorted(ALL_FAULTS))
+        raise ValueError(f"unknown fault(s) {', '.join(sorted(unknown))}; known: {known}")
+    return names
+
+
+class FaultState:
+    """The set of active faults and knob overrides, safe to read from any thread."""
+
+    def __init__(self, env_faults: set[str], control_path: str = "") -> None:
+        self._env = set(env_faults)
+        self._control: set[str] = set()
+        self._overrides: dict[str, float] = {}
+        self._path = control_path
+        self._stamp: tuple[float, int] | None = None
+        self._lock = threading.Lock()
+        self.last_error = ""
+
+    def active(self, name: str) -> bool:
+        with self._lock:
+            return name in self._env or name in self._control
+
+    def names(self) -> set[str]:
+        with self._lock:
+            return self._env | self._control
+
+    def override(self, key: str, default: float) -> float:
+        with self._lock:
+            return self._overrides.get(key, default)
+
+    def poll(self) -> bool:
+        """Re-read the control file if it changed; True when the fault set changed."""
+        if not self._path:
+            return False
+        try:
+            st = os.stat(self._path)
+        except OSError:
+            stamp = None
+        else:
+            stamp = (st.st_mtime, st.st_size)
+        if stamp == self._stamp:
+            return False
+        self._stamp = stamp
+        faults: set[str] = set()
+        overrides: dict[str, float] = {}
+        if stamp is not None:
+            try:
+                with open(self._path, encoding="utf-8") as fh:
+                    data = json.load(fh)
+                faults = parse_faults(data.get("faults", []))
+                overrides = {k: float(data[k]) for k in NUMERIC_OVERRIDES if k in data}
+                self.last_error = ""
+            except (OSError, ValueError, AttributeError, TypeError) as exc:
+                # A half-written file: keep the previous state, retry on the next change.
+                self.last_error = str(exc)
+                self._stamp = None
+                return False
+        with self._lock:
+            changed = faults != self._control or overrides != self._overrides
+            self._control = faults
+            self._overrides = overrides
+        return changed

@@ -1,0 +1,202 @@
+"""The TP rank-1 link between nodes: ``worker`` on the second node dials the head
+``serve`` over the fabric and both sides exchange heartbeats.
+
+Line protocol over TCP: the worker sends ``HELLO {"rank":1,"pid":..,"ip":..}``, the head
+answers ``WELCOME {...}``, then both send ``HB <n>`` every ``SPARKSIM_EMU_HEARTBEAT_S``.
+The head treats EOF/reset (worker killed) and silence longer than
+``SPARKSIM_EMU_HEARTBEAT_TIMEOUT_S`` (link down) as the worker's death. The worker
+redials forever, like a Ray worker node waiting for its head.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .config import Knobs
+
+
+class PeerLink:
+    """Head side: accepts one rank-1 worker and watches its heartbeat."""
+
+    def __init__(self, host: str, port: int, knobs: Knobs, on_lost: Callable[[str], None]):
+        self.knobs = knobs
+        self.on_lost = on_lost
+        self.state = "waiting"  # waiting | connected | lost
+        self.peer_ip = ""
+        self.peer_pid = 0
+        self.connected = threading.Event()
+        self.formed = False  # set once the placement group includes the worker
+        self._stop = threading.Event()
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._sock = socket.socket(family, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind((host, port))
+        self._sock.listen(4)
+        self._sock.settimeout(0.2)
+        threading.Thread(target=self._accept_loop, name="tp-accept", daemon=True).start()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._sock.close()
+
+    def _accept_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, addr = self._sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            if self.state == "connected" or (self.state == "lost" and self.formed):
+                conn.close()  # one rank 1 at a time; a dead engine is not revived
+                continue
+            threading.Thread(target=self._serve, args=(conn, addr), daemon=True).start()
+
+    def _serve(self, conn: socket.socket, addr: Any) -> None:
+        knobs = self.knobs
+        conn.settimeout(min(knobs.heartbeat_s, 0.25))
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        buf = b""
+        hello: dict[str, Any] | None = None
+        last_rx = time.monotonic()
+        next_tx = 0.0
+        seq = 0
+        cause = ""
+        try:
+            while not self._stop.is_set():
+                now = time.monotonic()
+                if now >= next_tx and hello is not None:
+                    seq += 1
+                    conn.sendall(f"HB {seq}\n".encode())
+                    next_tx = now + knobs.heartbeat_s
+                if now - last_rx > knobs.heartbeat_timeout_s:
+                    cause = "timeout"
+                    break
+                try:
+                    data = conn.recv(4096)
+                except TimeoutError:
+                    continue
+                if not data:
+                    cause = "eof"
+                    break
+                last_rx = time.monotonic()
+                buf += data
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    if line.startswith(b"HELLO ") and hello is None:
+                        hello = json.loads(line[6:].decode())
+                        self.peer_ip = str(hello.get("ip") or addr[0])
+                        self.peer_pid = int(hello.get("pid") or 0)
+                        welcome = {"pid": os.getpid(), "rank": 0}
+                        conn.sendall(f"WELCOME {json.dumps(welcome)}\n".encode())
+                        self.state = "connected"
+                        self.connected.set()
+        except (OSError, ValueError):
+            cause = cause or "eof"
+        finally:
+            conn.close()
+        if self._stop.is_set() or hello is None:
+            return
+        self.connected.clear()
+        self.state = "lost"
+        self.on_lost(cause)
+
+
+def _log(message: str) -> None:
+    sys.stdout.write(message + "\n")
+    sys.stdout.flush()
+
+
+def _stamp() -> str:
+    now = time.time()
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now)) + f",{int(now % 1 * 1000):03d}"
+
+
+def worker_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="worker", description="TP rank 1 on the second node")
+    parser.add_argument("--head-addr", required=True)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--node-ip", default=None, help="address to report (default: local end)")
+    args = parser.parse_args(argv)
+    knobs = Knobs.from_env()
+    stop = threading.Event()
+
+    def _term(_signum: int, _frame: Any) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _term)
+    signal.signal(signal.SIGINT, _term)
+    pid = os.getpid()
+    announced = False
+    last_wait_log = 0.0
+    while not stop.is_set():
+        try:
+            conn = socket.create_connection((args.head_addr, args.port), timeout=2.0)
+        except OSError:
+            if time.monotonic() - last_wait_log > 5.0:
+                _log(
+                    f"[{_stamp()} I {pid} {pid}] gcs_rpc_client.h:179: Failed to connect to GCS at "
+                    f"address {args.head_addr}:{args.port} within 5 seconds."
+                )
+                last_wait_log = time.monotonic()
+            stop.wait(1.0)
+            continue
+        ip = args.node_ip or conn.getsockname()[0]
+        if not announced:
+            _log(f"Local node IP: {ip}")
+            _log("--------------------")
+            _log("Ray runtime started.")
+            _log("--------------------")
+            announced = True
+        _log(
+            f"[{_stamp()} I {pid} {pid}] raylet: connected to head node "
+            f"{args.head_addr}:{args.port}"
+        )
+        _heartbeat(conn, {"rank": 1, "pid": pid, "ip": ip}, knobs, stop)
+        if not stop.is_set():
+            _log(
+                f"[{_stamp()} E {pid} {pid}] raylet: lost connection to head node "
+                f"{args.head_addr}:{args.port}; reconnecting"
+            )
+            stop.wait(1.0)
+    return 0
+
+
+def _heartbeat(
+    conn: socket.socket, hello: dict[str, Any], knobs: Knobs, stop: threading.Event
+) -> None:
+    conn.settimeout(min(knobs.heartbeat_s, 0.25))
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    last_rx = time.monotonic()
+    next_tx = 0.0
+    seq = 0
+    try:
+        conn.sendall(f"HELLO {json.dumps(hello)}\n".encode())
+        while not stop.is_set():
+            now = time.monotonic()
+            if now >= next_tx:
+                seq += 1
+                conn.sendall(f"HB {seq}\n".encode())
+                next_tx = now + knobs.heartbeat_s
+            if now - last_rx > knobs.heartbeat_timeout_s:
+                return
+            try:
+                data = conn.recv(4096)
+            except TimeoutError:
+                continue
+            if not data:
+                return
+            last_rx = time.monotonic()
+    except OSError:
+        return
+    finally:
+        conn.close()
