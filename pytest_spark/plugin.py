@@ -11,6 +11,7 @@ import pytest
 
 from pytest_spark import fixtures, hooks
 from pytest_spark.cluster import Cluster, node_names
+from pytest_spark.report import register as register_reports
 from pytest_spark.results import CATEGORIES, ResultsRecorder
 from pytest_spark.settings import Settings, add_options, resolve
 from pytest_spark.simcontrol import sim_attach, sim_up
@@ -74,6 +75,7 @@ def pytest_configure(config: pytest.Config) -> None:
                                    config.stash[RUN_DIR_KEY])
         config.stash[RESULTS_KEY] = recorder
         config.pluginmanager.register(recorder, "spark.results")
+    register_reports(config)  # HTML, history, terminal summary, redaction (pytest_spark/report)
 
 
 def cluster_info(settings: Settings) -> dict[str, Any]:
@@ -106,8 +108,11 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     settings = config.stash[SETTINGS_KEY]
     if not settings.head:
         return
-    cluster = config.stash.get(CLUSTER_KEY, None) or Cluster(settings)
-    problem = stop_if_launched(cluster, config.stash[RUN_DIR_KEY], settings.keep)
+    try:
+        cluster = config.stash.get(CLUSTER_KEY, None) or Cluster(settings)
+        problem = stop_if_launched(cluster, config.stash[RUN_DIR_KEY], settings.keep)
+    except Exception as exc:  # teardown must never cost the report and the JSON
+        problem = f"could not stop the launched cluster: {type(exc).__name__}: {exc}"
     if problem:
         reporter = config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:

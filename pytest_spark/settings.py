@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from pytest_spark.profiles import Profile, ProfileError, load_profile
+from pytest_spark.report.options import compare_fail, history_dir, run_ref
 
 Parse = Callable[[str], Any]
 
@@ -127,6 +128,7 @@ class Option:
     secret: bool = False
     profile_key: str | None = None
     ini_type: str = "string"
+    const: Any = None  # the value of a bare ``--spark-<noun>`` (an optional argument)
 
     @property
     def dest(self) -> str:
@@ -202,6 +204,15 @@ OPTIONS: tuple[Option, ...] = (
            "SECONDS", profile_key="readiness.ready_timeout_s"),
     Option("hang-timeout", _seconds, 300.0, "no log progress on any node for this long while "
            "loading is a hang", "SECONDS", profile_key="readiness.hang_timeout_s"),
+    Option("history", history_dir, Path(".spark-history"), "keep each run's figures (busbw, "
+           "tok/s, TTFT, TPOT, load phases) here, one JSON file per run; 'off' keeps none",
+           "DIR|off"),
+    Option("compare", run_ref, None, "compare the figures with the last run of the same "
+           "cluster in the history, or with run RUN (its number, e.g. 0003, or file)",
+           "RUN", const="last"),
+    Option("compare-fail", compare_fail, (), "fail the session when a figure got worse by more "
+           "than PCT against the compared run (implies --spark-compare); METRIC is busbw, "
+           "tok_s, ttft, tpot, load or one figure such as tok_s@4", "METRIC:PCT[,METRIC:PCT]"),
 )
 
 OPTIONS_BY_ATTR = {option.attr: option for option in OPTIONS}
@@ -306,6 +317,10 @@ def add_options(parser: pytest.Parser) -> None:
         help_text = f"{option.help}{shown}; ini {option.ini}, env {option.env}"
         if option.flag:
             group.addoption(option.cli, action="store_true", default=None, dest=option.dest,
+                            help=help_text)
+        elif option.const is not None:
+            group.addoption(option.cli, action="store", nargs="?", const=option.const,
+                            default=None, dest=option.dest, metavar=option.metavar,
                             help=help_text)
         else:
             group.addoption(option.cli, action="store", default=None, dest=option.dest,

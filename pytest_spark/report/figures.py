@@ -1,0 +1,281 @@
+"""Figures of a run, read from the JSON results document (pure, tolerant of missing data).
+
+Sources (what the checks attach with ``spark_check.attach`` and what serving recorded):
+
+- NCCL: ``extra.busbw_series`` = ``[{"bytes" | "size_bytes": int, "busbw_gbps": float,
+  "algbw_gbps": float}, ...]`` (or ``{"points": [...]}``, checks/nccl.py's
+  ``BusbwSeries.to_dict()``) on a check whose ``expected`` is the busbw threshold.
+- Throughput: ``extra.sweep`` = ``{"levels": [level, ...]}`` (tests_e2e/test_throughput.py),
+  ``extra.throughput_sweep`` = ``[level, ...]``, or the ``extra.level`` of the threshold
+  checks; a level is ``{"concurrency", "output_tok_s", "ttft_s": {"median"|"p50", "p90",
+  "p99", ...}, "tpot_s": {...}}``.
+- Startup: ``doc["serving"]["timeline"]`` (or ``extra.startup_timeline``) =
+  ``[{"phase", "start_s", "end_s"}]`` and ``doc["serving"]["ready_s"]``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from pytest_spark.report.options import FAMILIES
+
+PERCENTILES = ("p50", "p90", "p99")
+
+
+@dataclass(frozen=True)
+class BusbwSeries:
+    label: str
+    node: str | None
+    points: list[tuple[int, float, float | None]]  # (bytes, busbw GB/s, algbw GB/s)
+    threshold: float | None
+
+    @property
+    def peak(self) -> float:
+        return max(p[1] for p in self.points)
+
+    @property
+    def largest(self) -> float:
+        """busbw at the largest message size: the steady-state figure the check judges."""
+        return self.points[-1][1]
+
+
+@dataclass(frozen=True)
+class SweepLevel:
+    concurrency: int
+    output_tok_s: float | None
+    ttft: dict[str, float | None]  # p50/p90/p99, seconds
+    tpot: dict[str, float | None]
+
+
+@dataclass(frozen=True)
+class PhaseSpan:
+    phase: str
+    start: float
+    end: float | None
+
+
+@dataclass(frozen=True)
+class Metric:
+    value: float
+    unit: str
+    better: str  # "higher" | "lower"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"value": self.value, "unit": self.unit, "better": self.better}
+
+
+@dataclass
+class Figures:
+    busbw: list[BusbwSeries] = field(default_factory=list)
+    sweep: list[SweepLevel] = field(default_factory=list)
+    timeline: list[PhaseSpan] = field(default_factory=list)
+    ready_s: float | None = None
+
+    def level(self, concurrency: int) -> SweepLevel | None:
+        return next((lv for lv in self.sweep if lv.concurrency == concurrency), None)
+
+    @property
+    def load_s(self) -> float | None:
+        if self.ready_s is not None:
+            return self.ready_s
+        ready = [p.start for p in self.timeline if p.phase == "ready"]
+        return ready[0] if ready else None
+
+    def phase_durations(self) -> dict[str, float]:
+        return {
+            p.phase: round(p.end - p.start, 3)
+            for p in self.timeline
+            if p.end is not None and p.phase != "ready" and p.end >= p.start
+        }
+
+
+def as_dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def number(value: Any) -> float | None:
+    """A finite float from a number or from text such as ``">= 21.9"``; else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, str):
+        m = re.search(r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?", value)
+        return float(m.group()) if m else None
+    return None
+
+
+def _extras(doc: dict[str, Any], name: str) -> list[tuple[dict[str, Any], Any]]:
+    out = []
+    for check in doc.get("checks") or ():
+        extra = check.get("extra") or {}
+        if isinstance(extra, dict) and name in extra:
+            out.append((check, extra[name]))
+    return out
+
+
+def _label(check: dict[str, Any]) -> str:
+    nodeid = str(check.get("nodeid") or "")
+    name = nodeid.rsplit("::", 1)[-1]
+    return name or str(check.get("node") or "series")
+
+
+def busbw_series(doc: dict[str, Any]) -> list[BusbwSeries]:
+    series = []
+    for check, data in _extras(doc, "busbw_series"):
+        if isinstance(data, dict):  # checks/nccl.py BusbwSeries.to_dict(): {"points": [...]}
+            data = data.get("points")
+        if not isinstance(data, list):
+            continue
+        points = []
+        for row in data:
+            if not isinstance(row, dict):
+                continue
+            size = number(row.get("bytes", row.get("size_bytes")))
+            busbw = number(row.get("busbw_gbps"))
+            if size is None or busbw is None or size <= 0:
+                continue
+            points.append((int(size), busbw, number(row.get("algbw_gbps"))))
+        if points:
+            series.append(
+                BusbwSeries(
+                    _label(check), check.get("node"), sorted(points), number(check.get("expected"))
+                )
+            )
+    return series
+
+
+def _summary(data: Any) -> dict[str, float | None]:
+    data = data if isinstance(data, dict) else {}
+    return {
+        "p50": number(data.get("p50", data.get("median"))),
+        "p90": number(data.get("p90")),
+        "p99": number(data.get("p99")),
+    }
+
+
+def _level(data: Any) -> SweepLevel | None:
+    if not isinstance(data, dict):
+        return None
+    c = number(data.get("concurrency"))
+    if c is None or c < 1:
+        return None
+    return SweepLevel(
+        int(c),
+        number(data.get("output_tok_s")),
+        _summary(data.get("ttft_s")),
+        _summary(data.get("tpot_s")),
+    )
+
+
+def sweep_levels(doc: dict[str, Any]) -> list[SweepLevel]:
+    raw: list[Any] = []
+    for _, data in _extras(doc, "throughput_sweep"):
+        raw += data if isinstance(data, list) else []
+    for _, data in _extras(doc, "sweep"):
+        if isinstance(data, dict):
+            data = data.get("levels")
+        raw += data if isinstance(data, list) else []
+    for _, data in _extras(doc, "level"):
+        raw.append(data)
+    levels: dict[int, SweepLevel] = {}
+    for item in raw:
+        level = _level(item)
+        if level is not None and level.concurrency not in levels:
+            levels[level.concurrency] = level
+    return [levels[c] for c in sorted(levels)]
+
+
+def timeline(doc: dict[str, Any]) -> list[PhaseSpan]:
+    serving = as_dict(doc.get("serving"))
+    sources: list[Any] = [serving.get("timeline")]
+    sources += [data for _, data in _extras(doc, "startup_timeline")]
+    for data in sources:
+        if not isinstance(data, list):
+            continue
+        spans = []
+        for row in data:
+            if not isinstance(row, dict):
+                continue
+            start = number(row.get("start_s"))
+            if start is None or not row.get("phase"):
+                continue
+            spans.append(PhaseSpan(str(row["phase"]), start, number(row.get("end_s"))))
+        if spans:
+            return spans
+    return []
+
+
+def figures_of(doc: dict[str, Any]) -> Figures:
+    serving = as_dict(doc.get("serving"))
+    return Figures(
+        busbw_series(doc), sweep_levels(doc), timeline(doc), number(serving.get("ready_s"))
+    )
+
+
+def metrics_of(figures: Figures) -> dict[str, Metric]:
+    """Flat named figures for the history: ``busbw``, ``tok_s@C``, ``ttft_p50@C``,
+    ``ttft_p90@C``, ``tpot_p50@C``, ``tpot_p90@C``, ``load``, ``load.<phase>``."""
+    out: dict[str, Metric] = {}
+    if figures.busbw:
+        out["busbw"] = Metric(round(max(s.largest for s in figures.busbw), 4), "GB/s", "higher")
+    for lv in figures.sweep:
+        if lv.output_tok_s is not None:
+            out[f"tok_s@{lv.concurrency}"] = Metric(round(lv.output_tok_s, 3), "tok/s", "higher")
+        for name, summary in (("ttft", lv.ttft), ("tpot", lv.tpot)):
+            for pct in ("p50", "p90"):
+                value = summary.get(pct)
+                if value is not None:
+                    out[f"{name}_{pct}@{lv.concurrency}"] = Metric(round(value, 6), "s", "lower")
+    if figures.load_s is not None:
+        out["load"] = Metric(round(figures.load_s, 3), "s", "lower")
+    for phase, seconds in figures.phase_durations().items():
+        out[f"load.{phase}"] = Metric(seconds, "s", "lower")
+    return out
+
+
+def metric_family(name: str) -> str:
+    """``tok_s@4`` -> ``tok_s``, ``ttft_p90@1`` -> ``ttft``, ``load.weights`` -> ``load``."""
+    for family in sorted(FAMILIES, key=len, reverse=True):
+        if name == family or (name.startswith(family) and name[len(family)] in "._@"):
+            return family
+    return name
+
+
+def spec_matches(spec: str, name: str) -> bool:
+    """Does ``--spark-compare-fail`` METRIC ``spec`` cover figure ``name``?"""
+    return spec in (name, metric_family(name), name.split("@", 1)[0])
+
+
+def key_figures(figures: Figures) -> list[tuple[str, str]]:
+    """The few figures an operator looks at first (terminal summary, HTML summary)."""
+    out: list[tuple[str, str]] = []
+    if figures.busbw:
+        largest = max(s.largest for s in figures.busbw)
+        peak = max(s.peak for s in figures.busbw)
+        limits = sorted({s.threshold for s in figures.busbw if s.threshold is not None})
+        limit = f" (threshold {', '.join(f'{t:g}' for t in limits)})" if limits else ""
+        text = f"{largest:.4g} GB/s at the largest message"
+        if peak > largest * 1.001:
+            text += f" (peak {peak:.4g})"
+        out.append(("busbw", text + limit))
+    else:
+        out.append(("busbw", "not measured"))
+    for c in (1, 4):
+        level = figures.level(c)
+        text = "not measured"
+        if level is not None and level.output_tok_s is not None:
+            text = f"{level.output_tok_s:.4g} tok/s"
+            if level.ttft.get("p90") is not None:
+                text += f", TTFT p90 {level.ttft['p90']:.3g} s"
+        out.append((f"tok/s @{c}", text))
+    load = figures.load_s
+    if load is not None:
+        phases = ", ".join(f"{p} {s:.0f} s" for p, s in figures.phase_durations().items())
+        out.append(("load", f"{load:.1f} s" + (f" ({phases})" if phases else "")))
+    else:
+        out.append(("load", "not measured"))
+    return out

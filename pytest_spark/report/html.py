@@ -1,0 +1,324 @@
+"""pytest-html hooks (registered only when pytest-html is active) and the HTML they add.
+
+Every string that reaches the page goes through :func:`esc` (pytest-html inserts extras,
+summary parts, table cells and environment values as raw HTML), after redaction.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from pytest_spark.report.figures import key_figures
+from pytest_spark.report.summary import measured_expected, remediation
+from pytest_spark.results import FINDING_PROP, NODE_PROP, category_of
+
+if TYPE_CHECKING:
+    from pytest_spark.report.session import ReportPlugin, ReportState
+
+EVIDENCE_CHARS = 20000
+VERDICT_TEXT = {"fail": "FAIL", "warn": "WARN", "pass": "PASS", "skip": "SKIP", "none": "-"}
+FIGURE_KEYS = ("busbw_series", "sweep", "throughput_sweep", "level", "startup_timeline")
+
+STYLE = """<style>
+body{display:flex;flex-direction:column;align-items:stretch}
+body>h1,body>p{order:0}
+body>.summary{order:1}
+body>#environment-header,body>#environment{order:2;align-self:flex-start}
+body>#results-table{order:3}
+body>footer{order:4}
+#spark-report{margin:0 0 12px 0;max-width:1200px;color:#333}
+#environment{margin-bottom:16px}
+#spark-report h3{margin:14px 0 6px 0;font-size:14px}
+.spark-banner{padding:8px 12px;margin:6px 0;border-radius:3px;font-size:14px;font-weight:bold}
+.spark-banner.spark-fail{background:#f2dede;color:#a94442;border:1px solid #ebccd1}
+.spark-banner.spark-pass{background:#dff0d8;color:#3c763d;border:1px solid #d6e9c6}
+.spark-banner.spark-warn{background:#fcf8e3;color:#8a6d3b;border:1px solid #faebcc}
+.spark-banner.spark-none,.spark-banner.spark-skip{background:#f5f5f5;color:#555}
+.spark-table{border-collapse:collapse;margin:4px 0}
+.spark-table th,.spark-table td{border:1px solid #ddd;padding:4px 8px;text-align:left}
+.spark-table th{background:#f6f6f6}
+td.spark-fail{background:#f2dede;color:#a94442;font-weight:bold}
+td.spark-warn{background:#fcf8e3;color:#8a6d3b}
+td.spark-pass{background:#dff0d8;color:#3c763d}
+td.spark-skip{background:#f5f5f5;color:#777}
+td.spark-none{color:#bbb}
+.spark-plot{margin:8px 0}
+.spark-plot img{max-width:100%;border:1px solid #eee}
+.spark-plot figcaption,.spark-noplot{color:#666;font-style:italic}
+.spark-check{margin:4px 0 8px 0}
+.spark-check pre{white-space:pre-wrap;background:#fafafa;border:1px solid #eee;padding:6px;
+ max-height:420px;overflow:auto}
+.spark-fix{background:#fcf8e3;border-left:4px solid #f0ad4e;padding:6px 10px;margin:6px 0}
+</style>"""
+
+
+def esc(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def metadata_value(value: Any, escape: bool) -> Any:
+    """An environment-table value: pytest-html renders these as raw HTML."""
+    if not escape:
+        return value
+    if isinstance(value, dict):
+        return {esc(k): esc(v) for k, v in value.items()}
+    return esc(value)
+
+
+def _finding(report: pytest.TestReport) -> dict[str, Any]:
+    props = dict(report.user_properties)
+    finding = props.get(FINDING_PROP)
+    return finding if isinstance(finding, dict) else {}
+
+
+def _node(report: pytest.TestReport) -> str:
+    return str(_finding(report).get("node") or dict(report.user_properties).get(NODE_PROP) or "")
+
+
+def _message(report: pytest.TestReport) -> str:
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        return str(longrepr[2]).removeprefix("Skipped: ")
+    crash = getattr(longrepr, "reprcrash", None)
+    if crash is not None:
+        return str(crash.message).removeprefix("Failed: ")
+    return str(longrepr or "")[-4000:]
+
+
+def _pre(text: str) -> str:
+    if len(text) > EVIDENCE_CHARS:
+        text = text[:EVIDENCE_CHARS] + f"\n... ({len(text) - EVIDENCE_CHARS} more characters)"
+    return f"<pre>{esc(text)}</pre>"
+
+
+def _message_html(message: str) -> str:
+    """The message, with each node's log tail (readiness failures) in its own block."""
+    head, *tails = message.split("\n--- ")
+    parts = [_pre(head)]
+    for tail in tails:
+        title, _, body = tail.partition("\n")
+        parts.append(
+            f"<details open><summary>{esc(title.strip(' -'))}</summary>{_pre(body)}</details>"
+        )
+    return "".join(parts)
+
+
+def check_html(report: pytest.TestReport) -> str | None:
+    """The block shown under a check's row: verdict, figures, message, fix, evidence."""
+    finding = _finding(report)
+    failed = report.failed
+    if not finding and not failed:
+        return None
+    level = "fail" if failed else str(finding.get("level") or "pass")
+    figures = measured_expected(finding)
+    where = " ".join(x for x in (_node(report), category_of(report.keywords) or "") if x)
+    head = f"<b>{VERDICT_TEXT.get(level, level.upper())}</b>"
+    if where:
+        head += f" {esc(where)}"
+    if figures:
+        head += f" &middot; measured / expected: {esc(figures)}"
+    parts = [f'<div class="spark-check spark-{esc(level)}"><div>{head}</div>']
+    message = _message(report) if failed else str(finding.get("message") or "")
+    if message:
+        parts.append(_message_html(message))
+    if failed or level == "warn":
+        fix = remediation(message)
+        if fix:
+            parts.append(f'<div class="spark-fix"><b>What usually fixes it:</b> {esc(fix)}</div>')
+        evidence = finding.get("evidence") or {}
+        if isinstance(evidence, dict):
+            for name, text in evidence.items():
+                text = text if isinstance(text, str) else json.dumps(text, indent=1)
+                parts.append(
+                    f"<details open><summary>evidence: {esc(name)}</summary>{_pre(text)}</details>"
+                )
+    extras = {k.removeprefix("spark_data:") for k, _ in report.user_properties}
+    plotted = sorted(extras & set(FIGURE_KEYS))
+    if plotted:
+        parts.append(
+            f"<div>figures recorded ({esc(', '.join(plotted))}): plotted in the "
+            "summary at the top</div>"
+        )
+    parts.append("</div>")
+    return "".join(parts)
+
+
+def _verdicts_html(state: ReportState) -> str:
+    table = state.table
+    head = "".join(f"<th>{esc(n)}</th>" for n in table.nodes)
+    rows = []
+    for category in table.categories:
+        total = table.category(category)
+        cells = [f'<td class="spark-{total.verdict}"><b>{esc(category)}</b></td>']
+        for node in table.nodes:
+            cell = table.cell(category, node)
+            label = VERDICT_TEXT[cell.verdict]
+            detail = "" if cell.verdict == "none" else f"<br><small>{esc(cell.text())}</small>"
+            cells.append(f'<td class="spark-{cell.verdict}">{label}{detail}</td>')
+        rows.append(f"<tr>{''.join(cells)}</tr>")
+    return (
+        f'<table id="spark-verdicts" class="spark-table"><tr><th>category</th>{head}</tr>'
+        f"{''.join(rows)}</table>"
+    )
+
+
+def _deltas_html(state: ReportState) -> str:
+    comparison = state.comparison
+    if comparison is None:
+        return (
+            f'<p class="spark-noplot">Run history: {esc(state.compare_note)}</p>'
+            if state.compare_note
+            else ""
+        )
+    rows = []
+    for d in comparison.deltas:
+        status = "fail" if d.regressed else "pass" if d.limit is not None else "none"
+        pct = "n/a" if d.pct is None else f"{d.pct:+.1f}%"
+        limit = "-" if d.limit is None else f"{d.limit:g}% ({d.better} is better)"
+        verdict = "REGRESSED" if d.regressed else "ok" if d.limit is not None else ""
+        rows.append(
+            f"<tr><td>{esc(d.name)}</td><td>{d.old:.4g}</td><td>{d.new:.4g}</td>"
+            f"<td>{esc(d.unit)}</td><td>{pct}</td><td>{esc(limit)}</td>"
+            f'<td class="spark-{status}">{verdict}</td></tr>'
+        )
+    missing = (
+        f"<p>Not measured in this run: {esc(', '.join(comparison.missing))}</p>"
+        if comparison.missing
+        else ""
+    )
+    return (
+        f"<h3>Compared with {esc(comparison.baseline_desc)}</h3>"
+        '<table id="spark-deltas" class="spark-table"><tr><th>figure</th><th>before</th>'
+        "<th>now</th><th>unit</th><th>change</th><th>fail limit</th><th></th></tr>"
+        f"{''.join(rows)}</table>{missing}"
+    )
+
+
+def _plots_html(state: ReportState) -> str:
+    parts = ["<h3>Plots</h3>"]
+    for plot in state.plots:
+        if plot.uri:
+            parts.append(
+                f'<figure class="spark-plot" id="spark-plot-{esc(plot.key)}">'
+                f'<img alt="{esc(plot.title)}" src="{esc(plot.uri)}">'
+                f"<figcaption>{esc(plot.title)}: {esc(plot.note)}</figcaption>"
+                "</figure>"
+            )
+        else:
+            parts.append(
+                f'<p class="spark-noplot" id="spark-plot-{esc(plot.key)}">'
+                f"{esc(plot.title)}: {esc(plot.note)}</p>"
+            )
+    return "".join(parts)
+
+
+def summary_html(state: ReportState) -> str:
+    overall = state.table.overall
+    counts = state.table
+    failed = sum(c.counts["failed"] + c.counts["error"] for c in counts.cells.values())
+    total = sum(sum(c.counts.values()) - c.counts["warn"] for c in counts.cells.values())
+    banners = []
+    if state.interrupted:
+        banners.append(("warn", "Session INTERRUPTED: the results below are partial"))
+    verdict = {
+        "fail": f"Verdict: FAIL ({failed} of {total} checks failed)",
+        "warn": f"Verdict: PASS with warnings ({total} checks)",
+        "pass": f"Verdict: PASS ({total} checks)",
+        "skip": f"Verdict: nothing checked ({total} checks skipped)",
+        "none": "Verdict: no suite checks ran",
+    }[overall]
+    banners.append((overall, verdict))
+    if state.regression_message:
+        banners.append(("fail", f"REGRESSION (session failed): {state.regression_message}"))
+    policy = str(state.environment.get("SSH host-key policy", ""))
+    if policy.startswith("OFF"):
+        banners.append(("fail", f"SSH host keys NOT checked: {policy}"))
+    if (state.doc.get("cluster") or {}).get("sim"):
+        banners.append(
+            ("none", "Cluster: sparksim, the embedded simulated cluster (bandwidths scaled 1/100)")
+        )
+    parts = ['<div id="spark-report">', STYLE]
+    parts += [f'<div class="spark-banner spark-{kind}">{esc(text)}</div>' for kind, text in banners]
+    parts.append("<h3>Verdict per category and node</h3>")
+    parts.append(_verdicts_html(state))
+    figures = "".join(
+        f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in key_figures(state.figures)
+    )
+    parts.append(
+        f'<h3>Key figures</h3><table id="spark-figures" class="spark-table">{figures}</table>'
+    )
+    parts.append(_deltas_html(state))
+    parts.append(_plots_html(state))
+    parts.append("</div>")
+    return "".join(parts)
+
+
+class HtmlHooks:
+    """pytest-html hooks; only registered when pytest-html is active (controller)."""
+
+    def __init__(self, plugin: ReportPlugin) -> None:
+        self.plugin = plugin
+
+    def pytest_html_report_title(self, report: Any) -> None:
+        cluster = self.plugin.settings
+        target = "sparksim" if cluster.sim else cluster.head or cluster.api_url or ""
+        if target:
+            report.title = self.plugin.redactor.text(f"DGX Spark cluster report: {target}")
+
+    def pytest_html_results_summary(
+        self, prefix: list[str], summary: list[str], postfix: list[str], session: pytest.Session
+    ) -> None:
+        plugin = self.plugin
+        if plugin.error:
+            prefix.append(f'<div class="spark-banner spark-fail">{esc(plugin.error)}</div>')
+        state = plugin.state
+        if state is not None and state.active:
+            prefix.append(plugin.redactor.text(summary_html(state)))
+
+    def pytest_html_results_table_header(self, cells: list[str]) -> None:
+        cells[2:2] = [
+            '<th class="sortable" data-column-type="node">Node</th>',
+            '<th class="sortable" data-column-type="category">Category</th>',
+            "<th>Measured / expected</th>",
+        ]
+
+    def pytest_html_results_table_row(self, report: pytest.TestReport, cells: list[str]) -> None:
+        test_id = report.nodeid + (f"::{report.when}" if report.when != "call" else "")
+        for i, cell in enumerate(cells):
+            if cell.startswith('<td class="col-testId">'):
+                cells[i] = f'<td class="col-testId">{esc(test_id)}</td>'
+        finding = _finding(report)
+        level = "fail" if report.failed else str(finding.get("level") or "")
+        figures = measured_expected(finding)
+        cells[2:2] = [
+            f'<td class="col-node">{esc(_node(report))}</td>',
+            f'<td class="col-category">{esc(category_of(report.keywords) or "")}</td>',
+            f'<td class="col-figures spark-{esc(level or "none")}">{esc(figures)}</td>',
+        ]
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """Attach the check's block to its report (after redaction: the Sanitizer's
+        tryfirst hook was registered later, so it runs first)."""
+        if report.when != "call" and not report.failed:
+            return
+        block = check_html(report)
+        if block is None:
+            return
+        extras = getattr(report, "extras", None)
+        if not isinstance(extras, list):
+            extras = []
+            report.extras = extras  # type: ignore[attr-defined]
+        extras.append(
+            {
+                "name": "spark check",
+                "format_type": "html",
+                "content": self.plugin.redactor.text(block),
+                "mime_type": None,
+                "extension": None,
+            }
+        )

@@ -1,0 +1,270 @@
+"""Controller-side report plugin: at the end of the session it reads the JSON results
+document once, redacts it, derives figures, keeps the run in the history, compares it with
+an earlier run, fails the session on regressions, and feeds the HTML, terminal and JSON.
+
+Session-level failure (a regression beyond ``--spark-compare-fail``): ``session.exitstatus``
+becomes 1 (TESTS_FAILED) when it was 0 or 5, the terminal summary prints one red message
+listing every regression (old -> new, percentage), the HTML summary shows it in a red box
+with the deltas, the JSON results carry ``report.compare.regressions`` and the JUnit XML a
+``spark_regressions`` testsuite property.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_spark.report import html_active
+from pytest_spark.report.environment import environment
+from pytest_spark.report.figures import Figures, Metric, figures_of, metrics_of
+from pytest_spark.report.history import (
+    Comparison,
+    History,
+    cluster_identity,
+    compare,
+    git_commit,
+    history_record,
+)
+from pytest_spark.report.plots import Plot, all_plots
+from pytest_spark.report.redact import Redactor
+from pytest_spark.report.summary import VerdictTable, outcome_counts, verdict_table
+from pytest_spark.settings import SettingsError
+from pytest_spark.state import RESULTS_KEY, RUN_DIR_KEY, SIM_KEY
+
+INTERRUPTED = int(pytest.ExitCode.INTERRUPTED)
+
+
+def validate(settings: Any) -> None:
+    """Start-up checks that involve more than one report option."""
+    wants = settings.compare is not None or settings.compare_fail
+    if wants and settings.history is None:
+        which = "compare" if settings.compare is not None else "compare_fail"
+        raise SettingsError(
+            f"--spark-{which.replace('_', '-')} (from {settings.source(which)}) compares "
+            f"with the run history, but --spark-history is off (from "
+            f"{settings.source('history')}): give a history directory"
+        )
+
+
+@dataclass
+class ReportState:
+    """Everything the HTML, terminal and JSON outputs show; built once per session."""
+
+    doc: dict[str, Any]  # the redacted results document
+    figures: Figures
+    metrics: dict[str, Metric]
+    table: VerdictTable
+    identity: dict[str, Any]
+    commit: dict[str, Any] | None
+    exitstatus: int
+    environment: dict[str, Any] = field(default_factory=dict)
+    history_path: Path | None = None
+    history_note: str = ""
+    comparison: Comparison | None = None
+    compare_note: str = ""
+
+    @property
+    def interrupted(self) -> bool:
+        return self.exitstatus == INTERRUPTED
+
+    @property
+    def active(self) -> bool:
+        """Anything to report (suite checks ran, or a cluster was given)?"""
+        return bool(self.doc.get("checks")) or bool((self.doc.get("cluster") or {}).get("head"))
+
+    @property
+    def regression_message(self) -> str:
+        return self.comparison.message() if self.comparison else ""
+
+    @cached_property
+    def plots(self) -> list[Plot]:
+        return all_plots(self.figures)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "figures": {name: m.to_dict() for name, m in sorted(self.metrics.items())},
+            "cluster_identity": self.identity,
+            "history": str(self.history_path) if self.history_path else None,
+            "history_note": self.history_note or None,
+            "compare": self.comparison.to_dict() if self.comparison else None,
+            "compare_note": self.compare_note or None,
+        }
+
+
+class ReportPlugin:
+    """Registered on the controller only (``hasattr(config, "workerinput")`` is false)."""
+
+    def __init__(self, config: pytest.Config, settings: Any, redactor: Redactor) -> None:
+        self.config = config
+        self.settings = settings
+        self.redactor = redactor
+        self.state: ReportState | None = None
+        self.error: str | None = None
+        self.session: pytest.Session | None = None
+        root = settings.history
+        if root is not None and not root.is_absolute():
+            root = config.invocation_params.dir / root
+        self.history_root: Path | None = root
+        self._check_named_run()
+
+    # -- start-up -----------------------------------------------------------------------
+    def _sim_nodes(self) -> list[str] | None:
+        sim = self.config.stash.get(SIM_KEY, None)
+        return [str(n.get("name")) for n in sim.info.get("nodes", ())] if sim else None
+
+    def _identity(self, doc: dict[str, Any]) -> dict[str, Any]:
+        return cluster_identity(doc.get("cluster") or {}, self._sim_nodes(), self.settings.api_url)
+
+    def _base_doc(self) -> dict[str, Any]:
+        recorder = self.config.stash.get(RESULTS_KEY, None)
+        if recorder is None:
+            return {"version": 1, "cluster": {}, "checks": []}
+        doc = recorder.document()
+        run_dir = self.config.stash.get(RUN_DIR_KEY, None)
+        serving = run_dir / "serving.json" if run_dir else None
+        if serving is not None and serving.exists():
+            with contextlib.suppress(ValueError):
+                doc["serving"] = json.loads(serving.read_text())
+        return doc
+
+    def _check_named_run(self) -> None:
+        ref = self.settings.compare
+        if ref in (None, "last") or self.history_root is None:
+            return
+        history = History(self.history_root, self._identity(self._base_doc()))
+        if history.find(ref) is None:
+            runs = ", ".join(r.label for r in history.runs()[-5:]) or "none"
+            raise SettingsError(
+                f"--spark-compare {ref} (from {self.settings.source('compare')}): no such run "
+                f"in {history.dir} (latest runs there: {runs})"
+            )
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        if not (self.settings.head or self.settings.api_url):
+            return
+        doc = self.redactor.value(self._base_doc())
+        env = environment(doc, self.settings, None)
+        early = ("Cluster", "Cluster nodes", "Threshold profile", "SSH host-key policy")
+        self._set_metadata({k: v for k, v in env.items() if k in early})
+
+    # -- end of session -------------------------------------------------------------------
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        self.session = session
+        try:
+            self.state = self._build(int(exitstatus))
+        except Exception as exc:  # the report must not take the session down
+            self.error = f"pytest-dgx-spark report: {type(exc).__name__}: {exc}"
+            return
+        state = self.state
+        if state.regression_message:
+            if session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
+                session.exitstatus = pytest.ExitCode.TESTS_FAILED
+            self._junit_property("spark_regressions", state.regression_message)
+        if state.active:
+            self._set_metadata(state.environment)
+
+    def _build(self, exitstatus: int) -> ReportState:
+        doc = self.redactor.value(self._base_doc())
+        figures = figures_of(doc)
+        metrics = metrics_of(figures)
+        identity = self._identity(doc)
+        state = ReportState(doc, figures, metrics, verdict_table(doc), identity, None, exitstatus)
+        if not state.active:
+            return state
+        state.commit = git_commit(self.config.rootpath)
+        state.environment = environment(doc, self.settings, state.commit)
+        settings = self.settings
+        ref = settings.compare or ("last" if settings.compare_fail else None)
+        history = History(self.history_root, identity) if self.history_root else None
+        if ref is not None and history is not None:
+            if not metrics:
+                state.compare_note = "nothing to compare: this run recorded no figures"
+            else:
+                baseline = history.find(ref)
+                if baseline is None:
+                    state.compare_note = (
+                        f"nothing to compare with: no earlier run of "
+                        f"cluster {identity['id']} in {history.dir}"
+                    )
+                else:
+                    try:
+                        state.comparison = compare(baseline, metrics, settings.compare_fail)
+                    except (OSError, ValueError) as exc:
+                        state.compare_note = f"cannot read {baseline.path}: {exc}"
+        if history is not None and metrics:
+            started = self._started()
+            record = history_record(
+                identity=identity,
+                metrics=metrics,
+                started=started,
+                exitstatus=exitstatus,
+                outcomes=outcome_counts(doc),
+                commit=state.commit,
+            )
+            try:
+                state.history_path = history.save(record, started)
+            except OSError as exc:
+                state.history_note = f"could not write the run history: {exc}"
+        elif history is None:
+            state.history_note = "run history off (--spark-history off)"
+        return state
+
+    def _started(self) -> datetime:
+        recorder = self.config.stash.get(RESULTS_KEY, None)
+        started: datetime = recorder.started if recorder is not None else datetime.now(UTC)
+        return started
+
+    def _set_metadata(self, env: dict[str, Any]) -> None:
+        try:
+            from pytest_metadata.plugin import metadata_key
+        except ImportError:
+            return
+        metadata = self.config.stash.get(metadata_key, None)
+        if metadata is None:
+            return
+        escape = html_active(self.config)
+        from pytest_spark.report.html import metadata_value
+
+        for key, value in env.items():
+            metadata[key] = metadata_value(self.redactor.value(value), escape)
+        for key, value in list(metadata.items()):
+            if key not in env:
+                metadata[key] = self.redactor.value(value)
+
+    def _junit_property(self, name: str, value: str) -> None:
+        try:
+            from _pytest.junitxml import xml_key
+        except ImportError:
+            return
+        xml = self.config.stash.get(xml_key, None)
+        if xml is not None:
+            xml.add_global_property(name, value)
+
+    # -- outputs ---------------------------------------------------------------------------
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_spark_results(self, config: pytest.Config, results: dict[str, Any]) -> object | None:
+        """Redact the JSON results in place and add the report's figures and comparison."""
+        clean = self.redactor.value(results)
+        results.clear()
+        results.update(clean)
+        if self.session is not None:
+            results["exitstatus"] = int(self.session.exitstatus)
+        if self.state is not None and self.state.active:
+            results["report"] = self.state.to_json()
+        return None
+
+    def pytest_terminal_summary(
+        self, terminalreporter: Any, exitstatus: int, config: pytest.Config
+    ) -> None:
+        from pytest_spark.report.terminal import write_summary
+
+        write_summary(terminalreporter, self, config)

@@ -1,0 +1,169 @@
+"""Verdict per category per node, from the JSON results document (pure)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from pytest_spark.results import CATEGORIES
+
+CLUSTER = "cluster"  # checks that are about the whole cluster (no single node)
+RANK = {"fail": 4, "warn": 3, "pass": 2, "skip": 1, "none": 0}
+
+
+@dataclass
+class Cell:
+    counts: Counter[str] = field(default_factory=Counter)  # passed/failed/error/skipped/warn
+
+    @property
+    def verdict(self) -> str:
+        c = self.counts
+        if c["failed"] or c["error"]:
+            return "fail"
+        if c["warn"]:
+            return "warn"
+        if c["passed"]:
+            return "pass"
+        if c["skipped"]:
+            return "skip"
+        return "none"
+
+    def text(self) -> str:
+        c = self.counts
+        parts = [
+            f"{c[k]} {label}"
+            for k, label in (
+                ("passed", "passed"),
+                ("failed", "failed"),
+                ("error", "error"),
+                ("skipped", "skipped"),
+            )
+            if c[k]
+        ]
+        if c["warn"]:
+            parts.append(f"{c['warn']} warned")
+        return ", ".join(parts) or "-"
+
+
+@dataclass
+class VerdictTable:
+    nodes: list[str]
+    cells: dict[tuple[str, str], Cell]
+
+    def cell(self, category: str, node: str) -> Cell:
+        return self.cells.get((category, node)) or Cell()
+
+    def category(self, category: str) -> Cell:
+        total = Cell()
+        for (cat, _), cell in self.cells.items():
+            if cat == category:
+                total.counts.update(cell.counts)
+        return total
+
+    @property
+    def categories(self) -> list[str]:
+        """Every category, in the suite's order (unrun ones too: they show as '-')."""
+        return list(CATEGORIES)
+
+    @property
+    def overall(self) -> str:
+        verdicts = [c.verdict for c in self.cells.values()]
+        return max(verdicts, key=lambda v: RANK[v]) if verdicts else "none"
+
+
+def verdict_table(doc: dict[str, Any]) -> VerdictTable:
+    nodes = [str(n.get("name")) for n in (doc.get("cluster") or {}).get("nodes") or ()]
+    cells: dict[tuple[str, str], Cell] = {}
+    for check in doc.get("checks") or ():
+        category = check.get("category")
+        if category not in CATEGORIES:
+            continue
+        node = str(check.get("node") or CLUSTER)
+        if node not in nodes and node != CLUSTER:
+            nodes.append(node)
+        cell = cells.setdefault((category, node), Cell())
+        outcome = check.get("outcome") or "passed"
+        cell.counts[outcome] += 1
+        if outcome == "passed" and check.get("level") == "warn":
+            cell.counts["warn"] += 1
+    if any(node == CLUSTER for _, node in cells):
+        nodes.append(CLUSTER)
+    return VerdictTable(nodes, cells)
+
+
+def outcome_counts(doc: dict[str, Any]) -> dict[str, int]:
+    return dict(Counter(str(c.get("outcome")) for c in doc.get("checks") or ()))
+
+
+def fmt_value(value: Any) -> str:
+    """A measured or expected value, short: numbers to 4 significant digits."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, int | str):
+        return str(value)
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={fmt_value(v)}" for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return ", ".join(fmt_value(v) for v in value)
+    return json.dumps(value, default=str)
+
+
+def measured_expected(finding: dict[str, Any]) -> str:
+    """``"100 / 200 Gb/s"``; empty when the check recorded no figures."""
+    measured, expected = finding.get("measured"), finding.get("expected")
+    if measured is None and expected is None:
+        return ""
+    unit = finding.get("unit")
+    text = f"{fmt_value(measured)} / {fmt_value(expected)}"
+    return f"{text} {unit}" if unit else text
+
+
+HINT_STARTS = (
+    "usually",
+    "likely",
+    "probably",
+    "check",
+    "run ",
+    "see ",
+    "start",
+    "set ",
+    "stop",
+    "lower",
+    "raise",
+    "give",
+    "point",
+    "use ",
+    "read",
+    "restart",
+    "reseat",
+    "replace",
+    "fix",
+    "try",
+    "make sure",
+    "another",
+    "a stale",
+    "the usual",
+)
+
+
+def remediation(message: str) -> str:
+    """The "what usually fixes it" part of a failure message (STYLE.md), or ''."""
+    for line in message.splitlines():
+        stripped = line.strip()
+        if stripped.lower().startswith("fix:"):
+            return stripped[4:].strip()
+    body = message.split("\n---", 1)[0]
+    sentences = [s.strip() for s in body.replace("\n", " ").split(". ")]
+    for i, sentence in enumerate(sentences):
+        if i and sentence.lower().startswith(HINT_STARTS):
+            return ". ".join(sentences[i:]).strip()
+    for sentence in sentences:
+        if "; see " in sentence or ": check " in sentence:
+            return sentence
+    return ""

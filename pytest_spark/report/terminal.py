@@ -1,0 +1,80 @@
+"""The terminal summary: verdict per category and node, key figures, regressions, paths."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from pytest_spark.report.figures import key_figures
+
+if TYPE_CHECKING:
+    from pytest_spark.report.session import ReportPlugin
+
+COLOR = {
+    "fail": {"red": True, "bold": True},
+    "warn": {"yellow": True},
+    "pass": {"green": True},
+    "skip": {"yellow": True},
+    "none": {},
+}
+
+
+def html_path(config: pytest.Config) -> Path | None:
+    raw = getattr(config.option, "htmlpath", None)
+    if not raw:
+        return None
+    return Path.cwd() / Path(os.path.expandvars(raw)).expanduser()
+
+
+def write_summary(tr: Any, plugin: ReportPlugin, config: pytest.Config) -> None:
+    state = plugin.state
+    if plugin.error:
+        tr.write_sep("-", "pytest-dgx-spark summary", red=True)
+        tr.write_line(plugin.error, red=True)
+    if state is None or not state.active:
+        return
+    redact = plugin.redactor.text
+    tr.write_sep("-", "pytest-dgx-spark summary")
+    if state.interrupted:
+        tr.write_line("session interrupted: partial results", yellow=True, bold=True)
+    table = state.table
+    rows = [
+        c for c in table.categories if any(table.cell(c, n).verdict != "none" for n in table.nodes)
+    ]
+    width = (
+        max(
+            [len(n) for n in table.nodes]
+            + [12]
+            + [len(table.cell(c, n).text()) for c in rows for n in table.nodes]
+        )
+        + 2
+    )
+    tr.write_line("category    " + "".join(f"{redact(n):<{width}}" for n in table.nodes))
+    for category in rows:
+        tr.write(f"{category:<12}")
+        for node in table.nodes:
+            cell = table.cell(category, node)
+            tr.write(f"{cell.text():<{width}}", **COLOR[cell.verdict])
+        tr.write("\n")
+    tr.write_line("figures: " + " | ".join(f"{k} {v}" for k, v in key_figures(state.figures)))
+    comparison = state.comparison
+    if comparison is not None:
+        shown = ", ".join(f"{d.name} {d.pct:+.1f}%" for d in comparison.deltas if d.pct is not None)
+        tr.write_line(f"compared with {comparison.baseline_desc}: {shown or 'no common figures'}")
+        if comparison.regressions:
+            tr.write_line(f"REGRESSION: {comparison.message()}", red=True, bold=True)
+    elif state.compare_note:
+        tr.write_line(f"compare: {state.compare_note}", yellow=True)
+    results = getattr(plugin.settings, "results", None)
+    if results is not None:
+        tr.write_line(f"results JSON: {Path(results).resolve()}")
+    html = html_path(config)
+    if html is not None:
+        tr.write_line(f"HTML report:  {html}")
+    if state.history_path is not None:
+        tr.write_line(f"history:      {state.history_path}")
+    elif state.history_note:
+        tr.write_line(f"history:      {state.history_note}")

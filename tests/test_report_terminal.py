@@ -1,0 +1,55 @@
+"""The terminal summary: verdicts per category and node, key figures, output paths."""
+
+from __future__ import annotations
+
+import pytest
+from report_fakes import write_suite
+
+
+def test_summary_table_figures_and_paths(pytester: pytest.Pytester) -> None:
+    write_suite(pytester)
+    result = pytester.runpytest("--spark-results=out/results.json", "--spark-history=h")
+    assert result.ret == 1
+    result.stdout.fnmatch_lines(
+        [
+            "*- pytest-dgx-spark summary -*",
+            "category    spark-head*spark-worker-1*cluster*",
+            "link        1 passed *1 passed, 1 failed *-*",
+            "nccl        - *- *1 passed*",
+            "readiness   - *- *1 passed, 1 failed*",
+            "tool_calls  - *- *1 skipped*",
+            "throughput  - *- *1 passed*",
+            "figures: busbw 0.24 GB/s at the largest message (threshold 0.2) | "
+            "tok/s @1 30 tok/s, TTFT p90 0.3 s | tok/s @4 90.94 tok/s, TTFT p90 1.2 s | "
+            "load 300.0 s (start 30 s, weights 150 s, kv 45 s, graphs 60 s, api 15 s)",
+            f"results JSON: {pytester.path / 'out' / 'results.json'}",
+            f"history:      {pytester.path / 'h'}/dgx-spark-2node-*/0001_nogit_*.json",
+        ]
+    )
+    assert "preflight" not in result.stdout.str().split("pytest-dgx-spark summary")[1]
+
+
+def test_missing_figures_are_named(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("""
+        import pytest
+        from pytest_spark import Finding
+
+        @pytest.mark.preflight
+        def test_x(spark_check):
+            spark_check.require(Finding.warned(80, 90, "%", node="spark-head", message="low"))
+        """)
+    result = pytester.runpytest("-W", "ignore", "--spark-history=off")
+    result.stdout.fnmatch_lines(
+        [
+            "preflight   1 passed, 1 warned*",
+            "figures: busbw not measured | tok/s @1 not measured | tok/s @4 not measured | "
+            "load not measured",
+            "history:      run history off (--spark-history off)",
+        ]
+    )
+
+
+def test_no_summary_without_suite_checks(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def test_x():\n    pass\n")
+    result = pytester.runpytest()
+    assert "pytest-dgx-spark summary" not in result.stdout.str()
