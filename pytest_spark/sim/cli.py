@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import cluster, faults
+from . import cluster, faults, serving
 from .netns import SimError
 from .topology import MAX_NODES
 
@@ -83,7 +83,51 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("mtu", metavar="MTU", type=_positive_int, help="MTU (healthy: 9000)")
     k.add_argument("twin", metavar="TWIN", nargs="?", help=twin_help)
     kinds.add_parser("clear", parents=[common], help="back to a healthy fabric")
+    _add_serving_faults(kinds, common, node_help)
     return parser
+
+
+def _add_serving_faults(kinds: Any, common: argparse.ArgumentParser, node_help: str) -> None:
+    """Faults of the serving stack (sim/serving.py)."""
+    k = kinds.add_parser(
+        "stale-container",
+        parents=[common],
+        help="an earlier run's vLLM container left running, holding the GPU",
+    )
+    k.add_argument("node", metavar="NODE", help=node_help)
+    k.add_argument("--name", default="vllm_stale", help="container name (default: vllm_stale)")
+    k.add_argument(
+        "--port",
+        type=_positive_int,
+        default=8001,
+        help="port its vllm serve listens on (default: 8001)",
+    )
+    k = kinds.add_parser(
+        "worker-kill", parents=[common], help="kill the serving container(s) on a node"
+    )
+    k.add_argument("node", metavar="NODE", help=node_help)
+    k.add_argument("--name", default=None, help="container (default: every vllm-node one)")
+    k = kinds.add_parser(
+        "engine",
+        parents=[common],
+        help="vLLM emulator faults: load faults (crash-oom, hang-silent, ...) "
+        "for the next `vllm serve`, run-time ones (worker-death, "
+        "slow-decode, ...) at once",
+    )
+    k.add_argument("names", metavar="FAULT", nargs="+", help="fault name(s)")
+    k.add_argument("--node", default="head", help=f"{node_help} (default: head)")
+    k = kinds.add_parser(
+        "model", parents=[common], help="make one node's copy of the checkpoint differ"
+    )
+    k.add_argument("node", metavar="NODE", help=node_help)
+    k.add_argument(
+        "how",
+        metavar="HOW",
+        nargs="?",
+        default="corrupt",
+        choices=["corrupt", "missing", "truncated"],
+        help="corrupt (default), missing or truncated shard",
+    )
 
 
 def _state_dir(args: argparse.Namespace) -> Path:
@@ -112,6 +156,8 @@ def _print_status(report: dict[str, Any]) -> None:
     for f in report["faults"]:
         value = "" if f["value"] is None else f" {f['value']}"
         print(f"  fault: {f['kind']} {f['node']} {f['if']}{value} (since {f['since']})")
+    if report.get("serving"):
+        print(f"  serving: {serving.describe(report['serving'])}")
     for problem in report["problems"]:
         print(f"  problem: {problem}")
 
@@ -158,8 +204,16 @@ def run(argv: list[str] | None = None) -> int:
             msgs = faults.link_rate(state_dir, topo, args.node, args.mbps, args.twin)
         elif args.kind == "mtu":
             msgs = faults.mtu(state_dir, topo, args.node, args.mtu, args.twin)
+        elif args.kind == "stale-container":
+            msgs = serving.stale_container(state_dir, topo, args.node, args.name, args.port)
+        elif args.kind == "worker-kill":
+            msgs = serving.worker_kill(state_dir, topo, args.node, args.name)
+        elif args.kind == "engine":
+            msgs = serving.engine_fault(state_dir, topo, args.names, args.node)
+        elif args.kind == "model":
+            msgs = serving.model_fault(state_dir, topo, args.node, args.how)
         else:
-            msgs = faults.clear(state_dir, topo)
+            msgs = serving.clear(state_dir, topo) + faults.clear(state_dir, topo)
     for msg in msgs:
         print(msg)
     return 0

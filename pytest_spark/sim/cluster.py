@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from . import node as nodes_mod
-from . import registry
+from . import registry, serving
 from .faults import apply_shaping, load_faults
 from .netns import (
     SimError,
@@ -189,6 +189,7 @@ def _build(state_dir: Path, topo: Topology) -> None:
     for n in topo.nodes:
         nodes_mod.start_sshd(state_dir, n)
     nodes_mod.wait_sshd(state_dir, topo.nodes)
+    serving.start(state_dir, topo)  # Docker engine, image, model, launcher per node
 
 
 # ---------------------------------------------------------------------- down
@@ -201,7 +202,7 @@ def _instance_of(name: str, pattern: Any) -> int | None:
 
 def _cleanup_instance(k: int, state_dir: Path | None) -> list[str]:
     """Kill every process of instance k, delete its namespaces and root-ns links."""
-    removed: list[str] = []
+    removed: list[str] = serving.stop(state_dir, k)  # containers and engines first
     namespaces = [ns for ns in list_netns() if _instance_of(ns, NETNS_RE) == k]
     pids: set[int] = set()
     for ns in namespaces:
@@ -311,6 +312,8 @@ def health(state_dir: Path) -> dict[str, Any]:
             entry["links"] = _link_facts(state_dir, n)
         report["nodes"].append(entry)
     report["faults"] = load_faults(state_dir)
+    report["serving"] = serving.report(state_dir)
+    problems += serving.problems(state_dir, topo)
     report["healthy"] = not problems
     return report
 

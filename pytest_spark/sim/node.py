@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import ModuleType
 
 from .netns import SimError, run
 from .topology import ALL_PORTS, FABRIC_TWINS, HEALTHY_RATE_MBPS, NodeSpec, Topology
@@ -199,9 +200,10 @@ def write_node_files(state_dir: Path, topo: Topology, node: NodeSpec, lib: Path)
         "PrintLastLog no\n"
         "X11Forwarding no\n"
         "AcceptEnv LANG LC_*\n"
-        # The node's own Docker engine (sim/docker.py), never the host's /run/docker.sock.
-        f"SetEnv DOCKER_HOST=unix://{nd / 'docker.sock'}\n"
-        "MaxStartups 200:30:400\n"
+        # The node's own Docker engine (sim/docker.py), never the host's /run/docker.sock,
+        # and the launcher's docker args (sim/serving.py): one SetEnv line, sshd reads one.
+        + _serving().sshd_setenv(state_dir, node)
+        + "MaxStartups 200:30:400\n"
         "MaxSessions 100\n"
         "LogLevel INFO\n"
         "Subsystem sftp internal-sftp\n",
@@ -244,10 +246,18 @@ def write_node_files(state_dir: Path, topo: Topology, node: NodeSpec, lib: Path)
         write_state(state_dir, node, initial_state(node))
 
 
+def _serving() -> ModuleType:
+    """sim/serving.py (imported late: it imports this module)."""
+    from . import serving
+
+    return serving
+
+
 def _mount_script(state_dir: Path, node: NodeSpec) -> str:
     nd = node_dir(state_dir, node)
     q = shlex.quote
     binds = [
+        *_serving().node_binds(state_dir, node),  # the node-private /root, first
         (nd / "bin", "/usr/local/sbin"),
         (nd / "ssh", "/root/.ssh"),
         (nd / "hosts", "/etc/hosts"),

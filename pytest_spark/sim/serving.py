@@ -1,0 +1,459 @@
+"""The serving stack of sparksim, as ``spark-sim up``/``down``/``fault`` drive it.
+
+Per node: a private home (``DIR/nodes/<name>/home`` mounted on /root) holding the model
+checkpoint (``~/models``), the sim's engine settings (``~/.sparksim``, mounted read-only
+at /etc/sparksim in serving containers) and, on the head, the launcher
+(``~/spark-vllm-docker/launch-cluster.sh``); a Docker engine (:mod:`.docker`) with the
+serving image (:mod:`.image`) imported. The node's sshd exports ``DOCKER_HOST`` (its
+engine) and ``VLLM_SPARK_EXTRA_DOCKER_ARGS`` (the launcher's documented hook for extra
+``docker run`` arguments: the model and settings mounts, as an operator would set it).
+
+Faults: ``stale-container``, ``worker-kill``, ``engine`` (the emulator's load and run-time
+faults), ``model`` (one node's checkpoint differs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from . import docker, image, models
+from . import node as nodes_mod
+from .faults import FAULTS_JSON, load_faults
+from .netns import SimError, list_netns
+from .topology import NodeSpec, Topology, resolve_node
+
+HOME = "home"  # DIR/nodes/<name>/home is the node's /root
+SIM_ETC = ".sparksim"  # ~/.sparksim on the node, /etc/sparksim in serving containers
+ENGINE_ENV = "engine.env"
+CONTROL = "control.json"
+LAUNCHER_DIR = "spark-vllm-docker"
+LAUNCHER = Path(__file__).resolve().parent / "launcher" / "launch-cluster.sh"
+EXTRA_DOCKER_ARGS = f"-v /root/models:/models -v /root/{SIM_ETC}:/etc/sparksim:ro"
+SERVING_JSON = "serving.json"
+STALE_LABEL = "sparksim.fault=stale-container"
+SERVING_IMAGE_FILTER = f"ancestor={image.IMAGE}"
+DISABLE_ENV = "SPARKSIM_NO_DOCKER"
+FAULT_ENV = "SPARKSIM_EMU_FAULT"  # the emulator's Knobs.fault (launcher/image/vllm merges it)
+
+
+def enabled() -> str | None:
+    """None when the serving stack can run here, else why not."""
+    if os.environ.get(DISABLE_ENV):
+        return f"{DISABLE_ENV} is set"
+    return docker.missing()
+
+
+def home(state_dir: Path, node: NodeSpec) -> Path:
+    return nodes_mod.node_dir(state_dir, node) / HOME
+
+
+def engine(state_dir: Path, node: NodeSpec) -> docker.Engine:
+    return docker.Engine(nodes_mod.node_dir(state_dir, node), node.netns)
+
+
+# ------------------------------------------------------------ node setup (before sshd)
+
+
+def sshd_env(state_dir: Path, node: NodeSpec) -> dict[str, str]:
+    """Environment the node's sshd gives every session."""
+    return {
+        "DOCKER_HOST": engine(state_dir, node).host,
+        "VLLM_SPARK_EXTRA_DOCKER_ARGS": EXTRA_DOCKER_ARGS,
+    }
+
+
+def prepare_home(state_dir: Path, node: NodeSpec) -> Path:
+    """The node's private /root, with mount points for the sim core's binds."""
+    h = home(state_dir, node)
+    for d in (h, h / ".ssh", h / SIM_ETC, h / ".cache"):
+        d.mkdir(parents=True, exist_ok=True)
+    os.chmod(h, 0o700)
+    (h / ".bashrc").touch()
+    return h
+
+
+def sshd_setenv(state_dir: Path, node: NodeSpec) -> str:
+    """The node's one ``SetEnv`` line (sshd uses only the first one it reads)."""
+    return "SetEnv " + " ".join(f'"{k}={v}"' for k, v in sshd_env(state_dir, node).items()) + "\n"
+
+
+def node_binds(state_dir: Path, node: NodeSpec) -> list[tuple[Path, str]]:
+    """Bind mounts the node needs before the sim core's own (which land inside it)."""
+    return [(prepare_home(state_dir, node), "/root")]
+
+
+# ------------------------------------------------------------------ up / down
+
+
+def start(state_dir: Path, topo: Topology) -> dict[str, Any]:
+    """Engines, image, models and launcher on every node; returns the timings."""
+    for n in topo.nodes:  # the checkpoint is there with or without Docker
+        install_node(state_dir, topo, n)
+    why = enabled()
+    if why is not None:
+        report = {"docker": False, "reason": why}
+        nodes_mod.write_atomic(state_dir / SERVING_JSON, json.dumps(report, indent=2) + "\n")
+        return report
+    t0 = time.monotonic()
+    python = image.image_python()
+    wrappers = []
+    for n in topo.nodes:
+        pid = nodes_mod.read_pid(state_dir, n)
+        if pid is None:
+            raise SimError(f"{n.name}: no sshd wrapper pid; is the node up?")
+        wrappers.append((nodes_mod.node_dir(state_dir, n), n.netns, pid))
+
+    built: dict[str, Any] = {}
+
+    def build() -> None:
+        t = time.monotonic()
+        try:
+            built["path"], built["built"] = image.tarball()
+        except BaseException as exc:  # reported below
+            built["error"] = exc
+        built["seconds"] = time.monotonic() - t
+
+    builder = threading.Thread(target=build, daemon=True)
+    builder.start()
+    engines, ready = docker.start_engines(wrappers, state_dir, python)
+    try:
+        builder.join()
+        if "error" in built:
+            raise SimError(f"building the serving image failed: {built['error']}")
+        t_import = time.monotonic()
+        _import_image(engines, built["path"])
+        import_s = time.monotonic() - t_import
+    except BaseException:
+        docker.stop_engines(engines)
+        raise
+    report = {
+        "docker": True,
+        "image": image.IMAGE,
+        "tarball": str(built["path"]),
+        "image_built": built["built"],
+        "image_build_s": round(built["seconds"], 2),
+        "image_import_s": round(import_s, 2),
+        "dockerd_ready_s": {k: round(v, 2) for k, v in ready.items()},
+        "storage_driver": _driver(engines[0]),
+        "total_s": round(time.monotonic() - t0, 2),
+    }
+    nodes_mod.write_atomic(state_dir / SERVING_JSON, json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def _driver(e: docker.Engine) -> str:
+    try:
+        status, info = docker.api(e.socket, "GET", "/info")
+    except OSError:
+        return "?"
+    return str(info.get("Driver", "?")) if status == 200 and isinstance(info, dict) else "?"
+
+
+def _import_image(engines: list[docker.Engine], tarball: Path) -> None:
+    procs = [
+        (
+            e,
+            subprocess.Popen(
+                image.import_argv(e.host, tarball),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            ),
+        )
+        for e in engines
+    ]
+    for e, proc in procs:
+        _, err = proc.communicate()
+        if proc.returncode != 0:
+            raise SimError(f"{e.node_dir.name}: docker import {tarball} failed: {err.strip()}")
+
+
+def install_node(state_dir: Path, topo: Topology, node: NodeSpec) -> None:
+    """Model, sim settings and (head) launcher in the node's home."""
+    h = prepare_home(state_dir, node)
+    models.install(h)
+    etc = h / SIM_ETC
+    nodes_mod.write_atomic(etc / ENGINE_ENV, "")
+    etc.joinpath(CONTROL).unlink(missing_ok=True)
+    if node.role == "head":
+        dest = h / LAUNCHER_DIR
+        dest.mkdir(exist_ok=True)
+        shutil.copyfile(LAUNCHER, dest / LAUNCHER.name)
+        os.chmod(dest / LAUNCHER.name, 0o755)
+    _ = topo
+
+
+def stop(state_dir: Path | None, instance: int | None = None) -> list[str]:
+    """Remove every container and engine of this state dir and/or sim instance (before
+    the nodes go); their cgroups, data-roots and sockets with them."""
+    engines = {e.node_dir: e for e in docker.engines_in(state_dir)} if state_dir else {}
+    if instance is not None:
+        namespaces = [ns for ns in list_netns() if ns.startswith(f"spk{instance}-n")]
+        for e in docker.engines_in_netns(namespaces):
+            engines.setdefault(e.node_dir, e)
+    done = docker.stop_engines(list(engines.values())) if engines else []
+    if state_dir is not None:
+        (state_dir / SERVING_JSON).unlink(missing_ok=True)
+    return done
+
+
+def report(state_dir: Path) -> dict[str, Any]:
+    try:
+        data: dict[str, Any] = json.loads((state_dir / SERVING_JSON).read_text())
+    except (OSError, ValueError):
+        return {"docker": False, "reason": "not started"}
+    return data
+
+
+def problems(state_dir: Path, topo: Topology) -> list[str]:
+    """What is wrong with the serving stack of an up sim (for ``status``)."""
+    if not report(state_dir).get("docker"):
+        return []
+    return [
+        f"{n.name}: Docker engine not answering on {engine(state_dir, n).socket}"
+        for n in topo.nodes
+        if not docker.ping(engine(state_dir, n).socket)
+    ]
+
+
+def describe(rep: dict[str, Any]) -> str:
+    if not rep.get("docker"):
+        return f"no Docker engines ({rep.get('reason', 'not started')})"
+    ready = rep.get("dockerd_ready_s", {})
+    return (
+        f"Docker engine on {len(ready)} nodes ({rep.get('storage_driver')}), "
+        f"image {rep.get('image')}"
+    )
+
+
+# ---------------------------------------------------------------------- faults
+
+
+def _node(topo: Topology, spec: str) -> NodeSpec:
+    try:
+        return resolve_node(topo, spec)
+    except ValueError as exc:
+        raise SimError(str(exc)) from exc
+
+
+def _docker(state_dir: Path, node: NodeSpec, *args: str, check: bool = True) -> str:
+    e = engine(state_dir, node)
+    if not docker.ping(e.socket):
+        raise SimError(f"{node.name}: its Docker engine is not running ({e.socket})")
+    proc = subprocess.run(["docker", "-H", e.host, *args], capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        raise SimError(f"{node.name}: docker {' '.join(args)}: {proc.stderr.strip()}")
+    return proc.stdout
+
+
+def _record(state_dir: Path, kind: str, node: NodeSpec, value: Any, active: bool = True) -> None:
+    entries = [
+        f
+        for f in load_faults(state_dir)
+        if not (f.get("kind") == kind and f.get("node") == node.name)
+    ]
+    if active:
+        entries.append(
+            {
+                "kind": kind,
+                "node": node.name,
+                "if": "-",
+                "value": value,
+                "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            }
+        )
+    nodes_mod.write_atomic(state_dir / FAULTS_JSON, json.dumps(entries, indent=2) + "\n")
+
+
+def stale_container(
+    state_dir: Path, topo: Topology, spec: str, name: str = "vllm_stale", port: int = 8001
+) -> list[str]:
+    """An earlier run's vLLM container, restarted by its restart policy, holding the GPU."""
+    node = _node(topo, spec)
+    _docker(state_dir, node, "rm", "-f", name, check=False)
+    cid = _docker(
+        state_dir, node, "run", "-d", "--restart", "unless-stopped", "--name", name,
+        "--label", STALE_LABEL, "--privileged", "--gpus", "all", "--network", "host",
+        "--ipc=host", "-v", "/root/models:/models", "-e", "SPARKSIM_EMU_TIME_SCALE=0",
+        # A one-node (TP=1) run of a smaller checkpoint: the full 119 GiB does not fit.
+        "-e", "SPARKSIM_EMU_MODEL_GIB=60",
+        "-e", f"VLLM_HOST_IP={node.fabric[0].addr}", image.IMAGE,
+        "vllm", "serve", f"/models/{models.MODEL_NAME}", "--served-model-name",
+        "qwen-previous-run", "--host", "127.0.0.1", "--port", str(port),
+    ).strip()  # fmt: skip
+    pid = _serve_pid(state_dir, node, cid)
+    state = nodes_mod.read_state(state_dir, node)
+    gpu = state["gpu"]
+    assert isinstance(gpu, dict)
+    procs = [p for p in gpu.get("processes", []) if p.get("container") != name]
+    procs.append(
+        {
+            "pid": pid,
+            "name": "VLLM::EngineCore",
+            "type": "C",
+            "used_memory_mib": 98304,
+            "container": name,
+        }
+    )
+    gpu["processes"] = procs
+    nodes_mod.write_state(state_dir, node, state)
+    _record(state_dir, "stale-container", node, name)
+    return [
+        f"{node.name}: stale container {name} ({cid[:12]}) running `vllm serve` on port "
+        f"{port}, holding the GPU (pid {pid} in nvidia-smi)"
+    ]
+
+
+def _serve_pid(state_dir: Path, node: NodeSpec, cid: str, timeout: float = 10.0) -> int:
+    """PID, in the node, of the container's vLLM process (what nvidia-smi would list)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        top = _docker(state_dir, node, "top", cid, "-eo", "pid,args", check=False)
+        for line in top.splitlines()[1:]:
+            pid, _, args = line.strip().partition(" ")
+            if "emulator serve" in args and pid.isdigit():
+                return int(pid)
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    return int(_docker(state_dir, node, "inspect", "-f", "{{.State.Pid}}", cid).strip() or 0)
+
+
+def worker_kill(state_dir: Path, topo: Topology, spec: str, name: str | None = None) -> list[str]:
+    """Kill the serving container(s) on a node, as a crash or power loss would."""
+    node = _node(topo, spec)
+    if name is None:
+        listed = _docker(
+            state_dir,
+            node,
+            "ps",
+            "--filter",
+            SERVING_IMAGE_FILTER,
+            "--format",
+            "{{.Names}} {{.Labels}}",
+        )
+        names = [
+            line.split()[0]
+            for line in listed.splitlines()
+            if line.strip() and STALE_LABEL not in line
+        ]
+    else:
+        names = [name]
+    if not names:
+        raise SimError(
+            f"{node.name}: no serving container is running (docker ps "
+            f"--filter {SERVING_IMAGE_FILTER})"
+        )
+    _docker(state_dir, node, "kill", *names)
+    _record(state_dir, "worker-kill", node, ",".join(names))
+    return [f"{node.name}: killed container {n}" for n in names]
+
+
+def _etc(state_dir: Path, node: NodeSpec) -> Path:
+    etc = home(state_dir, node) / SIM_ETC
+    etc.mkdir(parents=True, exist_ok=True)
+    return etc
+
+
+def engine_fault(
+    state_dir: Path,
+    topo: Topology,
+    names: list[str],
+    spec: str = "head",
+) -> list[str]:
+    """Emulator faults on a node's serving containers: load faults for the next
+    ``vllm serve`` (engine.env), run-time faults at once (control.json)."""
+    from .emulator.faults import LOAD_FAULTS, RUN_FAULTS
+
+    node = _node(topo, spec)
+    unknown = [n for n in names if n not in LOAD_FAULTS and n not in RUN_FAULTS]
+    if unknown:
+        known = ", ".join(sorted({**LOAD_FAULTS, **RUN_FAULTS}))
+        raise SimError(f"unknown engine fault(s) {', '.join(unknown)}; known: {known}")
+    etc = _etc(state_dir, node)
+    load = sorted(set(_env_faults(etc)) | {n for n in names if n in LOAD_FAULTS})
+    run = sorted(set(_control_faults(etc)) | {n for n in names if n in RUN_FAULTS})
+    _write_engine_faults(etc, load, run)
+    _record(state_dir, "engine", node, ",".join(load + run))
+    msgs = []
+    for n in names:
+        when = "at the next `vllm serve`" if n in LOAD_FAULTS else "now"
+        what = LOAD_FAULTS.get(n) or RUN_FAULTS.get(n)
+        msgs.append(f"{node.name}: engine fault {n} {when}: {what}")
+    return msgs
+
+
+def _env_faults(etc: Path) -> list[str]:
+    try:
+        lines = (etc / ENGINE_ENV).read_text().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        if line.startswith(f"{FAULT_ENV}="):
+            return [f for f in line.split("=", 1)[1].split(",") if f]
+    return []
+
+
+def _control_faults(etc: Path) -> list[str]:
+    try:
+        data = json.loads((etc / CONTROL).read_text())
+    except (OSError, ValueError):
+        return []
+    return [str(f) for f in data.get("faults", [])] if isinstance(data, dict) else []
+
+
+def _write_engine_faults(etc: Path, load: list[str], run: list[str]) -> None:
+    nodes_mod.write_atomic(etc / ENGINE_ENV, f"{FAULT_ENV}={','.join(load)}\n" if load else "")
+    nodes_mod.write_atomic(etc / CONTROL, json.dumps({"faults": run}) + "\n")
+
+
+def model_fault(state_dir: Path, topo: Topology, spec: str, kind: str = "corrupt") -> list[str]:
+    node = _node(topo, spec)
+    try:
+        what = models.damage(home(state_dir, node), kind)
+    except ValueError as exc:
+        raise SimError(str(exc)) from exc
+    _record(state_dir, "model", node, kind)
+    return [f"{node.name}: /root/models/{models.MODEL_NAME}: {what}"]
+
+
+def clear(state_dir: Path, topo: Topology) -> list[str]:
+    """No stale containers, no engine faults, identical checkpoints (the sim core's
+    ``clear`` resets state.json and faults.json)."""
+    msgs: list[str] = []
+    if enabled() is not None:
+        return msgs
+    for node in topo.nodes:
+        e = engine(state_dir, node)
+        if docker.ping(e.socket):
+            stale = _docker(
+                state_dir, node, "ps", "-aq", "--filter", f"label={STALE_LABEL}"
+            ).split()
+            if stale:
+                _docker(state_dir, node, "rm", "-f", *stale)
+                msgs.append(f"{node.name}: removed {len(stale)} stale container(s)")
+        etc = _etc(state_dir, node)
+        if _env_faults(etc) or _control_faults(etc):
+            _write_engine_faults(etc, [], [])
+            msgs.append(f"{node.name}: engine faults cleared")
+        if _model_differs(state_dir, node):
+            models.install(home(state_dir, node))
+            msgs.append(f"{node.name}: checkpoint restored")
+    return msgs
+
+
+def _model_differs(state_dir: Path, node: NodeSpec) -> bool:
+    d = models.model_dir(home(state_dir, node))
+    expected = models.files()
+    try:
+        present = {p.name: p.read_bytes() for p in d.iterdir()}
+    except OSError:
+        return True
+    return present != expected
