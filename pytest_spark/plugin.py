@@ -63,6 +63,13 @@ def pytest_configure(config: pytest.Config) -> None:
         config.stash[SIM_KEY] = sim
         settings = settings.replace(
             head=sim.head, workers=sim.workers, ssh_config=sim.ssh_config, user="root")
+        launch = sim.info.get("launch")
+        if launch:  # how the sim says it is served; the user's own settings win
+            hints = {"launch": True, "launch_script": launch["script"],
+                     "image": launch["image"], "container": launch["container"],
+                     "port": launch["port"], "serve_args": launch["serve_args"]}
+            settings = settings.replace(**{k: v for k, v in hints.items()
+                                           if settings.source(k) == "default"})
     config.stash[SETTINGS_KEY] = settings
     if _is_worker(config):
         config.stash[RUN_DIR_KEY] = Path(config.workerinput[RUN_DIR])  # type: ignore[attr-defined]

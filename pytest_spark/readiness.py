@@ -32,39 +32,46 @@ class StartupFailed(Exception):
 @dataclass
 class NodeProbe:
     health: str | None
-    status: str  # running | exited N | missing | ...
+    status: str  # running | exited (code N) | missing | ...
     lines: list[str]
     launcher_alive: bool | None = None
+    launcher_output: str = ""
 
 
-def probe_command(container: str, since: str, port: int | None, launcher_pid: int | None
-                  ) -> str:
+def probe_command(container: str, since: str, port: int | None, launcher_pid: int | None,
+                  launcher_log: str | None = None, log_offset: int = 0) -> str:
+    """One round trip: [health], container state, new container log lines, [new launcher
+    output], [launcher alive]. Sections are marked ``SEP name``."""
     c = shlex.quote(container)
     parts = []
     if port is not None:
-        parts.append(
-            "if command -v curl >/dev/null; then curl -s -o /dev/null -m 2 -w '%{http_code}' "
-            f"http://127.0.0.1:{int(port)}/health; else echo nocurl; fi; echo")
-    parts.append(f"echo {SEP}")
-    parts.append(f"docker inspect -f '{{{{.State.Status}}}} {{{{.State.ExitCode}}}}' {c} 2>&1 "
-                 "| head -n 1")
-    parts.append(f"echo {SEP}")
-    parts.append(f"docker logs --timestamps --since {shlex.quote(since)} {c} 2>&1 "
-                 "| tail -n 2000")
+        parts.append(f"echo {SEP} health; if command -v curl >/dev/null; then curl -s -o "
+                     f"/dev/null -m 2 -w '%{{http_code}}' http://127.0.0.1:{int(port)}/health;"
+                     " else echo nocurl; fi; echo")
+    parts.append(f"echo {SEP} state; docker inspect -f '{{{{.State.Status}}}} "
+                 f"{{{{.State.ExitCode}}}}' {c} 2>&1 | head -n 1")
+    parts.append(f"echo {SEP} logs; docker logs --timestamps --since {shlex.quote(since)} {c} "
+                 "2>&1 | tail -n 2000")
+    if launcher_log is not None:
+        parts.append(f"echo {SEP} launcher; tail -c +{int(log_offset) + 1} "
+                     f"{shlex.quote(launcher_log)} 2>/dev/null | head -c 1048576")
     if launcher_pid is not None:
-        parts.append(f"echo {SEP}")
-        parts.append(f"kill -0 {int(launcher_pid)} 2>/dev/null && echo alive || echo dead")
+        parts.append(f"echo {SEP} alive; s=$(ps -o stat= -p {int(launcher_pid)} 2>/dev/null); "
+                     'case "$s" in ""|Z*) echo dead;; *) echo alive;; esac')
     return "; ".join(parts)
 
 
-def parse_probe(result: CommandResult, with_health: bool) -> NodeProbe:
-    sections = result.stdout.split(SEP + "\n")
-    health = sections.pop(0).strip() if with_health else None
-    state = sections[0].strip() if sections else ""
-    logs = sections[1] if len(sections) > 1 else ""
+def parse_probe(result: CommandResult, with_health: bool = True) -> NodeProbe:
+    sections: dict[str, str] = {}
+    for chunk in result.stdout.split(SEP + " ")[1:]:
+        name, _, body = chunk.partition("\n")
+        sections[name.strip()] = body
+    health = sections["health"].strip() if "health" in sections else None
+    state = sections.get("state", "").strip()
+    logs = sections.get("logs", "")
     alive = None
-    if len(sections) > 2:
-        alive = sections[2].strip() == "alive"
+    if "alive" in sections:
+        alive = sections["alive"].strip() == "alive"
     if "No such object" in state or "No such container" in state:
         status = "missing"
     elif state.startswith(("running", "created", "restarting")):
@@ -74,10 +81,12 @@ def parse_probe(result: CommandResult, with_health: bool) -> NodeProbe:
         status = f"{parts[0]} (code {parts[1]})" if len(parts) > 1 else parts[0]
     else:
         status = f"unknown: {state[:200]}"
+    if status == "missing" or status.startswith("unknown"):
+        logs = ""  # docker's own "No such container" error, not the container's log
     lines: list[str] = []
     for raw in logs.splitlines():
         lines.extend(seg for seg in raw.split("\r") if seg.strip())
-    return NodeProbe(health, status, lines, alive)
+    return NodeProbe(health, status, lines, alive, sections.get("launcher", ""))
 
 
 @dataclass
@@ -119,6 +128,7 @@ def wait_ready(
     since: str | None = None,
     launcher_pid: int | None = None,
     launcher_log: Callable[[], str] | None = None,
+    launcher_log_path: str | None = None,
     progress: Callable[[StartupWatch, float], None] | None = None,
     clock: Callable[[], float] = time.monotonic,
 ) -> StartupWatch:
@@ -132,10 +142,14 @@ def wait_ready(
     for node in cluster.nodes:
         watch.node_seen(node.name)
 
+    offset = {"bytes": 0}
+    launcher_name = f"{cluster.head.name} (launcher)"
+
     def probe(node: Node) -> NodeProbe:
         is_head = node is cluster.head
         cmd = probe_command(container, cursors[node.name].since, port if is_head else None,
-                            launcher_pid if is_head else None)
+                            launcher_pid if is_head else None,
+                            launcher_log_path if is_head else None, offset["bytes"])
         return parse_probe(node.run(cmd, timeout=15), is_head)
 
     while True:
@@ -154,6 +168,15 @@ def wait_ready(
                 continue
             failures[name] = 0
             watch.feed(name, cursors[name].new_lines(outcome.lines), now)
+            if outcome.launcher_output:
+                # The launcher's own output (vLLM's log when `exec` runs in the foreground).
+                text = outcome.launcher_output
+                offset["bytes"] += len(text.encode())
+                complete, _, _rest = text.rpartition("\n")
+                offset["bytes"] -= len(_rest.encode())
+                lines = [seg for raw in complete.splitlines() for seg in raw.split("\r")
+                         if seg.strip()]
+                watch.feed(launcher_name, lines, now)
             if outcome.status.startswith(("exited", "dead")):
                 watch.container_exited(name, f"container {container} {outcome.status}", now)
             elif outcome.status == "missing":

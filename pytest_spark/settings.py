@@ -193,7 +193,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("launch-script", _text, "./launch-cluster.sh", "launch-cluster.sh path on the head",
            "PATH"),
     Option("launch-nodes", _host_list, (), "node IPs passed to the launcher's -n (default: "
-           "the nodes' addresses)", "IP[,IP...]"),
+           "each node's primary fabric address)", "IP[,IP...]"),
     Option("image", _text, None, "serving image for the launcher's -t", "IMAGE"),
     Option("container", _text, "vllm_node", "serving container name on every node", "NAME"),
     Option("serve-args", _text, None, "the `vllm serve ...` command the launcher runs in the "

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import shlex
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,13 +40,33 @@ class ServingInfo:
     facts: dict[str, str]
 
 
+def fabric_addresses(cluster: Cluster) -> tuple[str, ...]:
+    """Each node's address on its primary fabric interface, as launch-cluster.sh wants them
+    in -n (it checks that the local fabric IP is in that list)."""
+    from pytest_spark.facts.links import primary_fabric_if
+    from pytest_spark.linkstate import node_link_facts
+
+    addresses = []
+    for node in cluster.nodes:
+        facts = node_link_facts(cluster, node)
+        ifname = primary_fabric_if(facts)
+        addrs = facts.ip_addrs.get(ifname or "", [])
+        if not addrs:
+            raise NotServing(
+                f"{node.name}: no fabric interface with an IPv4 address (ibdev2netdev Up): "
+                "cannot give launch-cluster.sh its -n list; set --spark-launch-nodes")
+        addresses.append(str(addrs[0].ip))
+    return tuple(addresses)
+
+
 def launch_spec(settings: Settings, cluster: Cluster) -> LaunchSpec:
     if not settings.serve_args:
         raise NotServing("--spark-launch needs --spark-serve-args 'vllm serve MODEL ...' (the "
                          "command the launcher runs in the head container)")
-    nodes = settings.launch_nodes or tuple(n.conn.target.hostname for n in cluster.nodes)
+    nodes = settings.launch_nodes or fabric_addresses(cluster)
     return LaunchSpec(settings.launch_script, tuple(nodes), settings.image, settings.container,
-                      tuple(shlex.split(settings.serve_args)), settings.nccl_debug)
+                      tuple(shlex.split(settings.serve_args)), settings.nccl_debug,
+                      log_path=f"/tmp/pytest-spark-launch-{uuid.uuid4().hex[:12]}.log")
 
 
 def _read(path: Path) -> dict[str, Any] | None:
@@ -79,7 +100,8 @@ def ensure_serving(cluster: Cluster, settings: Settings, run_dir: Path,
             if settings.launch:
                 launcher = Launcher(cluster.head, launch_spec(settings, cluster))
                 doc.update(launched=True, launch_pid=launcher.start(),
-                           stop_command=launcher.spec.stop_command())
+                           stop_command=launcher.spec.stop_command(),
+                           launch_log=launcher.spec.log_path)
                 write_json(state_path, doc)
             else:
                 attach_precheck(cluster, settings)
@@ -89,7 +111,9 @@ def ensure_serving(cluster: Cluster, settings: Settings, run_dir: Path,
                 placement_timeout=float(profile.get("readiness.placement_group_timeout_s", 120)),
                 since=since if settings.launch else _attach_since(since),
                 launcher_pid=launcher.pid if launcher else None,
-                launcher_log=launcher.launcher_log if launcher else None, progress=progress)
+                launcher_log=launcher.launcher_log if launcher else None,
+                launcher_log_path=launcher.spec.log_path if launcher else None,
+                progress=progress)
         except StartupFailed as exc:
             doc.update(status="failed", message=str(exc), timeline=exc.watch.timeline(),
                        facts=exc.watch.facts)
@@ -113,7 +137,7 @@ def _attach_since(now: str) -> str:
 def attach_precheck(cluster: Cluster, settings: Settings) -> None:
     """Attach mode: report what is there instead of waiting on nothing."""
     cmd = probe_command(settings.container, "1s", settings.port, None)
-    head = parse_probe(cluster.head.run(cmd, timeout=15), with_health=True)
+    head = parse_probe(cluster.head.run(cmd, timeout=15))
     if head.health == "200":
         return
     states = {cluster.head.name: head.status}
@@ -139,7 +163,7 @@ def _health_text(code: str | None) -> str:
 def stop_if_launched(cluster: Cluster, run_dir: Path, keep: bool) -> str | None:
     """Controller teardown: stop what this session launched (and nothing else)."""
     state = _read(run_dir / STATE)
-    if not state or not state.get("launched") or keep:
+    if not state or not state.get("launched") or state.get("stopped") or keep:
         return None
     try:
         cluster.connect()
@@ -148,6 +172,6 @@ def stop_if_launched(cluster: Cluster, run_dir: Path, keep: bool) -> str | None:
             cluster.head.run(f"kill {int(state['launch_pid'])} 2>/dev/null; true", timeout=10)
     except RemoteError as exc:
         return f"could not stop the cluster: {exc}"
-    state["launched"] = False
+    state["stopped"] = True
     write_json(run_dir / STATE, state)
     return None if result.ok else f"launcher stop exited {result.rc}: {result.stderr[-500:]}"

@@ -117,7 +117,7 @@ def _node_lines(topo: Topology, index: int) -> list[str]:
 
 
 def _cluster_json(state_dir: Path, topo: Topology) -> dict[str, Any]:
-    return {
+    data = {
         "version": 1,
         "instance": topo.instance,
         "state_dir": str(state_dir),
@@ -127,9 +127,13 @@ def _cluster_json(state_dir: Path, topo: Topology) -> dict[str, Any]:
         "identity": str(state_dir / "id_ed25519"),
         "user": "root",
     }
+    launch = serving.launch_hints(state_dir)
+    if launch is not None:
+        data["launch"] = launch  # how to start serving on this sim (suite settings)
+    return data
 
 
-def up(state_dir: Path, count: int) -> dict[str, Any]:
+def up(state_dir: Path, count: int, *, time_scale: float = 0.002) -> dict[str, Any]:
     state_dir = Path(os.path.abspath(state_dir))
     if any(c.isspace() for c in str(state_dir)):
         raise SimError(
@@ -151,7 +155,7 @@ def up(state_dir: Path, count: int) -> dict[str, Any]:
         k = registry.claim(state_dir, count)
         topo = build(k, count)
         try:
-            _build(state_dir, topo)
+            _build(state_dir, topo, time_scale)
         except BaseException:
             _cleanup_instance(k, state_dir)
             registry.release(k)
@@ -161,7 +165,7 @@ def up(state_dir: Path, count: int) -> dict[str, Any]:
         return cluster
 
 
-def _build(state_dir: Path, topo: Topology) -> None:
+def _build(state_dir: Path, topo: Topology, time_scale: float = 0.002) -> None:
     names = {n.name for n in topo.nodes}
     for old in (state_dir / "nodes").glob("*"):
         if old.name not in names and old.is_dir():
@@ -189,7 +193,7 @@ def _build(state_dir: Path, topo: Topology) -> None:
     for n in topo.nodes:
         nodes_mod.start_sshd(state_dir, n)
     nodes_mod.wait_sshd(state_dir, topo.nodes)
-    serving.start(state_dir, topo)  # Docker engine, image, model, launcher per node
+    serving.start(state_dir, topo, time_scale)  # Docker engine, image, model, launcher
 
 
 # ---------------------------------------------------------------------- down

@@ -37,6 +37,15 @@ LAUNCHER_DIR = "spark-vllm-docker"
 LAUNCHER = Path(__file__).resolve().parent / "launcher" / "launch-cluster.sh"
 EXTRA_DOCKER_ARGS = f"-v /root/models:/models -v /root/{SIM_ETC}:/etc/sparksim:ro"
 SERVING_JSON = "serving.json"
+DEFAULTS_ENV = "defaults.env"
+SERVED_NAME = "qwen3.5-122b"
+SERVE_ARGS = (
+    f"vllm serve /models/{models.MODEL_NAME} --served-model-name {SERVED_NAME} "
+    "--tensor-parallel-size 2 --gpu-memory-utilization 0.90 --max-model-len 32768 "
+    "--trust-remote-code --host 0.0.0.0 --port 8000 --reasoning-parser qwen3 "
+    "--tool-call-parser qwen3_coder --enable-auto-tool-choice "
+    "--distributed-executor-backend ray"
+)
 STALE_LABEL = "sparksim.fault=stale-container"
 SERVING_IMAGE_FILTER = f"ancestor={image.IMAGE}"
 DISABLE_ENV = "SPARKSIM_NO_DOCKER"
@@ -59,6 +68,15 @@ def engine(state_dir: Path, node: NodeSpec) -> docker.Engine:
 
 
 # ------------------------------------------------------------ node setup (before sshd)
+
+
+def launch_hints(state_dir: Path) -> dict[str, Any] | None:
+    """How to start serving on this sim, as a real operator would on a Spark (the reference
+    deployment's `vllm serve` line); None when the serving stack is off."""
+    if enabled() is not None:
+        return None
+    return {"script": f"/root/{LAUNCHER_DIR}/{LAUNCHER.name}", "image": image.IMAGE,
+            "container": "vllm_node", "port": 8000, "serve_args": SERVE_ARGS}
 
 
 def sshd_env(state_dir: Path, node: NodeSpec) -> dict[str, str]:
@@ -92,10 +110,10 @@ def node_binds(state_dir: Path, node: NodeSpec) -> list[tuple[Path, str]]:
 # ------------------------------------------------------------------ up / down
 
 
-def start(state_dir: Path, topo: Topology) -> dict[str, Any]:
+def start(state_dir: Path, topo: Topology, time_scale: float = 0.002) -> dict[str, Any]:
     """Engines, image, models and launcher on every node; returns the timings."""
     for n in topo.nodes:  # the checkpoint is there with or without Docker
-        install_node(state_dir, topo, n)
+        install_node(state_dir, topo, n, time_scale)
     why = enabled()
     if why is not None:
         report = {"docker": False, "reason": why}
@@ -175,12 +193,15 @@ def _import_image(engines: list[docker.Engine], tarball: Path) -> None:
             raise SimError(f"{e.node_dir.name}: docker import {tarball} failed: {err.strip()}")
 
 
-def install_node(state_dir: Path, topo: Topology, node: NodeSpec) -> None:
+def install_node(state_dir: Path, topo: Topology, node: NodeSpec, time_scale: float = 0.002
+                 ) -> None:
     """Model, sim settings and (head) launcher in the node's home."""
     h = prepare_home(state_dir, node)
     models.install(h)
     etc = h / SIM_ETC
     nodes_mod.write_atomic(etc / ENGINE_ENV, "")
+    # The sim's own engine defaults (read before engine.env, which faults rewrite).
+    nodes_mod.write_atomic(etc / DEFAULTS_ENV, f"SPARKSIM_EMU_TIME_SCALE={time_scale:g}\n")
     etc.joinpath(CONTROL).unlink(missing_ok=True)
     if node.role == "head":
         dest = h / LAUNCHER_DIR
