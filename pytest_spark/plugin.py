@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import shutil
+import signal
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,7 @@ MARKERS = {
 }
 SIM_INFO = "spark_sim_cluster_json"
 RUN_DIR = "spark_run_dir"
+SIGTERM_KEY = pytest.StashKey[Any]()
 API_FIXTURES = {"spark_api"}
 NODE_FIXTURES = {"spark_node", "_spark_node", "host"}
 CLUSTER_FIXTURES = NODE_FIXTURES | {"spark_cluster", "spark_head", "spark_workers",
@@ -83,6 +86,14 @@ def pytest_configure(config: pytest.Config) -> None:
         config.stash[RESULTS_KEY] = recorder
         config.pluginmanager.register(recorder, "spark.results")
     register_reports(config)  # HTML, history, terminal summary, redaction (pytest_spark/report)
+    if not _is_worker(config) and threading.current_thread() is threading.main_thread():
+        config.stash[SIGTERM_KEY] = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+
+
+def _sigterm_as_interrupt(signum: int, frame: Any) -> None:
+    """SIGTERM (CI cancelling a job) ends the session like Ctrl-C: teardown runs, the
+    launched cluster is stopped, the report and JSON are written, exit code 2."""
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def cluster_info(settings: Settings) -> dict[str, Any]:
@@ -127,6 +138,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    previous = config.stash.get(SIGTERM_KEY, None)
+    if previous is not None:
+        signal.signal(signal.SIGTERM, previous)
     cluster = config.stash.get(CLUSTER_KEY, None)
     if cluster is not None:
         cluster.close()

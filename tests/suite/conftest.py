@@ -82,3 +82,12 @@ def run_suite(tmp_path: Path, *args: str, sim: SimCluster | None = None, timeout
 def sim_fault(sim: SimCluster, *args: str) -> None:
     result = sim.cli("fault", *args)
     assert result.returncode == 0, result.stderr
+
+
+def launch_args(sim: SimCluster) -> list[str]:
+    """Suite options that launch serving on the sim the way its cluster.json says."""
+    launch = sim.info.get("launch")
+    if not launch:
+        pytest.skip("sparksim has no serving stack here (docker missing)")
+    return ["--spark-launch", f"--spark-launch-script={launch['script']}",
+            f"--spark-serve-args={launch['serve_args']}", f"--spark-container={launch['container']}"]

@@ -1,0 +1,44 @@
+"""``pytest -n 4`` gives the verdicts of ``-n 0``, launches the cluster once and stops it once."""
+
+from __future__ import annotations
+
+import glob
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from pytest_spark.simcontrol import SimCluster
+
+from conftest import REPO, launch_args, run_suite, sim_fault  # type: ignore[import-not-found]
+
+pytestmark = pytest.mark.sim
+LOGS = "/tmp/pytest-spark-launch-*.log"  # one launcher output file per launch
+
+
+def serving_containers(sim: SimCluster) -> list[str]:
+    out = []
+    for node in sim.info["nodes"]:
+        proc = subprocess.run(["ssh", "-F", str(sim.ssh_config), node["mgmt"],
+                               "docker ps -q --filter name=^vllm_node$"],
+                              capture_output=True, text=True, timeout=30)
+        out.append(proc.stdout.strip())
+    return out
+
+
+def test_xdist_same_verdicts_one_launch(sim: SimCluster, tmp_path: Path) -> None:
+    sim_fault(sim, "clear")
+    suite = [str(REPO / "tests_infra" / "test_link.py"), str(REPO / "tests_e2e" / "test_readiness.py"),
+             *launch_args(sim), "--spark-history=off"]
+    verdicts = {}
+    for workers in ("0", "4"):
+        before = set(glob.glob(LOGS))
+        run = run_suite(tmp_path / workers, "-n", workers, *suite, sim=sim)
+        assert run.ret == 0, run.output
+        launches = set(glob.glob(LOGS)) - before
+        assert len(launches) == 1, (workers, launches)
+        assert serving_containers(sim) == ["", ""], "not torn down"
+        assert run.results["serving"]["stopped"] is True
+        verdicts[workers] = run.outcomes()
+    assert verdicts["4"] == verdicts["0"]
+    assert len(verdicts["0"]) == 26 + 8
