@@ -243,6 +243,26 @@ def _shims() -> list[Path]:
     return sorted(p for p in SHIMS_DIR.iterdir() if p.is_file() and not p.name.startswith("."))
 
 
+def torch_site() -> str | None:
+    """The site-packages holding torch for the Python running the sim, if any (found without
+    importing torch, which costs seconds). The serving containers mount it read-only, as a
+    real vLLM image carries torch; the image then needs torch's system libraries."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.origin:
+        return None
+    site = Path(spec.origin).resolve().parent.parent
+    return None if any(c.isspace() for c in str(site)) else str(site)
+
+
+def _torch_libraries() -> list[str]:
+    site = torch_site()
+    if site is None:
+        return []
+    return sorted(str(p) for p in (Path(site) / "torch" / "lib").glob("*.so*"))
+
+
 def image_key() -> str:
     """Hash of everything the tarball is made of (sources by content, host files by
     path, size and mtime)."""
@@ -258,6 +278,7 @@ def image_key() -> str:
             h.update(f"{path} {st.st_size} {st.st_mtime_ns}\n".encode())
     for p in _sim_sources() + _shims():
         h.update(str(p.relative_to(SIM_DIR)).encode() + b"\n" + p.read_bytes())
+    h.update(f"torch {torch_site()}\n".encode())
     return h.hexdigest()[:16]
 
 
@@ -346,7 +367,7 @@ def _write_tarball(fileobj: io.BufferedWriter, key: str) -> None:
     elif _which("bash"):
         tar.symlink(_canonical("/bin/sh"), "bash")
 
-    libs = _shared_libraries([exe, *dyn_files, *binaries])
+    libs = _shared_libraries([exe, *dyn_files, *binaries, *_torch_libraries()])
     # Loaded with dlopen, so ldd does not name it: glibc needs it when a thread exits.
     for lib in list(libs):
         extra = os.path.join(os.path.dirname(lib), "libgcc_s.so.1")

@@ -37,6 +37,7 @@ LAUNCHER_DIR = "spark-vllm-docker"
 LAUNCHER = Path(__file__).resolve().parent / "launcher" / "launch-cluster.sh"
 EXTRA_DOCKER_ARGS = f"-v /root/models:/models -v /root/{SIM_ETC}:/etc/sparksim:ro"
 SERVING_JSON = "serving.json"
+TORCH_MOUNT = "/opt/sparksim/torch-site"
 DEFAULTS_ENV = "defaults.env"
 SERVED_NAME = "qwen3.5-122b"
 SERVE_ARGS = (
@@ -76,14 +77,21 @@ def launch_hints(state_dir: Path) -> dict[str, Any] | None:
     if enabled() is not None:
         return None
     return {"script": f"/root/{LAUNCHER_DIR}/{LAUNCHER.name}", "image": image.IMAGE,
-            "container": "vllm_node", "port": 8000, "serve_args": SERVE_ARGS}
+            "container": "vllm_node", "port": 8000, "serve_args": SERVE_ARGS,
+            "model_dir": f"/root/{models.MODELS_DIR}/{models.MODEL_NAME}"}  # on the nodes
 
 
 def sshd_env(state_dir: Path, node: NodeSpec) -> dict[str, str]:
     """Environment the node's sshd gives every session."""
+    # The node's RDMA/GPU tools (and the sim files they read) inside the container too, as
+    # a privileged vLLM container on a Spark sees the host's ibdev2netdev and sysfs.
+    extra = f"{EXTRA_DOCKER_ARGS} -v /usr/local/sbin:/usr/local/sbin:ro -v {state_dir}:{state_dir}:ro"
+    site = image.torch_site()
+    if site is not None:
+        extra += f" -v {site}:{TORCH_MOUNT}:ro -e PYTHONPATH={TORCH_MOUNT}"
     return {
         "DOCKER_HOST": engine(state_dir, node).host,
-        "VLLM_SPARK_EXTRA_DOCKER_ARGS": EXTRA_DOCKER_ARGS,
+        "VLLM_SPARK_EXTRA_DOCKER_ARGS": extra,
     }
 
 
