@@ -1,0 +1,86 @@
+"""Serving checks: tool calls, reasoning, throughput against an OpenAI-compatible API.
+
+Pure validators (``tools``, ``reasoning``, ``schema``, ``wire``) turn what the server sent
+into ``Finding``s with raw evidence; ``stream`` reads SSE exactly and bounds every request
+in time; ``load`` is the concurrency-sweep load client.
+"""
+
+from pytest_spark.serving.client import ServingClient
+from pytest_spark.serving.evidence import Exchange, redact_headers
+from pytest_spark.serving.load import LevelResult, LoadClient, LoadSpec, SweepResult, run_sweep
+from pytest_spark.serving.reasoning import (
+    NO_REASONING_FIELD,
+    check_order,
+    check_reasoning,
+    check_reasoning_then_tool,
+    check_thinking_disabled,
+    check_truncated,
+    compare_stream,
+)
+from pytest_spark.serving.schema import validate
+from pytest_spark.serving.stats import Summary, percentile
+from pytest_spark.serving.stream import (
+    ServingError,
+    SSEDecoder,
+    StreamResult,
+    astream_chat,
+    post_json,
+    stream_chat,
+)
+from pytest_spark.serving.tools import (
+    ToolRequest,
+    check_auto_refused,
+    check_tool_calls,
+    compare_arguments,
+)
+from pytest_spark.serving.turn import ToolCall, Turn, assemble, from_response, from_stream
+from pytest_spark.serving.wire import (
+    MISCONFIGURED_TOOLS,
+    ErrorBody,
+    kv_cache_metric,
+    parse_error_body,
+    parse_metrics,
+    reasoning_of,
+)
+
+__all__ = [
+    "MISCONFIGURED_TOOLS",
+    "NO_REASONING_FIELD",
+    "ErrorBody",
+    "Exchange",
+    "LevelResult",
+    "LoadClient",
+    "LoadSpec",
+    "SSEDecoder",
+    "ServingClient",
+    "ServingError",
+    "StreamResult",
+    "Summary",
+    "SweepResult",
+    "ToolCall",
+    "ToolRequest",
+    "Turn",
+    "assemble",
+    "astream_chat",
+    "check_auto_refused",
+    "check_order",
+    "check_reasoning",
+    "check_reasoning_then_tool",
+    "check_thinking_disabled",
+    "check_tool_calls",
+    "check_truncated",
+    "compare_arguments",
+    "compare_stream",
+    "from_response",
+    "from_stream",
+    "kv_cache_metric",
+    "parse_error_body",
+    "parse_metrics",
+    "percentile",
+    "post_json",
+    "reasoning_of",
+    "redact_headers",
+    "run_sweep",
+    "stream_chat",
+    "validate",
+]

@@ -1,0 +1,63 @@
+"""Synchronous client the serving checks use: one request -> one ``Turn`` (or a
+``ServingError`` whose message and evidence say what went wrong)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from pytest_spark.api import ApiEndpoint
+from pytest_spark.serving.evidence import Exchange
+from pytest_spark.serving.stream import ServingError, post_json, stream_chat
+from pytest_spark.serving.turn import Turn, from_response, from_stream
+
+CHAT_PATH = "/v1/chat/completions"
+
+
+class ServingClient:
+    """Chat completions against one endpoint, streaming or not, with bounded time."""
+
+    def __init__(self, api: ApiEndpoint, *, timeout: float, idle_timeout: float) -> None:
+        self.api = api
+        self.timeout = timeout
+        self.idle_timeout = idle_timeout
+        self._http = api.client()
+
+    @property
+    def server(self) -> str:
+        """How failure messages name the endpoint: ``MODEL at URL``."""
+        return f"{self.api.model} at {self.api.base_url}"
+
+    def body(self, messages: list[dict[str, Any]] | str, **params: Any) -> dict[str, Any]:
+        if isinstance(messages, str):
+            messages = [{"role": "user", "content": messages}]
+        return {"model": self.api.model, "messages": messages, **params}
+
+    def chat(self, body: dict[str, Any]) -> Turn:
+        body = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
+        reply = post_json(self._http, CHAT_PATH, body, timeout=self.timeout)
+        return from_response(reply.data, reply.exchange)
+
+    def chat_stream(self, body: dict[str, Any]) -> Turn:
+        body = {**body, "stream": True}
+        result = stream_chat(
+            self._http, CHAT_PATH, body, timeout=self.timeout, idle_timeout=self.idle_timeout
+        )
+        return from_stream(result)
+
+    def turn(self, body: dict[str, Any], streamed: bool) -> Turn:
+        return self.chat_stream(body) if streamed else self.chat(body)
+
+    def get(self, path: str) -> httpx.Response:
+        try:
+            return self._http.get(path, timeout=self.idle_timeout)
+        except httpx.HTTPError as exc:
+            raise ServingError(
+                "transport",
+                f"GET {self.api.base_url}{path}: {type(exc).__name__}: {exc}",
+                Exchange("GET", self.api.base_url + path),
+            ) from None
+
+    def close(self) -> None:
+        self._http.close()

@@ -1,0 +1,190 @@
+"""The load client's arithmetic on synthetic timings, and one small sweep against a local
+server that paces tokens at a known rate and refuses ``ignore_eos`` (as non-vLLM servers
+do)."""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from pytest_spark.api import ApiEndpoint
+from pytest_spark.serving import LevelResult, LoadSpec, Summary, percentile, run_sweep
+from pytest_spark.serving.load import RequestRecord, request_body
+
+
+def delta_chunk(**delta: Any) -> dict[str, Any]:
+    return {"choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
+
+
+def test_percentiles_match_numpy_linear() -> None:
+    data = [1.0, 2.0, 3.0, 4.0, 10.0]
+    assert percentile(data, 50) == 3.0
+    assert percentile(data, 90) == pytest.approx(7.6)
+    assert percentile(data, 99) == pytest.approx(9.76)
+    assert percentile([5.0], 99) == 5.0 and math.isnan(percentile([], 50))
+    s = Summary.of(data)
+    assert (s.count, s.mean, s.median, s.min, s.max) == (5, 4.0, 3.0, 1.0, 10.0)
+    assert Summary.of([]).to_dict()["mean"] is None
+
+
+def test_request_record_timings() -> None:
+    rec = RequestRecord(start=0.0)
+    rec.on_chunk(0.05, delta_chunk(role="assistant", content=""))  # not a token
+    rec.on_chunk(0.50, delta_chunk(reasoning="Okay"))  # first token: reasoning counts
+    rec.on_chunk(0.60, delta_chunk(reasoning_content=" so"))
+    rec.on_chunk(0.75, delta_chunk(content="42"))  # first content token
+    rec.on_chunk(0.80, delta_chunk(content="."))
+    rec.on_chunk(0.80, {"choices": [], "usage": {"prompt_tokens": 12, "completion_tokens": 5}})
+    rec.e2e = 0.90
+    assert rec.ttft == 0.50 and rec.ttfc == 0.75
+    assert rec.gaps == pytest.approx([0.10, 0.15, 0.05])
+    assert rec.output_tokens == 5 and rec.prompt_tokens == 12 and rec.deltas == 4
+    assert rec.tpot == pytest.approx((0.90 - 0.50) / 4)
+
+
+def test_level_figures() -> None:
+    records = []
+    for i in range(4):  # 4 requests of 11 tokens: TTFT 0.1, then 10 tokens at 0.02 s
+        rec = RequestRecord(
+            start=i * 0.3, ttft=0.1, ttfc=0.1, e2e=0.3, output_tokens=11, gaps=[0.02] * 10
+        )
+        records.append(rec)
+    records.append(RequestRecord(start=0.0, e2e=0.01, error="HTTP 500", error_kind="http-5xx"))
+    level = LevelResult(1, records, wall_s=1.2, cpu_s=0.011)
+    doc = level.to_dict()
+    assert json.loads(json.dumps(doc)) == doc  # JSON-ready
+    assert doc["requests"] == 4 and doc["failed"] == 1 and doc["errors"] == ["HTTP 500"]
+    assert doc["output_tokens"] == 44 and doc["output_tok_s"] == pytest.approx(44 / 1.2, 1e-3)
+    assert doc["tpot_s"]["median"] == pytest.approx(0.02)
+    assert doc["decode_tok_s"]["median"] == pytest.approx(50.0)
+    assert doc["itl_s"]["count"] == 40 and doc["ttft_s"]["p90"] == pytest.approx(0.1)
+    assert doc["client_cpu_s_per_1k_tokens"] == pytest.approx(0.25)
+
+
+def test_request_body_fixed_lengths() -> None:
+    spec = LoadSpec(prompt_tokens=64, output_tokens=32)
+    body = request_body("m", spec, 7)
+    assert body["max_tokens"] == body["max_completion_tokens"] == 32
+    assert body["ignore_eos"] is True and body["stream_options"] == {"include_usage": True}
+    assert body["messages"][0]["content"].startswith("Request 7.")
+    assert "ignore_eos" not in request_body("m", spec, 7, dropped=["ignore_eos"])
+
+
+RATE = 100.0  # tokens/s per stream
+TTFT = 0.05
+
+
+class QuietServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # a client that went away
+
+
+class Paced(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+        if "ignore_eos" in body:
+            data = b'{"error":{"message":"Unrecognized request argument: ignore_eos"}}'
+            self.send_response(400)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return
+        n = int(body["max_tokens"])
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.send_header("transfer-encoding", "chunked")
+        self.end_headers()
+        t0 = time.monotonic()
+        for i in range(n):
+            delay = t0 + TTFT + i / RATE - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            self._send({"choices": [{"index": 0, "delta": {"content": " w"}}]})
+        self._send({"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": n}})
+        self._send("[DONE]")
+        self.wfile.write(b"0\r\n\r\n")
+
+    def _send(self, obj: Any) -> None:
+        text = obj if isinstance(obj, str) else json.dumps(obj)
+        data = f"data: {text}\n\n".encode()
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
+
+
+@pytest.fixture(scope="module")
+def paced() -> Iterator[str]:
+    httpd = QuietServer(("127.0.0.1", 0), Paced)
+    httpd.daemon_threads = True
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_sweep_against_paced_server(paced: str) -> None:
+    spec = LoadSpec(
+        concurrency=(1, 4),
+        prompt_tokens=32,
+        output_tokens=21,
+        requests_per_stream=1,
+        min_requests=3,
+        warmup_requests=1,
+        level_budget_s=10,
+        request_timeout_s=10,
+        idle_timeout_s=5,
+    )
+    result = run_sweep(ApiEndpoint(paced, "m"), spec)
+    doc = result.to_dict()
+    assert json.loads(json.dumps(doc)) == doc
+    assert result.dropped_params == ["ignore_eos"]
+    one, four = doc["levels"]
+    assert (one["requests"], four["requests"], one["failed"]) == (3, 4, 0)
+    assert one["token_source"] == ["usage"] and one["output_tokens"] == 63
+    # decode = 1 / TPOT: 20 gaps of 1/RATE after the first token (thread scheduling jitter)
+    assert one["decode_tok_s"]["median"] == pytest.approx(RATE, rel=0.15)
+    assert one["ttft_s"]["median"] == pytest.approx(TTFT, abs=0.04)
+    assert one["itl_s"]["median"] == pytest.approx(1 / RATE, rel=0.3)
+    expected_agg = 4 * 21 / (TTFT + 20 / RATE)
+    assert four["output_tok_s"] == pytest.approx(expected_agg, rel=0.2)
+
+
+def test_server_metrics_view_detects_the_kv_metric_name() -> None:
+    from pathlib import Path
+
+    from pytest_spark.serving import kv_cache_metric, parse_metrics
+    from pytest_spark.serving.load import server_view
+
+    real = Path(__file__).resolve().parents[1] / "fixtures" / "vllm" / "vllm-0.32.0-cpu"
+    metrics = parse_metrics((real / "metrics_vllm.txt").read_text().split("\n\n", 1)[1])
+    assert kv_cache_metric(metrics) == "vllm:kv_cache_usage_perc"
+    assert metrics["vllm:generation_tokens_total"] == 352.0
+    old = parse_metrics(
+        'vllm:gpu_cache_usage_perc{model_name="m"} 0.25\n'
+        'vllm:generation_tokens_total{model_name="m"} 10.0\n'
+    )
+    assert kv_cache_metric(old) == "vllm:gpu_cache_usage_perc"
+    view = server_view(old, {**old, "vllm:generation_tokens_total": 74.0}, 60)
+    assert view == {
+        "generation_tokens": 64,
+        "client_output_tokens": 60,
+        "kv_cache_metric": "vllm:gpu_cache_usage_perc",
+        "kv_cache_usage": 0.25,
+    }
+    assert server_view(None, old, 1) is None

@@ -1,0 +1,374 @@
+"""The serving suite (tests_e2e: tool_calls, reasoning, throughput) run as a user runs it,
+``pytest tests_e2e --spark-api-url URL``, against the vLLM emulator: healthy, it passes;
+with each emulator fault, exactly the checks of the broken behaviour fail, each with its
+evidence (request and response or stream excerpt) in the JSON results.
+
+The healthy scenario runs alone; the faults run six at a time, each against its own
+emulator, to stay within the time budget on two cores. The emulator runs fast (600 tok/s
+per stream) and the throughput thresholds are scaled to match through --spark-threshold.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+MARKERS = "tool_calls or reasoning or throughput"
+SHAPE = (
+    "throughput.output_tokens=16,throughput.prompt_tokens=64,"
+    "throughput.concurrency=1;4,throughput.min_requests=2,"
+    "throughput.requests_per_stream=1,throughput.warmup_requests=1,"
+    "throughput.max_ttft_p90_s_1=2.0"
+)
+# Healthy 600 tok/s per stream; slow-decode 60. Speed checks are strict where speed is the
+# point (healthy, run alone; slow-decode, whose slowness only grows under load) and lax in
+# the other scenarios, which run side by side on a busy machine.
+STRICT = SHAPE + ",throughput.min_decode_tok_s_1=150,throughput.min_agg_tok_s_4=400"
+LAX = SHAPE + ",throughput.min_decode_tok_s_1=1,throughput.min_agg_tok_s_4=1"
+EMU_ENV = {
+    "SPARKSIM_EMU_TIME_SCALE": "0",
+    "SPARKSIM_EMU_DECODE_TOK_S": "600",
+    "SPARKSIM_EMU_TTFT_S": "0.02",
+    "SPARKSIM_EMU_PREFILL_TOK_S": "0",
+    "SPARKSIM_EMU_REASONING_TOKENS": "16",
+    "SPARKSIM_EMU_CONTROL_POLL_S": "0.05",
+}
+
+TOOL_PLAIN = {
+    "test_tool_call[auto-plain]",
+    "test_tool_call[required-plain]",
+    "test_tool_call[named-plain]",
+    "test_parallel_tool_calls[plain]",
+}
+TOOL_STREAM = {t.replace("plain", "stream") for t in TOOL_PLAIN}
+AUTO_ENABLED = {"test_auto_tool_choice_enabled"}
+R_KINDS = (
+    "test_reasoning_separated",
+    "test_thinking_disabled",
+    "test_truncated_inside_thinking",
+    "test_reasoning_then_tool_call",
+)
+R_PLAIN = {f"{k}[plain]" for k in R_KINDS}
+R_STREAM = {f"{k}[stream]" for k in R_KINDS}
+THROUGHPUT = {
+    "test_sweep_completes",
+    "test_decode_single_stream",
+    "test_ttft_p90_single_stream",
+    "test_aggregate_four_streams",
+}
+ALL = TOOL_PLAIN | TOOL_STREAM | AUTO_ENABLED | R_PLAIN | R_STREAM | THROUGHPUT
+THEN_TOOL = {"test_reasoning_then_tool_call[plain]", "test_reasoning_then_tool_call[stream]"}
+
+# fault -> the checks that must fail (all others pass), and a phrase every message has
+EXPECTED: dict[str, tuple[set[str], str]] = {
+    "healthy": (set(), ""),
+    "slow-decode": ({"test_decode_single_stream", "test_aggregate_four_streams"}, "tok/s"),
+    "http-5xx": (ALL, "HTTP 500"),
+    "worker-death": (ALL, "HTTP 500"),
+    "malformed-sse": (TOOL_STREAM | R_STREAM | THROUGHPUT, "is not valid JSON"),
+    "truncated-stream": (TOOL_STREAM | R_STREAM | THROUGHPUT, "without data: [DONE]"),
+    "invalid-json-body": (TOOL_PLAIN | AUTO_ENABLED | R_PLAIN, "body is not JSON"),
+    "tool-in-content": (TOOL_PLAIN | TOOL_STREAM | THEN_TOOL, "left in content"),
+    "tool-args-unstreamed": (
+        TOOL_STREAM | {"test_reasoning_then_tool_call[stream]"},
+        "arguments never streamed",
+    ),
+    "tool-param-leak": (
+        {
+            "test_tool_call[auto-plain]",
+            "test_tool_call[auto-stream]",
+            "test_parallel_tool_calls[plain]",
+            "test_parallel_tool_calls[stream]",
+        }
+        | THEN_TOOL,
+        "</parameter>",
+    ),
+    "tool-args-strings": (TOOL_PLAIN | TOOL_STREAM | THEN_TOOL, "is a string, expected integer"),
+    "think-in-content": (
+        {"test_reasoning_separated[plain]", "test_reasoning_separated[stream]"} | THEN_TOOL,
+        "</think> leaked into content",
+    ),
+    "reasoning-in-content": (
+        {
+            "test_reasoning_separated[plain]",
+            "test_reasoning_separated[stream]",
+            "test_truncated_inside_thinking[plain]",
+            "test_truncated_inside_thinking[stream]",
+        }
+        | THEN_TOOL,
+        "content",
+    ),
+    "answer-in-reasoning": (
+        {"test_thinking_disabled[plain]", "test_thinking_disabled[stream]"},
+        "the answer landed in reasoning",
+    ),
+}
+
+
+def _emulator_missing() -> str | None:
+    if not (REPO / "pytest_spark" / "sim" / "emulator" / "__main__.py").exists():
+        return "the vLLM emulator (pytest_spark.sim.emulator) is not there yet"
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Run:
+    ret: int
+    output: str
+    checks: dict[str, dict[str, Any]]
+
+    def failed(self) -> set[str]:
+        return {k for k, c in self.checks.items() if c["outcome"] in ("failed", "error")}
+
+
+class Emulator:
+    """One ``python -m pytest_spark.sim.emulator serve`` on a free loopback port."""
+
+    def __init__(self, workdir: Path, server_flags: bool = True) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.control = workdir / "control.json"
+        self.control.write_text('{"faults": []}')
+        env = {**os.environ, **EMU_ENV, "SPARKSIM_EMU_CONTROL": str(self.control)}
+        argv = [
+            sys.executable,
+            "-m",
+            "pytest_spark.sim.emulator",
+            "serve",
+            "/models/qwen",
+            "--served-model-name",
+            "qwen",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--max-model-len",
+            "8192",
+        ]
+        if server_flags:  # the reference deployment's flags (REFERENCE section 1)
+            argv += [
+                "--reasoning-parser",
+                "qwen3",
+                "--tool-call-parser",
+                "qwen3_coder",
+                "--enable-auto-tool-choice",
+            ]
+        self.log = (workdir / "emulator.log").open("w")
+        self.proc = subprocess.Popen(
+            argv,
+            cwd=REPO,
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"emulator exited {self.proc.returncode}: "
+                    f"{(workdir / 'emulator.log').read_text()[-2000:]}"
+                )
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError("emulator not ready within 30 s")
+
+    def fault(self, name: str) -> None:
+        self.control.write_text(json.dumps({"faults": [name]}))
+        time.sleep(0.4)  # the emulator polls its control file every 0.05 s
+        if name == "worker-death":  # wait until the engine is dead (/health 503)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 503:
+                    break
+                time.sleep(0.1)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+def run_suite(url: str, workdir: Path, thresholds: str) -> Run:
+    results = workdir / "results.json"
+    argv = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "tests_e2e",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "-m",
+        MARKERS,
+        f"--spark-api-url={url}",
+        "--spark-profile=sim",
+        f"--spark-threshold={thresholds}",
+        f"--spark-results={results}",
+        f"--spark-history={workdir / 'history'}",
+        "--rootdir",
+        str(REPO),
+        "-c",
+        str(REPO / "pyproject.toml"),
+    ]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SPARK_", "PYTEST_"))}
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=240, env=env)
+    data = json.loads(results.read_text()) if results.exists() else {"checks": []}
+    checks = {c["nodeid"].split("::", 1)[1]: c for c in data["checks"]}
+    return Run(proc.returncode, proc.stdout + proc.stderr, checks)
+
+
+def scenario(fault: str, workdir: Path) -> Run:
+    workdir.mkdir(parents=True, exist_ok=True)
+    flags = not fault.startswith("no-flags")
+    emu = Emulator(workdir, server_flags=flags)
+    try:
+        if fault != "healthy" and flags:
+            emu.fault(fault)
+        strict = fault in ("healthy", "slow-decode")
+        thresholds = STRICT if strict else LAX
+        if fault == "no-flags-lax":
+            thresholds += ",tool_calls.expected=false,reasoning.expected=false"
+        return run_suite(emu.url, workdir, thresholds)
+    finally:
+        emu.stop()
+
+
+@pytest.fixture(scope="module")
+def runs(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Run | Exception]]:
+    """Every scenario this session selected: healthy alone, then the faults six at a time."""
+    reason = _emulator_missing()
+    if reason:
+        pytest.skip(reason)
+    wanted = sorted(
+        {
+            item.callspec.params["fault"]
+            for item in request.session.items
+            if isinstance(item, pytest.Function)
+            and item.module is request.module
+            and hasattr(item, "callspec")
+        }
+    )
+    base = tmp_path_factory.mktemp("serving-suite")
+
+    def one(fault: str) -> Run | Exception:
+        try:
+            return scenario(fault, base / fault)
+        except Exception as exc:  # reported by the test of that scenario
+            return exc
+
+    done = {}
+    if "healthy" in wanted:  # alone: its speed checks are strict
+        done["healthy"] = one("healthy")
+    rest = [f for f in wanted if f != "healthy"]
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        done.update(zip(rest, pool.map(one, rest), strict=True))
+    yield done
+
+
+@pytest.mark.parametrize("fault", list(EXPECTED))
+def test_suite_on_emulator(runs: dict[str, Run | Exception], fault: str) -> None:
+    run = runs[fault]
+    if isinstance(run, Exception):
+        raise run
+    must_fail, phrase = EXPECTED[fault]
+    assert set(run.checks) == ALL, run.output[-3000:]
+    assert run.failed() == must_fail, (
+        f"unexpected failures {sorted(run.failed() - must_fail)}, missing failures "
+        f"{sorted(must_fail - run.failed())}\n{run.output[-4000:]}"
+    )
+    assert all(c["outcome"] == "passed" for k, c in run.checks.items() if k not in must_fail)
+    for name in must_fail:
+        check = run.checks[name]
+        assert phrase in check["message"], (name, check["message"])
+        assert "qwen at http://127.0.0.1:" in check["message"], check["message"]
+        evidence = check["evidence"]
+        assert evidence, (name, "no evidence attached")
+        if fault != "slow-decode":
+            assert "POST http://127.0.0.1:" in evidence["request"], evidence
+            assert set(evidence) & {"response", "stream"}, evidence
+    if fault == "healthy":
+        assert run.ret == 0
+        sweep = run.checks["test_sweep_completes"]["extra"]["sweep"]
+        assert [lv["concurrency"] for lv in sweep["levels"]] == [1, 4]
+        assert sweep["server_metrics"]["kv_cache_metric"] == "vllm:kv_cache_usage_perc"
+        assert sweep["server_metrics"]["client_output_tokens"] == 6 * 16
+        assert (
+            run.checks["test_reasoning_separated[plain]"]["extra"]["reasoning_field"] == "reasoning"
+        )
+
+
+AUTO = {
+    "test_tool_call[auto-plain]",
+    "test_tool_call[auto-stream]",
+    "test_parallel_tool_calls[plain]",
+    "test_parallel_tool_calls[stream]",
+}
+NO_FLAGS: dict[str, tuple[dict[str, str], set[str]]] = {
+    # profile expects both parsers: the misconfiguration and the missing reasoning fail
+    "no-flags": (
+        {
+            "test_auto_tool_choice_enabled": "server started without --enable-auto-tool-choice "
+            "--tool-call-parser",
+            "test_reasoning_separated[plain]": "started without --reasoning-parser?",
+            "test_reasoning_separated[stream]": "started without --reasoning-parser?",
+            "test_truncated_inside_thinking[plain]": "nothing came back as reasoning",
+            "test_truncated_inside_thinking[stream]": "nothing came back as reasoning",
+        },
+        AUTO | THEN_TOOL,
+    ),
+    # profile says neither is expected: every check that cannot apply skips with the reason
+    "no-flags-lax": ({}, AUTO | AUTO_ENABLED | R_PLAIN | R_STREAM),
+}
+
+
+@pytest.mark.parametrize("fault", list(NO_FLAGS))
+def test_suite_without_server_flags(runs: dict[str, Run | Exception], fault: str) -> None:
+    """A server started without --enable-auto-tool-choice --tool-call-parser and without
+    --reasoning-parser: reported as a misconfiguration, or skipped with the reason where the
+    profile says the deployment does not need them; never a silent pass."""
+    run = runs[fault]
+    if isinstance(run, Exception):
+        raise run
+    must_fail, must_skip = NO_FLAGS[fault]
+    outcomes = {k: c["outcome"] for k, c in run.checks.items()}
+    assert set(outcomes) == ALL, run.output[-3000:]
+    assert run.failed() == set(must_fail), run.output[-4000:]
+    assert {k for k, o in outcomes.items() if o == "skipped"} == must_skip, outcomes
+    for name, phrase in must_fail.items():
+        assert phrase in run.checks[name]["message"], run.checks[name]["message"]
+        assert run.checks[name]["evidence"], name
+    for name in must_skip:
+        message = run.checks[name]["message"]
+        assert "started without --" in message, (name, message)

@@ -1,0 +1,218 @@
+"""Reasoning end to end: the server's --reasoning-parser keeps the model's thinking out of
+``content`` (in ``reasoning`` or ``reasoning_content``, whichever the version sends).
+
+Whether the deployment must separate reasoning comes from the profile
+(``reasoning.expected``): where it must, a missing reasoning field is the bug; where it
+need not, the checks skip with the reason. Requests are deterministic (temperature 0,
+fixed seed) so streamed and non-streamed answers can be compared.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from pytest_spark.api import ApiEndpoint
+from pytest_spark.checks.base import Finding
+from pytest_spark.fixtures import SparkCheck
+from pytest_spark.serving import (
+    MISCONFIGURED_TOOLS,
+    NO_REASONING_FIELD,
+    ServingClient,
+    ServingError,
+    ToolRequest,
+    Turn,
+    check_auto_refused,
+    check_order,
+    check_reasoning,
+    check_reasoning_then_tool,
+    check_thinking_disabled,
+    check_truncated,
+    compare_stream,
+)
+from pytest_spark.settings import Settings
+
+pytestmark = pytest.mark.reasoning
+
+QUESTION = "What is 17 + 25? Think it through, then reply with the number only."
+TOOL_QUESTION = "What is the weather in Paris for the next 2 days? Use the get_weather tool."
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather forecast for a city, for a number of days",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+            "required": ["city", "days"],
+        },
+    },
+}
+SEED = 1234
+STREAMED = pytest.mark.parametrize("streamed", [False, True], ids=["plain", "stream"])
+
+
+class ReasoningTurns:
+    def __init__(self, client: ServingClient, settings: Settings) -> None:
+        profile = settings.profile
+        self.client = client
+        self.expected = bool(profile.get("reasoning.expected", True))
+        self.max_tokens = int(profile.get("reasoning.max_tokens", 2048))
+        self.cut_tokens = int(profile.get("reasoning.truncate_tokens", 8))
+        self.profile = profile.name
+        self.cache: dict[tuple[str, bool], Turn | ServingError] = {}
+
+    def body(self, kind: str) -> dict[str, Any]:
+        params: dict[str, Any] = {"temperature": 0, "seed": SEED, "max_tokens": self.max_tokens}
+        question = QUESTION
+        if kind == "no-thinking":
+            params["chat_template_kwargs"] = {"enable_thinking": False}
+        elif kind == "truncated":
+            params["max_tokens"] = self.cut_tokens
+        elif kind == "tool":
+            question = TOOL_QUESTION
+            params.update(tools=[WEATHER], tool_choice="auto")
+        return self.client.body(question, **params)
+
+    def turn(self, kind: str, streamed: bool) -> Turn:
+        key = (kind, streamed)
+        if key not in self.cache:
+            try:
+                self.cache[key] = self.client.turn(self.body(kind), streamed)
+            except ServingError as exc:
+                self.cache[key] = exc
+        got = self.cache[key]
+        if isinstance(got, ServingError):
+            raise got
+        return got
+
+
+@pytest.fixture(scope="module")
+def turns(spark_api: ApiEndpoint, spark_settings: Settings) -> Iterator[ReasoningTurns]:
+    timeout = float(spark_settings.profile.get("reasoning.request_timeout_s", 300.0))
+    client = ServingClient(spark_api, timeout=timeout, idle_timeout=spark_api.timeout)
+    try:
+        yield ReasoningTurns(client, spark_settings)
+    finally:
+        client.close()
+
+
+def _ask(turns: ReasoningTurns, spark_check: SparkCheck, kind: str, streamed: bool) -> Turn:
+    try:
+        return turns.turn(kind, streamed)
+    except ServingError as exc:
+        if (
+            kind == "tool"
+            and exc.error is not None
+            and exc.status is not None
+            and check_auto_refused(exc.status, exc.error, {}) is not None
+        ):
+            pytest.skip(
+                f"{MISCONFIGURED_TOOLS}: tool_choice=auto refused with HTTP 400 "
+                "(reported by test_tool_calls.py::test_auto_tool_choice_enabled)"
+            )
+        label = "streaming" if streamed else "non-streaming"
+        spark_check.require(exc.finding(f"{turns.client.server}: {LABELS[kind]} ({label})"))
+        raise AssertionError("unreachable") from exc
+
+
+LABELS = {
+    "thinking": "reasoning",
+    "no-thinking": "enable_thinking false",
+    "truncated": "truncation inside thinking",
+    "tool": "reasoning then tool call",
+}
+
+
+def _needs_reasoning(turns: ReasoningTurns, turn: Turn | None = None) -> None:
+    """Skip, with the reason, where the profile does not expect a reasoning parser and the
+    server shows none; where it does expect one, the checks report the missing field."""
+    if turns.expected:
+        return
+    if turn is None:
+        try:
+            turn = turns.turn("thinking", False)
+        except ServingError:
+            return  # test_reasoning_separated reports it
+    if (turn.reasoning or "").strip() or "</think>" in (turn.content or ""):
+        return
+    pytest.skip(f"{NO_REASONING_FIELD} (profile {turns.profile} has reasoning.expected = false)")
+
+
+def _full_reasoning(turns: ReasoningTurns) -> str | None:
+    try:
+        return turns.turn("thinking", False).reasoning
+    except ServingError:
+        return None
+
+
+@STREAMED
+def test_reasoning_separated(
+    turns: ReasoningTurns, spark_check: SparkCheck, streamed: bool
+) -> None:
+    """Thinking on: reasoning present and non-empty (field recorded), no <think>/</think>
+    in content, the answer in content; streamed: reasoning deltas first, and the stream
+    joins into the non-streaming texts."""
+    turn = _ask(turns, spark_check, "thinking", streamed)
+    _needs_reasoning(turns, turn)
+    spark_check.attach("reasoning_field", turn.reasoning_field)
+    finding = spark_check.require(check_reasoning(turn, server=turns.client.server))
+    if turn.finish_reason == "length" and not (turn.content or "").strip():
+        spark_check.require(
+            Finding.warned(
+                finding.measured,
+                finding.expected,
+                message=f"reasoning ({turn.label}): thinking "
+                f"did not finish within max_tokens={turns.max_tokens}, so the answer in content "
+                "was not checked; raise reasoning.max_tokens",
+                evidence=turn.exchange.evidence(),
+            )
+        )
+    if streamed:
+        spark_check.require(check_order(turn, server=turns.client.server))
+        try:
+            plain = turns.turn("thinking", False)
+        except ServingError:
+            return  # reported by the non-streaming test
+        spark_check.require(
+            compare_stream(plain, turn, deterministic=True, server=turns.client.server)
+        )
+
+
+@STREAMED
+def test_thinking_disabled(turns: ReasoningTurns, spark_check: SparkCheck, streamed: bool) -> None:
+    """chat_template_kwargs enable_thinking false: no reasoning, the answer in content."""
+    _needs_reasoning(turns)
+    turn = _ask(turns, spark_check, "no-thinking", streamed)
+    spark_check.require(check_thinking_disabled(turn, server=turns.client.server))
+
+
+@STREAMED
+def test_truncated_inside_thinking(
+    turns: ReasoningTurns, spark_check: SparkCheck, streamed: bool
+) -> None:
+    """Cut by max_tokens before the end of thinking: finish_reason length, reasoning only,
+    nothing leaked into content."""
+    _needs_reasoning(turns)
+    turn = _ask(turns, spark_check, "truncated", streamed)
+    spark_check.require(
+        check_truncated(
+            turn,
+            turns.cut_tokens,
+            full_reasoning=_full_reasoning(turns),
+            server=turns.client.server,
+        )
+    )
+
+
+@STREAMED
+def test_reasoning_then_tool_call(
+    turns: ReasoningTurns, spark_check: SparkCheck, streamed: bool
+) -> None:
+    """A thinking model asked to use a tool: reasoning first, then a valid tool call."""
+    _needs_reasoning(turns)
+    turn = _ask(turns, spark_check, "tool", streamed)
+    req = ToolRequest((WEATHER,), "auto", ("get_weather",), streamed)
+    spark_check.require(check_reasoning_then_tool(turn, req, server=turns.client.server))

@@ -1,0 +1,215 @@
+"""Tokens/sec and latency against the profile: one closed-loop concurrency sweep (warm-up
+first, fixed prompt and output lengths, tokens counted from the server's usage), then one
+check per threshold. Every figure of the sweep goes into the JSON results (``extra.sweep``
+of test_sweep_completes, ``extra.level`` of each threshold check), so a report can plot
+tok/s against concurrency and the latency percentiles.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+
+from pytest_spark.api import ApiEndpoint
+from pytest_spark.checks.base import Finding
+from pytest_spark.fixtures import SparkCheck
+from pytest_spark.profiles import Profile
+from pytest_spark.serving import LevelResult, LoadSpec, ServingError, SweepResult, run_sweep
+from pytest_spark.settings import Settings
+
+pytestmark = pytest.mark.throughput
+
+SWEEP_PROP = "sweep"
+
+
+def _levels(raw: Any) -> tuple[int, ...]:
+    """``[1, 4, 16]`` from the profile (``--spark-threshold throughput.concurrency=1;4``)."""
+    items = raw if isinstance(raw, list | tuple) else re.findall(r"-?\d+", str(raw))
+    levels = tuple(sorted({int(x) for x in items}))
+    if not levels or min(levels) < 1:
+        raise pytest.UsageError(
+            f"throughput.concurrency={raw!r}: expected positive integers such as 1;4;16"
+        )
+    return levels
+
+
+def load_spec(profile: Profile, api: ApiEndpoint) -> LoadSpec:
+    g = profile.get
+    return LoadSpec(
+        concurrency=_levels(g("throughput.concurrency", [1, 4, 16])),
+        prompt_tokens=int(g("throughput.prompt_tokens", 256)),
+        output_tokens=int(g("throughput.output_tokens", 256)),
+        requests_per_stream=int(g("throughput.requests_per_stream", 2)),
+        min_requests=int(g("throughput.min_requests", 4)),
+        warmup_requests=int(g("throughput.warmup_requests", 2)),
+        level_budget_s=float(g("throughput.level_budget_s", 180.0)),
+        request_timeout_s=float(g("throughput.request_timeout_s", 300.0)),
+        idle_timeout_s=api.timeout,
+    )
+
+
+class Sweep:
+    """The sweep, run once per session; its failure (if any) is reported by every check."""
+
+    def __init__(self, api: ApiEndpoint, spec: LoadSpec) -> None:
+        self.server = f"{api.model} at {api.base_url}"
+        self.result: SweepResult | None = None
+        self.error: ServingError | None = None
+        try:
+            self.result = run_sweep(api, spec)
+        except ServingError as exc:
+            self.error = exc
+
+    def level(self, spark_check: SparkCheck, concurrency: int, what: str) -> LevelResult:
+        if self.error is not None:
+            spark_check.require(self.error.finding(f"{self.server}: throughput warm-up"))
+        assert self.result is not None
+        level = self.result.level(concurrency)
+        if level is None:
+            pytest.skip(
+                f"{what}: concurrency {concurrency} is not in the sweep "
+                f"(throughput.concurrency = {list(self.result.spec.concurrency)})"
+            )
+        if not level.ok:
+            first = level.failed[0]
+            spark_check.require(
+                Finding.failed(
+                    f"0 of {len(level.records)} requests",
+                    "successful requests",
+                    message=f"{self.server}: {what}: every request at concurrency {concurrency} "
+                    f"failed: {first.error}",
+                    evidence=first.evidence,
+                )
+            )
+        return level
+
+
+@pytest.fixture(scope="session")
+def sweep(spark_api: ApiEndpoint, spark_settings: Settings) -> Sweep:
+    return Sweep(spark_api, load_spec(spark_settings.profile, spark_api))
+
+
+def _figures(spark_check: SparkCheck, level: LevelResult) -> dict[str, Any]:
+    figures = level.to_dict()
+    spark_check.attach("level", figures)
+    return figures
+
+
+def _evidence(figures: dict[str, Any]) -> dict[str, str]:
+    """The level's figures, as the evidence of a threshold failure."""
+    return {"figures": json.dumps(figures, indent=1)}
+
+
+def test_sweep_completes(sweep: Sweep, spark_check: SparkCheck) -> None:
+    """Every request of every level streamed to [DONE]; the whole sweep is recorded."""
+    if sweep.error is not None:
+        spark_check.require(sweep.error.finding(f"{sweep.server}: throughput warm-up"))
+    assert sweep.result is not None
+    doc = sweep.result.to_dict()
+    spark_check.attach(SWEEP_PROP, doc)
+    failed = [(lv.concurrency, r) for lv in sweep.result.levels for r in lv.failed]
+    total = sum(len(lv.records) for lv in sweep.result.levels)
+    per_level = {lv["concurrency"]: lv["output_tok_s"] for lv in doc["levels"]}
+    if failed:
+        c, first = failed[0]
+        spark_check.require(
+            Finding.failed(
+                f"{len(failed)} of {total} requests failed",
+                "every request completes",
+                message=f"{sweep.server}: load sweep: {len(failed)} of {total} streamed requests "
+                f"failed (first at concurrency {c}: {first.error})",
+                evidence=first.evidence,
+            )
+        )
+    dropped = sweep.result.dropped_params
+    note = f"; the server refused {', '.join(dropped)} (sent without)" if dropped else ""
+    spark_check.require(
+        Finding.passed(
+            per_level,
+            "every request completes",
+            "tok/s",
+            message=f"{total} requests; output tok/s by concurrency {per_level}{note}",
+        )
+    )
+
+
+def test_decode_single_stream(
+    sweep: Sweep, spark_check: SparkCheck, spark_settings: Settings
+) -> None:
+    """Single-stream decode speed (1 / TPOT, median) >= throughput.min_decode_tok_s_1."""
+    level = sweep.level(spark_check, 1, "single-stream decode")
+    floor = float(spark_settings.profile["throughput.min_decode_tok_s_1"])
+    figures = _figures(spark_check, level)
+    decode = figures["decode_tok_s"]["median"]
+    if decode is None:
+        pytest.fail(
+            f"{sweep.server}: single-stream decode: no request produced 2 or more "
+            "tokens, so decode speed cannot be measured",
+            pytrace=False,
+        )
+    finding = Finding.passed(decode, floor, "tok/s", message=f"decode {decode:.1f} tok/s")
+    if decode < floor:
+        finding = Finding.failed(
+            decode,
+            floor,
+            "tok/s",
+            message=f"{sweep.server}: single-stream decode "
+            f"{decode:.1f} tok/s (median 1/TPOT of {figures['requests']} requests, "
+            f"{spark_settings.profile.get('throughput.output_tokens', 256)} output tokens "
+            f"each), expected >= {floor:g} tok/s. Usually a degraded fabric (NCCL over TCP, "
+            "one twin), GPU clocks throttled, or another process on a GPU; run the link and "
+            "nccl checks",
+            evidence=_evidence(figures),
+        )
+    spark_check.require(finding)
+
+
+def test_ttft_p90_single_stream(
+    sweep: Sweep, spark_check: SparkCheck, spark_settings: Settings
+) -> None:
+    """Time to first token at one stream, p90 <= throughput.max_ttft_p90_s_1."""
+    level = sweep.level(spark_check, 1, "single-stream TTFT")
+    ceiling = float(spark_settings.profile["throughput.max_ttft_p90_s_1"])
+    figures = _figures(spark_check, level)
+    p90 = figures["ttft_s"]["p90"]
+    if p90 is None:
+        pytest.fail(f"{sweep.server}: TTFT: no request produced a token", pytrace=False)
+    finding = Finding.passed(p90, ceiling, "s", message=f"TTFT p90 {p90:.3f} s")
+    if p90 > ceiling:
+        finding = Finding.failed(
+            p90,
+            ceiling,
+            "s",
+            message=f"{sweep.server}: single-stream TTFT p90 {p90:.3f} s "
+            f"(median {figures['ttft_s']['median']:.3f} s, {figures['requests']} requests), "
+            f"expected <= {ceiling:g} s. Usually prefill slowed by a degraded fabric or a "
+            "queue of other requests on the server (check vllm:num_requests_waiting)",
+            evidence=_evidence(figures),
+        )
+    spark_check.require(finding)
+
+
+def test_aggregate_four_streams(
+    sweep: Sweep, spark_check: SparkCheck, spark_settings: Settings
+) -> None:
+    """Aggregate output tok/s at 4 concurrent streams >= throughput.min_agg_tok_s_4."""
+    level = sweep.level(spark_check, 4, "aggregate throughput at 4 streams")
+    floor = float(spark_settings.profile["throughput.min_agg_tok_s_4"])
+    figures = _figures(spark_check, level)
+    agg = figures["output_tok_s"]
+    finding = Finding.passed(agg, floor, "tok/s", message=f"{agg:.1f} tok/s at 4 streams")
+    if agg < floor:
+        finding = Finding.failed(
+            agg,
+            floor,
+            "tok/s",
+            message=f"{sweep.server}: aggregate output {agg:.1f} tok/s "
+            f"at 4 concurrent streams ({figures['output_tokens']} tokens in "
+            f"{figures['wall_s']:.1f} s), expected >= {floor:g} tok/s. Usually a degraded "
+            "fabric or GPU, or batching limited by --max-num-seqs / KV-cache size",
+            evidence=_evidence(figures),
+        )
+    spark_check.require(finding)
