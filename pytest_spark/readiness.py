@@ -49,7 +49,7 @@ def probe_command(container: str, since: str, port: int | None, launcher_pid: in
                      f"/dev/null -m 2 -w '%{{http_code}}' http://127.0.0.1:{int(port)}/health;"
                      " else echo nocurl; fi; echo")
     parts.append(f"echo {SEP} state; docker inspect -f '{{{{.State.Status}}}} "
-                 f"{{{{.State.ExitCode}}}}' {c} 2>&1 | head -n 1")
+                 f"{{{{.State.ExitCode}}}}' {c} 2>&1 | grep . | head -n 1")
     parts.append(f"echo {SEP} logs; docker logs --timestamps --since {shlex.quote(since)} {c} "
                  "2>&1 | tail -n 2000")
     if launcher_log is not None:
@@ -72,7 +72,7 @@ def parse_probe(result: CommandResult, with_health: bool = True) -> NodeProbe:
     alive = None
     if "alive" in sections:
         alive = sections["alive"].strip() == "alive"
-    if "No such object" in state or "No such container" in state:
+    if not state or "No such object" in state or "No such container" in state:
         status = "missing"
     elif state.startswith(("running", "created", "restarting")):
         status = state.split()[0]
@@ -200,6 +200,22 @@ def wait_ready(
         if head_health == "200":
             watch.mark_ready(now)
             return watch
+        gone = [(name, o.status) for name, o in results.items()
+                if isinstance(o, NodeProbe) and (o.status == "missing"
+                                                 or o.status.startswith(("exited", "dead")))]
+        if head_health and head_health[0] == "5" and gone and watch.failure is None:
+            name, status = gone[0]
+            watch.failure = StartupFailure(
+                "exited", name, f"container {container} {status}; /health answers "
+                f"{head_health}", "", f"the TP rank on {name} is gone, so the engine is dead: "
+                f"`docker logs` on {name} (if the container is kept) and the head's log say "
+                "why; restart the cluster", watch.snapshot_tails())
+        if head_health and head_health[0] == "5" and watch.failure is None:
+            watch.failure = StartupFailure(
+                "fatal", cluster.head.name, f"engine unhealthy: /health answers {head_health}",
+                "", "the API server is up but its engine is dead (a TP rank died: a worker "
+                "container crashed or its link dropped); the log tails below say which "
+                "node; restart the cluster", watch.snapshot_tails())
         if head_health == "nocurl" and watch.failure is None:
             watch.failure = StartupFailure(
                 "exited", cluster.head.name, "curl not found on the head", "",

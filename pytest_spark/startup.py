@@ -27,7 +27,7 @@ class StartupFailure:
         where = f" on {self.node}" if self.node else ""
         head = {
             "fatal": f"vLLM failed to start{where}: {self.signature}",
-            "exited": f"serving container exited{where}",
+            "exited": f"serving container exited{where}: {self.signature}",
             "hang": f"vLLM startup hangs{where}: {self.signature}",
             "stalled": f"vLLM startup stalled{where}: {self.signature}",
             "timeout": f"vLLM not ready: {self.signature}",
