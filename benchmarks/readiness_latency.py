@@ -27,14 +27,16 @@ from pytest_spark.simcontrol import SimCluster, sim_up
 
 def cluster_for(sim: SimCluster) -> Cluster:
     values = {o.attr: o.default for o in OPTIONS}
-    values.update(head=sim.head, workers=sim.workers, ssh_config=Path(sim.ssh_config),
-                  user="root")
+    values.update(head=sim.head, workers=sim.workers, ssh_config=Path(sim.ssh_config), user="root")
     return Cluster(Settings(values, {k: "benchmark" for k in values}, load_profile("sim")))
 
 
 def line_time(cluster: Cluster, container: str, needle: str) -> float:
-    out = cluster.head.run(f"docker logs --timestamps {shlex.quote(container)} 2>&1 | "
-                           f"grep -F {shlex.quote(needle)} | head -n 1", timeout=30).stdout
+    out = cluster.head.run(
+        f"docker logs --timestamps {shlex.quote(container)} 2>&1 | "
+        f"grep -F {shlex.quote(needle)} | head -n 1",
+        timeout=30,
+    ).stdout
     stamp = out.split()[0]  # RFC 3339 with nanoseconds
     return datetime.fromisoformat(stamp[:26] + "+00:00").timestamp()
 
@@ -45,8 +47,9 @@ def launch(cluster: Cluster, sim: SimCluster) -> tuple[float, str]:
     since = remote_now(cluster.head)
     t0 = time.time()
     # -d: the vLLM log goes to the container's log, with docker's timestamps.
-    cluster.head.run(f"{spec['script']} -n {nodes} -d exec {spec['serve_args']} "
-                     ">/dev/null 2>&1", timeout=120)
+    cluster.head.run(
+        f"{spec['script']} -n {nodes} -d exec {spec['serve_args']} >/dev/null 2>&1", timeout=120
+    )
     return t0, since
 
 
@@ -60,8 +63,13 @@ def main() -> None:
     try:
         cluster = cluster_for(sim)
         cluster.connect()
-        wait = dict(container="vllm_node", port=8000, ready_timeout=300, hang_timeout=60,
-                    placement_timeout=60)
+        wait = dict(
+            container="vllm_node",
+            port=8000,
+            ready_timeout=300,
+            hang_timeout=60,
+            placement_timeout=60,
+        )
         # (a) ready
         t0, since = launch(cluster, sim)
         wait_ready(cluster, since=since, **wait)
@@ -86,13 +94,19 @@ def main() -> None:
     finally:
         sim.down()
     print("readiness latency (sparksim, one run each)")
-    print(f"  'Application startup complete.' -> noticed: ours {ours_ready:6.2f} s   "
-          f"hand 60 s loop {hand_ready:6.1f} s (mean 30 s)   goal <= 1 s")
-    print(f"  fatal log line (CUDA OOM)      -> failed:   ours {ours_fatal:6.2f} s   "
-          f"hand 60 s loop {hand_fatal:6.0f} s (never sees it; gives up at 20 min)   "
-          "goal <= 5 s")
-    print(f"  ratio hand/ours: ready {hand_ready / max(ours_ready, 1e-3):.0f}x, "
-          f"fatal {hand_fatal / max(ours_fatal, 1e-3):.0f}x")
+    print(
+        f"  'Application startup complete.' -> noticed: ours {ours_ready:6.2f} s   "
+        f"hand 60 s loop {hand_ready:6.1f} s (mean 30 s)   goal <= 1 s"
+    )
+    print(
+        f"  fatal log line (CUDA OOM)      -> failed:   ours {ours_fatal:6.2f} s   "
+        f"hand 60 s loop {hand_fatal:6.0f} s (never sees it; gives up at 20 min)   "
+        "goal <= 5 s"
+    )
+    print(
+        f"  ratio hand/ours: ready {hand_ready / max(ours_ready, 1e-3):.0f}x, "
+        f"fatal {hand_fatal / max(ours_fatal, 1e-3):.0f}x"
+    )
 
 
 if __name__ == "__main__":

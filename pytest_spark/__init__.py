@@ -31,7 +31,23 @@ _EXPORTS = {
     "Settings": "pytest_spark.settings",
 }
 
-__all__ = sorted([*_EXPORTS, "__version__"])
+__all__ = [
+    "Cluster",
+    "CommandFailed",
+    "CommandResult",
+    "CommandTimeout",
+    "Finding",
+    "HostKeyError",
+    "Node",
+    "NodeUnreachable",
+    "Profile",
+    "RemoteError",
+    "Settings",
+    "SparkCheck",
+    "SparkCheckWarning",
+    "__version__",
+    "load_profile",
+]
 
 if TYPE_CHECKING:
     from pytest_spark.checks.base import Finding

@@ -28,12 +28,14 @@ class ApiEndpoint:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
     def client(self, **kwargs: Any) -> httpx.Client:
-        return httpx.Client(base_url=self.base_url, headers=self.headers(),
-                            timeout=self.timeout, **kwargs)
+        return httpx.Client(
+            base_url=self.base_url, headers=self.headers(), timeout=self.timeout, **kwargs
+        )
 
     def async_client(self, **kwargs: Any) -> httpx.AsyncClient:
-        return httpx.AsyncClient(base_url=self.base_url, headers=self.headers(),
-                                 timeout=self.timeout, **kwargs)
+        return httpx.AsyncClient(
+            base_url=self.base_url, headers=self.headers(), timeout=self.timeout, **kwargs
+        )
 
 
 def read_api_key(key: str | None, key_file: Any) -> str | None:
@@ -48,8 +50,9 @@ def read_api_key(key: str | None, key_file: Any) -> str | None:
     return None
 
 
-def discover(base_url: str, *, api_key: str | None, model: str | None, timeout: float
-             ) -> ApiEndpoint:
+def discover(
+    base_url: str, *, api_key: str | None, model: str | None, timeout: float
+) -> ApiEndpoint:
     """Ask the server what it serves; fail with what was found, never hang."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
@@ -59,27 +62,32 @@ def discover(base_url: str, *, api_key: str | None, model: str | None, timeout: 
     except httpx.HTTPError as exc:
         raise ApiError(f"API at {base_url} not reachable: {type(exc).__name__}: {exc}") from None
     if models.status_code == 401:
-        raise ApiError(f"API at {base_url} refused the request (401): the server requires an "
-                       "API key; set SPARK_API_KEY or --spark-api-key-file")
+        raise ApiError(
+            f"API at {base_url} refused the request (401): the server requires an "
+            "API key; set SPARK_API_KEY or --spark-api-key-file"
+        )
     if models.status_code != 200:
-        raise ApiError(f"GET {base_url}/v1/models answered {models.status_code}: "
-                       f"{models.text[:300]}")
+        raise ApiError(
+            f"GET {base_url}/v1/models answered {models.status_code}: {models.text[:300]}"
+        )
     try:
         data = models.json()["data"]
         ids = [str(m["id"]) for m in data]
     except (ValueError, KeyError, TypeError):
-        raise ApiError(f"GET {base_url}/v1/models did not return a model list: "
-                       f"{models.text[:300]}") from None
+        raise ApiError(
+            f"GET {base_url}/v1/models did not return a model list: {models.text[:300]}"
+        ) from None
     if not ids:
         raise ApiError(f"{base_url}/v1/models lists no model")
     if model is None:
         if len(ids) > 1:
-            raise ApiError(f"{base_url} serves several models ({', '.join(ids)}); "
-                           "choose one with --spark-model")
+            raise ApiError(
+                f"{base_url} serves several models ({', '.join(ids)}); "
+                "choose one with --spark-model"
+            )
         model = ids[0]
     elif model not in ids:
-        raise ApiError(f"model {model!r} is not served by {base_url}; it serves: "
-                       f"{', '.join(ids)}")
+        raise ApiError(f"model {model!r} is not served by {base_url}; it serves: {', '.join(ids)}")
     entry = next(m for m in data if m["id"] == model)
     version = None
     if version_resp.status_code == 200:
@@ -87,5 +95,6 @@ def discover(base_url: str, *, api_key: str | None, model: str | None, timeout: 
             version = str(version_resp.json().get("version"))
         except ValueError:
             version = None
-    return ApiEndpoint(base_url, model, api_key, timeout, version,
-                       entry.get("max_model_len"), entry.get("root"))
+    return ApiEndpoint(
+        base_url, model, api_key, timeout, version, entry.get("max_model_len"), entry.get("root")
+    )

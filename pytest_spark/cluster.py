@@ -61,11 +61,15 @@ class Cluster:
         self.nodes: list[Node] = []
         for name, role, address in node_names(settings):
             target = resolve_target(
-                address, ssh_config=settings.ssh_config, user=settings.user,
+                address,
+                ssh_config=settings.ssh_config,
+                user=settings.user,
                 identity=settings.ssh_key,
             )
             conn = SSHConnection(
-                name, target, connect_timeout=settings.connect_timeout,
+                name,
+                target,
+                connect_timeout=settings.connect_timeout,
                 command_timeout=settings.command_timeout,
                 strict_host_keys=settings.hostkey_check == "strict",
             )
@@ -102,9 +106,11 @@ class Cluster:
                 continue
             target = resolve_target(hop, ssh_config=self.settings.ssh_config)
             jump = SSHConnection(
-                f"{node.name} jump {hop}", target,
+                f"{node.name} jump {hop}",
+                target,
                 connect_timeout=self.settings.connect_timeout,
-                strict_host_keys=self.settings.hostkey_check == "strict", jump=jump,
+                strict_host_keys=self.settings.hostkey_check == "strict",
+                jump=jump,
             )
         return jump
 
@@ -142,19 +148,20 @@ class Cluster:
         with ThreadPoolExecutor(max_workers=max(1, len(self.workers))) as pool:
             futures = {pool.submit(self._connect_node, w): w for w in self.workers}
             for future, worker in futures.items():
-                exc = future.exception()
-                if isinstance(exc, RemoteError):
-                    worker._error = exc
-                elif exc is not None:
-                    raise exc
+                problem = future.exception()
+                if isinstance(problem, RemoteError):
+                    worker._error = problem
+                elif problem is not None:
+                    raise problem
 
     def unreachable(self, node: Node) -> RemoteError | None:
         self.connect()
         return node._error
 
     # -- concurrent work --------------------------------------------------------------
-    def map(self, fn: Callable[[Node], T], nodes: Iterable[Node] | None = None
-            ) -> dict[str, T | RemoteError]:
+    def map(
+        self, fn: Callable[[Node], T], nodes: Iterable[Node] | None = None
+    ) -> dict[str, T | RemoteError]:
         """Apply ``fn`` to every node at once; a node's RemoteError is returned, not raised."""
         self.connect()
         chosen = list(self.nodes if nodes is None else nodes)
@@ -173,8 +180,9 @@ class Cluster:
                 results[node.name] = value
         return results
 
-    def run_all(self, command: str, *, timeout: float | None = None
-                ) -> dict[str, CommandResult | RemoteError]:
+    def run_all(
+        self, command: str, *, timeout: float | None = None
+    ) -> dict[str, CommandResult | RemoteError]:
         return self.map(lambda node: node.run(command, timeout=timeout))
 
     def cached(self, key: Any, compute: Callable[[], T]) -> T:

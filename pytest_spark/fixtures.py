@@ -126,8 +126,12 @@ def spark_serving(pytestconfig: pytest.Config, spark_settings: Settings) -> Serv
     cluster.connect()
     problem = None
     try:
-        info = ensure_serving(cluster, spark_settings, pytestconfig.stash[RUN_DIR_KEY],
-                              progress=_progress_writer(pytestconfig))
+        info = ensure_serving(
+            cluster,
+            spark_settings,
+            pytestconfig.stash[RUN_DIR_KEY],
+            progress=_progress_writer(pytestconfig),
+        )
     except NotServing as exc:
         problem = str(exc)
     finally:
@@ -156,6 +160,7 @@ def _progress_writer(config: pytest.Config) -> Callable[[StartupWatch, float], N
                 reporter.write(f"\r{line:<78}", flush=True)
             else:
                 reporter.write_line(line)
+
     return write
 
 
@@ -166,8 +171,9 @@ def _progress_done(config: pytest.Config) -> None:
 
 
 @pytest.fixture(scope="session")
-def spark_api(request: pytest.FixtureRequest, pytestconfig: pytest.Config,
-              spark_settings: Settings) -> Iterator[ApiEndpoint]:
+def spark_api(
+    request: pytest.FixtureRequest, pytestconfig: pytest.Config, spark_settings: Settings
+) -> Iterator[ApiEndpoint]:
     """The served API once ready: base URL (direct, or an SSH tunnel through the head),
     model id and key. With --spark-api-url alone, attach to that server directly."""
     from pytest_spark.api import ApiError, discover, read_api_key
@@ -181,10 +187,9 @@ def spark_api(request: pytest.FixtureRequest, pytestconfig: pytest.Config,
             request.getfixturevalue("spark_serving")
             cluster = pytestconfig.stash[CLUSTER_KEY]
             base, tunnel = route_to_api(cluster, settings.port)
-        endpoint = discover(base, api_key=key, model=settings.model,
-                            timeout=settings.http_timeout)
+        endpoint = discover(base, api_key=key, model=settings.model, timeout=settings.http_timeout)
     except ApiError as exc:
-        problem = str(exc)
+        problem: str | None = str(exc)
     else:
         problem = None
     if problem is not None:

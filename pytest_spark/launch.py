@@ -39,8 +39,10 @@ class LaunchSpec:
     def start_command(self) -> str:
         """Backgrounded with setsid/nohup and no tty, so the SSH call returns at once."""
         argv = [*self.base(), "exec", *self.serve_args]
-        return (f"setsid nohup {shlex.join(argv)} >{shlex.quote(self.log_path)} 2>&1 "
-                f"</dev/null & echo $!")
+        return (
+            f"setsid nohup {shlex.join(argv)} >{shlex.quote(self.log_path)} 2>&1 "
+            f"</dev/null & echo $!"
+        )
 
     def stop_command(self) -> str:
         return shlex.join([*self.base(), "stop"])
@@ -63,22 +65,25 @@ class Launcher:
         if not result.ok:
             raise LaunchError(
                 f"{self.head.name}: launch script {self.spec.script} not found on the head; "
-                "set --spark-launch-script to its path there")
+                "set --spark-launch-script to its path there"
+            )
 
     def start(self) -> int:
         self.preflight()
         result = self.head.run(self.spec.start_command(), timeout=30)
         pid = result.stdout.strip().splitlines()[-1:] if result.ok else []
         if not pid or not pid[0].isdigit():
-            raise LaunchError(f"{self.head.name}: could not start the launcher:\n"
-                              f"{result.evidence()}")
+            raise LaunchError(
+                f"{self.head.name}: could not start the launcher:\n{result.evidence()}"
+            )
         self.pid = int(pid[0])
         return self.pid
 
     def launcher_log(self, lines: int = 40) -> str:
         try:
-            result = self.head.run(f"tail -n {int(lines)} {shlex.quote(self.spec.log_path)}",
-                                   timeout=10)
+            result = self.head.run(
+                f"tail -n {int(lines)} {shlex.quote(self.spec.log_path)}", timeout=10
+            )
         except RemoteError:
             return ""
         return result.stdout

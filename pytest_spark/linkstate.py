@@ -23,8 +23,10 @@ def node_link_facts(cluster: Cluster, node: Node) -> NodeLinkFacts:
         try:
             return parse_link_probe(result.stdout)
         except ParseError as exc:
-            pytest.fail(f"{node.name}: cannot read the link probe output ({exc}):\n"
-                        f"{result.evidence()}", pytrace=False)
+            pytest.fail(
+                f"{node.name}: cannot read the link probe output ({exc}):\n{result.evidence()}",
+                pytrace=False,
+            )
 
     return cluster.cached(("link-facts", node.name), probe)
 
@@ -55,5 +57,6 @@ def port_of(facts: NodeLinkFacts, ifname: str) -> PortFacts:
     port = facts.ports.get(ifname)
     if port is not None:
         return port
-    return PortFacts(ifname, None, None, None, None, None, None, None, None, None, None,
-                     exists=False)
+    return PortFacts(
+        ifname, None, None, None, None, None, None, None, None, None, None, exists=False
+    )

@@ -11,15 +11,22 @@ from pytest_spark.facts.links import NodeLinkFacts
 from pytest_spark.linkstate import fabric_ifs, node_link_facts
 from pytest_spark.remote.base import RemoteError
 
-NCCL_ENV = ("NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", "NCCL_IB_DISABLE", "NCCL_NET",
-            "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "UCX_NET_DEVICES", "NCCL_DEBUG")
+NCCL_ENV = (
+    "NCCL_SOCKET_IFNAME",
+    "NCCL_IB_HCA",
+    "NCCL_IB_DISABLE",
+    "NCCL_NET",
+    "GLOO_SOCKET_IFNAME",
+    "TP_SOCKET_IFNAME",
+    "UCX_NET_DEVICES",
+    "NCCL_DEBUG",
+)
 
 
 def container_env(node: Node, container: str) -> dict[str, str] | None:
     """The NCCL-related environment of the node's serving container, or None if absent."""
     fmt = "{{range .Config.Env}}{{println .}}{{end}}"
-    result = node.run(f"docker inspect -f {shlex.quote(fmt)} {shlex.quote(container)}",
-                      timeout=20)
+    result = node.run(f"docker inspect -f {shlex.quote(fmt)} {shlex.quote(container)}", timeout=20)
     if not result.ok:
         return None
     env = dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line)
@@ -57,19 +64,26 @@ def collective_run(cluster: Cluster) -> CollectiveRun | str:
                 env = container_env(node, settings.container)
             except RemoteError as exc:
                 return str(exc)
-            rank_env[node.name] = env if env is not None else fallback_env(
-                cluster, node_link_facts(cluster, node))
+            rank_env[node.name] = (
+                env if env is not None else fallback_env(cluster, node_link_facts(cluster, node))
+            )
         master = master_address(cluster, rank_env[cluster.head.name])
         if master is None:
-            return (f"{cluster.head.name}: no IPv4 address on the bootstrap interface "
-                    f"{rank_env[cluster.head.name]}: the fabric is down or unaddressed "
-                    "(see the link checks)")
+            return (
+                f"{cluster.head.name}: no IPv4 address on the bootstrap interface "
+                f"{rank_env[cluster.head.name]}: the fabric is down or unaddressed "
+                "(see the link checks)"
+            )
         try:
             return run_allreduce(
-                cluster.nodes, master_addr=master, rank_env=rank_env,
+                cluster.nodes,
+                master_addr=master,
+                rank_env=rank_env,
                 container=settings.container,
-                min_bytes=int(profile["nccl.min_bytes"]), max_bytes=int(profile["nccl.max_bytes"]),
-                timeout=float(profile["nccl.timeout_s"]))
+                min_bytes=int(profile["nccl.min_bytes"]),
+                max_bytes=int(profile["nccl.max_bytes"]),
+                timeout=float(profile["nccl.timeout_s"]),
+            )
         except CollectiveUnavailable as exc:
             return str(exc)
 

@@ -60,8 +60,8 @@ def _coerce(key: str, raw: str, current: Any) -> Any:
             return float(raw)
         if isinstance(current, list):
             items = [item.strip() for item in raw.replace(";", ",").split(",") if item.strip()]
-            kind = type(current[0]) if current else str
-            return [kind(item) for item in items]
+            item_type = type(current[0]) if current else str
+            return [item_type(item) for item in items]
     except ValueError:
         kind = type(current).__name__
         raise ProfileError(f"threshold {key}={raw!r}: expected a {kind}") from None

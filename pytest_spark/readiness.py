@@ -38,26 +38,42 @@ class NodeProbe:
     launcher_output: str = ""
 
 
-def probe_command(container: str, since: str, port: int | None, launcher_pid: int | None,
-                  launcher_log: str | None = None, log_offset: int = 0) -> str:
+def probe_command(
+    container: str,
+    since: str,
+    port: int | None,
+    launcher_pid: int | None,
+    launcher_log: str | None = None,
+    log_offset: int = 0,
+) -> str:
     """One round trip: [health], container state, new container log lines, [new launcher
     output], [launcher alive]. Sections are marked ``SEP name``."""
     c = shlex.quote(container)
     parts = []
     if port is not None:
-        parts.append(f"echo {SEP} health; if command -v curl >/dev/null; then curl -s -o "
-                     f"/dev/null -m 2 -w '%{{http_code}}' http://127.0.0.1:{int(port)}/health;"
-                     " else echo nocurl; fi; echo")
-    parts.append(f"echo {SEP} state; docker inspect -f '{{{{.State.Status}}}} "
-                 f"{{{{.State.ExitCode}}}}' {c} 2>&1 | grep . | head -n 1")
-    parts.append(f"echo {SEP} logs; docker logs --timestamps --since {shlex.quote(since)} {c} "
-                 "2>&1 | tail -n 2000")
+        parts.append(
+            f"echo {SEP} health; if command -v curl >/dev/null; then curl -s -o "
+            f"/dev/null -m 2 -w '%{{http_code}}' http://127.0.0.1:{int(port)}/health;"
+            " else echo nocurl; fi; echo"
+        )
+    parts.append(
+        f"echo {SEP} state; docker inspect -f '{{{{.State.Status}}}} "
+        f"{{{{.State.ExitCode}}}}' {c} 2>&1 | grep . | head -n 1"
+    )
+    parts.append(
+        f"echo {SEP} logs; docker logs --timestamps --since {shlex.quote(since)} {c} "
+        "2>&1 | tail -n 2000"
+    )
     if launcher_log is not None:
-        parts.append(f"echo {SEP} launcher; tail -c +{int(log_offset) + 1} "
-                     f"{shlex.quote(launcher_log)} 2>/dev/null | head -c 1048576")
+        parts.append(
+            f"echo {SEP} launcher; tail -c +{int(log_offset) + 1} "
+            f"{shlex.quote(launcher_log)} 2>/dev/null | head -c 1048576"
+        )
     if launcher_pid is not None:
-        parts.append(f"echo {SEP} alive; s=$(ps -o stat= -p {int(launcher_pid)} 2>/dev/null); "
-                     'case "$s" in ""|Z*) echo dead;; *) echo alive;; esac')
+        parts.append(
+            f"echo {SEP} alive; s=$(ps -o stat= -p {int(launcher_pid)} 2>/dev/null); "
+            'case "$s" in ""|Z*) echo dead;; *) echo alive;; esac'
+        )
     return "; ".join(parts)
 
 
@@ -147,9 +163,14 @@ def wait_ready(
 
     def probe(node: Node) -> NodeProbe:
         is_head = node is cluster.head
-        cmd = probe_command(container, cursors[node.name].since, port if is_head else None,
-                            launcher_pid if is_head else None,
-                            launcher_log_path if is_head else None, offset["bytes"])
+        cmd = probe_command(
+            container,
+            cursors[node.name].since,
+            port if is_head else None,
+            launcher_pid if is_head else None,
+            launcher_log_path if is_head else None,
+            offset["bytes"],
+        )
         return parse_probe(node.run(cmd, timeout=15), is_head)
 
     while True:
@@ -162,9 +183,14 @@ def wait_ready(
                 failures[name] += 1
                 if failures[name] >= MAX_PROBE_FAILURES and watch.failure is None:
                     watch.failure = StartupFailure(
-                        "unreachable", name, str(outcome), "",
+                        "unreachable",
+                        name,
+                        str(outcome),
+                        "",
                         "the node stopped answering over SSH while the cluster was starting: "
-                        "check its power, management link and sshd", watch.snapshot_tails())
+                        "check its power, management link and sshd",
+                        watch.snapshot_tails(),
+                    )
                 continue
             failures[name] = 0
             watch.feed(name, cursors[name].new_lines(outcome.lines), now)
@@ -174,25 +200,31 @@ def wait_ready(
                 offset["bytes"] += len(text.encode())
                 complete, _, _rest = text.rpartition("\n")
                 offset["bytes"] -= len(_rest.encode())
-                lines = [seg for raw in complete.splitlines() for seg in raw.split("\r")
-                         if seg.strip()]
+                lines = [
+                    seg for raw in complete.splitlines() for seg in raw.split("\r") if seg.strip()
+                ]
                 watch.feed(launcher_name, lines, now)
             if outcome.status.startswith(("exited", "dead")):
                 watch.container_exited(name, f"container {container} {outcome.status}", now)
             elif outcome.status == "missing":
                 missing_since.setdefault(name, now)
                 launcher_dead = outcome.launcher_alive is False or (
-                    launcher_pid is None and now - start > 5)
+                    launcher_pid is None and now - start > 5
+                )
                 if (launcher_dead or now - missing_since[name] > max(hang_timeout, 30)) and (
-                        watch.failure is None):
+                    watch.failure is None
+                ):
                     log = launcher_log() if launcher_log else ""
                     watch.failure = StartupFailure(
-                        "exited", name, f"no container named {container!r}",
+                        "exited",
+                        name,
+                        f"no container named {container!r}",
                         log.strip().splitlines()[-1] if log.strip() else "",
                         "the launcher did not start the container on this node: read the "
                         "launcher output below (SSH from head to workers, image present, "
                         "docker running)",
-                        {**watch.snapshot_tails(), "launcher": log.splitlines()[-15:]})
+                        {**watch.snapshot_tails(), "launcher": log.splitlines()[-15:]},
+                    )
             else:
                 missing_since.pop(name, None)
             if outcome.health is not None:
@@ -200,33 +232,54 @@ def wait_ready(
         if head_health == "200":
             watch.mark_ready(now)
             return watch
-        gone = [(name, o.status) for name, o in results.items()
-                if isinstance(o, NodeProbe) and (o.status == "missing"
-                                                 or o.status.startswith(("exited", "dead")))]
+        gone = [
+            (name, o.status)
+            for name, o in results.items()
+            if isinstance(o, NodeProbe)
+            and (o.status == "missing" or o.status.startswith(("exited", "dead")))
+        ]
         if head_health and head_health[0] == "5" and gone and watch.failure is None:
             name, status = gone[0]
             watch.failure = StartupFailure(
-                "exited", name, f"container {container} {status}; /health answers "
-                f"{head_health}", "", f"the TP rank on {name} is gone, so the engine is dead: "
+                "exited",
+                name,
+                f"container {container} {status}; /health answers {head_health}",
+                "",
+                f"the TP rank on {name} is gone, so the engine is dead: "
                 f"`docker logs` on {name} (if the container is kept) and the head's log say "
-                "why; restart the cluster", watch.snapshot_tails())
+                "why; restart the cluster",
+                watch.snapshot_tails(),
+            )
         if head_health and head_health[0] == "5" and watch.failure is None:
             watch.failure = StartupFailure(
-                "fatal", cluster.head.name, f"engine unhealthy: /health answers {head_health}",
-                "", "the API server is up but its engine is dead (a TP rank died: a worker "
+                "fatal",
+                cluster.head.name,
+                f"engine unhealthy: /health answers {head_health}",
+                "",
+                "the API server is up but its engine is dead (a TP rank died: a worker "
                 "container crashed or its link dropped); the log tails below say which "
-                "node; restart the cluster", watch.snapshot_tails())
+                "node; restart the cluster",
+                watch.snapshot_tails(),
+            )
         if head_health == "nocurl" and watch.failure is None:
             watch.failure = StartupFailure(
-                "exited", cluster.head.name, "curl not found on the head", "",
+                "exited",
+                cluster.head.name,
+                "curl not found on the head",
+                "",
                 "install curl on the head node (the readiness probe asks /health there)",
-                watch.snapshot_tails())
+                watch.snapshot_tails(),
+            )
         watch.check_stall(now)
         if watch.failure is None and now - start >= ready_timeout:
             watch.failure = StartupFailure(
-                "timeout", None, f"not ready after {ready_timeout:.0f} s (phase {watch.phase})",
-                "", "raise --spark-ready-timeout if the load is progressing, else read the "
-                "log tails", watch.snapshot_tails())
+                "timeout",
+                None,
+                f"not ready after {ready_timeout:.0f} s (phase {watch.phase})",
+                "",
+                "raise --spark-ready-timeout if the load is progressing, else read the log tails",
+                watch.snapshot_tails(),
+            )
         if watch.failure is not None:
             raise StartupFailed(watch.failure, watch)
         if progress is not None:

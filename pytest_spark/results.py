@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -22,8 +23,12 @@ DATA_PREFIX = "spark_data:"
 def finding_property(finding: Finding) -> tuple[str, dict[str, Any]]:
     """A user_properties entry (travels with the report, also across xdist workers)."""
     return FINDING_PROP, {
-        "level": finding.level, "measured": finding.measured, "expected": finding.expected,
-        "unit": finding.unit, "message": finding.message, "node": finding.node,
+        "level": finding.level,
+        "measured": finding.measured,
+        "expected": finding.expected,
+        "unit": finding.unit,
+        "message": finding.message,
+        "node": finding.node,
         "evidence": dict(finding.evidence),
     }
 
@@ -38,8 +43,13 @@ def category_of(keywords: Any) -> str | None:
 class ResultsRecorder:
     """Collects one record per suite check from the reports; writes JSON at the end."""
 
-    def __init__(self, config: pytest.Config, path: Path | None, cluster_info: dict[str, Any],
-                 run_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        config: pytest.Config,
+        path: Path | None,
+        cluster_info: dict[str, Any],
+        run_dir: Path | None = None,
+    ) -> None:
         self.config = config
         self.run_dir = run_dir
         self.path = path
@@ -53,12 +63,12 @@ class ResultsRecorder:
         category = category_of(report.keywords)
         if category is None:
             return
-        props = dict(report.user_properties)
-        finding = props.get(FINDING_PROP) or {}
+        props: dict[str, Any] = dict(report.user_properties)
+        finding: dict[str, Any] = props.get(FINDING_PROP) or {}
         if report.when == "call" or report.outcome != "passed":
             if report.when != "call" and report.nodeid in self.checks and report.passed:
                 return
-            outcome = report.outcome
+            outcome: str = report.outcome
             if report.when in ("setup", "teardown") and report.failed:
                 outcome = "error"
             if report.skipped:
@@ -81,8 +91,11 @@ class ResultsRecorder:
                 "message": message,
                 "duration_s": round(report.duration, 4),
                 "evidence": finding.get("evidence") or {},
-                "extra": {k.removeprefix(DATA_PREFIX): v for k, v in props.items()
-                          if k.startswith(DATA_PREFIX) and _jsonable(v)},
+                "extra": {
+                    k.removeprefix(DATA_PREFIX): v
+                    for k, v in props.items()
+                    if k.startswith(DATA_PREFIX) and _jsonable(v)
+                },
             }
 
     def document(self) -> dict[str, Any]:
@@ -101,10 +114,8 @@ class ResultsRecorder:
         doc["exitstatus"] = int(exitstatus)
         serving = self.run_dir / "serving.json" if self.run_dir else None
         if serving is not None and serving.exists():
-            try:
+            with contextlib.suppress(ValueError):
                 doc["serving"] = json.loads(serving.read_text())
-            except ValueError:
-                pass
         handled = self.config.hook.pytest_spark_results(config=self.config, results=doc)
         if handled is None and self.path is not None:
             write_json(self.path, doc)

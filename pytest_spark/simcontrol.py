@@ -46,7 +46,10 @@ class SimCluster:
     def cli(self, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [*_cli(), "--state-dir", str(self.state_dir), *args],
-            capture_output=True, text=True, timeout=timeout, check=False,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
         )
 
     def down(self) -> None:
@@ -70,8 +73,10 @@ def sim_up(nodes: int, extra: tuple[str, ...] = ()) -> SimCluster:
     result = sim.cli("up", "--nodes", str(nodes), *extra, timeout=600)
     if result.returncode != 0:
         sim.down()
-        raise pytest.UsageError(f"spark-sim up failed (exit {result.returncode}):\n"
-                                f"{result.stderr.strip() or result.stdout.strip()}")
+        raise pytest.UsageError(
+            f"spark-sim up failed (exit {result.returncode}):\n"
+            f"{result.stderr.strip() or result.stdout.strip()}"
+        )
     sim.info = json.loads((state_dir / "cluster.json").read_text())
     return sim
 

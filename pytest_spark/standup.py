@@ -54,19 +54,28 @@ def fabric_addresses(cluster: Cluster) -> tuple[str, ...]:
         if not addrs:
             raise NotServing(
                 f"{node.name}: no fabric interface with an IPv4 address (ibdev2netdev Up): "
-                "cannot give launch-cluster.sh its -n list; set --spark-launch-nodes")
+                "cannot give launch-cluster.sh its -n list; set --spark-launch-nodes"
+            )
         addresses.append(str(addrs[0].ip))
     return tuple(addresses)
 
 
 def launch_spec(settings: Settings, cluster: Cluster) -> LaunchSpec:
     if not settings.serve_args:
-        raise NotServing("--spark-launch needs --spark-serve-args 'vllm serve MODEL ...' (the "
-                         "command the launcher runs in the head container)")
+        raise NotServing(
+            "--spark-launch needs --spark-serve-args 'vllm serve MODEL ...' (the "
+            "command the launcher runs in the head container)"
+        )
     nodes = settings.launch_nodes or fabric_addresses(cluster)
-    return LaunchSpec(settings.launch_script, tuple(nodes), settings.image, settings.container,
-                      tuple(shlex.split(settings.serve_args)), settings.nccl_debug,
-                      log_path=f"/tmp/pytest-spark-launch-{uuid.uuid4().hex[:12]}.log")
+    return LaunchSpec(
+        settings.launch_script,
+        tuple(nodes),
+        settings.image,
+        settings.container,
+        tuple(shlex.split(settings.serve_args)),
+        settings.nccl_debug,
+        log_path=f"/tmp/pytest-spark-launch-{uuid.uuid4().hex[:12]}.log",
+    )
 
 
 def _read(path: Path) -> dict[str, Any] | None:
@@ -77,54 +86,77 @@ def _read(path: Path) -> dict[str, Any] | None:
     return data
 
 
-def ensure_serving(cluster: Cluster, settings: Settings, run_dir: Path,
-                   progress: Callable[[StartupWatch, float], None] | None = None
-                   ) -> ServingInfo:
+def ensure_serving(
+    cluster: Cluster,
+    settings: Settings,
+    run_dir: Path,
+    progress: Callable[[StartupWatch, float], None] | None = None,
+) -> ServingInfo:
     state_path = run_dir / STATE
     with FileLock(str(run_dir / "serving.lock")):
         state = _read(state_path)
         if state is not None and state.get("status") != "launching":
             if state["status"] == "failed":
                 raise NotServing(state["message"])
-            return ServingInfo(state["launched"], state.get("ready_s"), state["timeline"],
-                               state["facts"])
+            return ServingInfo(
+                state["launched"], state.get("ready_s"), state["timeline"], state["facts"]
+            )
         if cluster.unreachable(cluster.head) is not None:
             raise NotServing(f"head unreachable: {cluster.head._error}")
         profile = settings.profile
         launcher: Launcher | None = None
-        doc: dict[str, Any] = {"status": "launching", "launched": False, "timeline": [],
-                               "facts": {}}
+        doc: dict[str, Any] = {
+            "status": "launching",
+            "launched": False,
+            "timeline": [],
+            "facts": {},
+        }
         t0 = time.monotonic()
         try:
             since = remote_now(cluster.head)
             if settings.launch:
                 launcher = Launcher(cluster.head, launch_spec(settings, cluster))
-                doc.update(launched=True, launch_pid=launcher.start(),
-                           stop_command=launcher.spec.stop_command(),
-                           launch_log=launcher.spec.log_path)
+                doc.update(
+                    launched=True,
+                    launch_pid=launcher.start(),
+                    stop_command=launcher.spec.stop_command(),
+                    launch_log=launcher.spec.log_path,
+                )
                 write_json(state_path, doc)
             else:
                 attach_precheck(cluster, settings)
             watch = wait_ready(
-                cluster, container=settings.container, port=settings.port,
-                ready_timeout=settings.ready_timeout, hang_timeout=settings.hang_timeout,
+                cluster,
+                container=settings.container,
+                port=settings.port,
+                ready_timeout=settings.ready_timeout,
+                hang_timeout=settings.hang_timeout,
                 placement_timeout=float(profile.get("readiness.placement_group_timeout_s", 120)),
                 since=since if settings.launch else _attach_since(since),
                 launcher_pid=launcher.pid if launcher else None,
                 launcher_log=launcher.launcher_log if launcher else None,
                 launcher_log_path=launcher.spec.log_path if launcher else None,
-                progress=progress)
+                progress=progress,
+            )
         except StartupFailed as exc:
-            doc.update(status="failed", message=str(exc), timeline=exc.watch.timeline(),
-                       facts=exc.watch.facts)
+            doc.update(
+                status="failed",
+                message=str(exc),
+                timeline=exc.watch.timeline(),
+                facts=exc.watch.facts,
+            )
             write_json(state_path, doc)
             raise NotServing(str(exc)) from None
         except (LaunchError, NotServing, RemoteError) as exc:
             doc.update(status="failed", message=str(exc))
             write_json(state_path, doc)
             raise NotServing(str(exc)) from None
-        doc.update(status="ready", ready_s=round(time.monotonic() - t0, 3),
-                   timeline=watch.timeline(), facts=watch.facts)
+        doc.update(
+            status="ready",
+            ready_s=round(time.monotonic() - t0, 3),
+            timeline=watch.timeline(),
+            facts=watch.facts,
+        )
         write_json(state_path, doc)
         return ServingInfo(doc["launched"], doc["ready_s"], doc["timeline"], doc["facts"])
 
@@ -143,8 +175,10 @@ def attach_precheck(cluster: Cluster, settings: Settings) -> None:
     states = {cluster.head.name: head.status}
     for node in cluster.workers:
         if cluster.unreachable(node) is None:
-            probe = parse_probe(node.run(probe_command(settings.container, "1s", None, None),
-                                         timeout=15), with_health=False)
+            probe = parse_probe(
+                node.run(probe_command(settings.container, "1s", None, None), timeout=15),
+                with_health=False,
+            )
             states[node.name] = probe.status
     if all(status == "missing" or status.startswith("unknown") for status in states.values()):
         found = ", ".join(f"{n}: {s}" for n, s in states.items())
@@ -152,12 +186,12 @@ def attach_precheck(cluster: Cluster, settings: Settings) -> None:
             f"attach mode: the cluster is not serving. API /health on {cluster.head.name} port "
             f"{settings.port}: {_health_text(head.health)}; container {settings.container!r}: "
             f"{found}. Start it (launch-cluster.sh, or run with --spark-launch), or point "
-            "--spark-container / --spark-port at what is running")
+            "--spark-container / --spark-port at what is running"
+        )
 
 
 def _health_text(code: str | None) -> str:
-    return {"000": "connection refused or timed out", None: "not probed"}.get(
-        code, f"HTTP {code}")
+    return {"000": "connection refused or timed out", None: "not probed"}.get(code, f"HTTP {code}")
 
 
 def stop_if_launched(cluster: Cluster, run_dir: Path, keep: bool) -> str | None:

@@ -100,23 +100,32 @@ class StartupWatch:
             for event in classify(raw):
                 self._event(node, event.kind, event.name, event.line, event.value, now)
 
-    def _event(self, node: str, kind: str, name: str, line: str, value: dict[str, str],
-               now: float) -> None:
+    def _event(
+        self, node: str, kind: str, name: str, line: str, value: dict[str, str], now: float
+    ) -> None:
         if kind == "fatal" and self.failure is None:
-            self.failure = StartupFailure("fatal", node, name, line, REMEDIATION[name],
-                                          self.snapshot_tails())
+            self.failure = StartupFailure(
+                "fatal", node, name, line, REMEDIATION[name], self.snapshot_tails()
+            )
         elif kind == "hang":
             self.hang_since.setdefault(node + name, now)
             self.hang_line[node + name] = line
             if name == "tp-exceeds-gpus" and self.failure is None:
-                self.failure = StartupFailure("hang", node, name, line, REMEDIATION[name],
-                                              self.snapshot_tails())
-            elif now - self.hang_since[node + name] >= self.placement_timeout or float(
-                    value.get("s", 0)) >= self.placement_timeout:
-                if self.failure is None:
-                    self.failure = StartupFailure(
-                        "hang", node, f"{name} (waiting {int(float(value.get('s', 0)))} s)",
-                        line, REMEDIATION[name], self.snapshot_tails())
+                self.failure = StartupFailure(
+                    "hang", node, name, line, REMEDIATION[name], self.snapshot_tails()
+                )
+            elif self.failure is None and (
+                now - self.hang_since[node + name] >= self.placement_timeout
+                or float(value.get("s", 0)) >= self.placement_timeout
+            ):
+                self.failure = StartupFailure(
+                    "hang",
+                    node,
+                    f"{name} (waiting {int(float(value.get('s', 0)))} s)",
+                    line,
+                    REMEDIATION[name],
+                    self.snapshot_tails(),
+                )
         elif kind == "progress":
             self._advance(name, now)
             self.progress[name] = (int(value["k"]), int(value["n"]), value.get("eta", "?"))
@@ -131,29 +140,45 @@ class StartupWatch:
     def container_exited(self, node: str, status: str, now: float) -> None:
         if self.failure is None:
             self.failure = StartupFailure(
-                "exited", node, status, "",
+                "exited",
+                node,
+                status,
+                "",
                 "the container stopped: its last log lines below say why; `docker logs` on "
-                "that node has the whole log", self.snapshot_tails())
+                "that node has the whole log",
+                self.snapshot_tails(),
+            )
 
     def check_stall(self, now: float) -> None:
         """No log line from any node for ``hang_timeout`` while loading: a silent hang."""
-        if self.failure is None and not self.ready and now - self.last_activity >= (
-                self.hang_timeout):
+        if (
+            self.failure is None
+            and not self.ready
+            and now - self.last_activity >= (self.hang_timeout)
+        ):
             self.failure = StartupFailure(
-                "stalled", None,
+                "stalled",
+                None,
                 f"no log progress for {now - self.last_activity:.0f} s in phase {self.phase}",
-                "", "a collective or the model load is stuck: check the fabric link and both "
+                "",
+                "a collective or the model load is stuck: check the fabric link and both "
                 "nodes' container logs; `py-spy dump` in the container shows where",
-                self.snapshot_tails())
+                self.snapshot_tails(),
+            )
 
     def snapshot_tails(self) -> dict[str, list[str]]:
         return {node: list(tail)[-15:] for node, tail in self.tails.items()}
 
     def timeline(self) -> list[dict[str, float | str | None]]:
         """Phase records relative to the start of the wait, for reports and JSON."""
-        return [{"phase": p.name, "start_s": round(p.start - self.started, 3),
-                 "end_s": None if p.end is None else round(p.end - self.started, 3)}
-                for p in self.phases]
+        return [
+            {
+                "phase": p.name,
+                "start_s": round(p.start - self.started, 3),
+                "end_s": None if p.end is None else round(p.end - self.started, 3),
+            }
+            for p in self.phases
+        ]
 
     def status_line(self, now: float) -> str:
         elapsed = now - self.started

@@ -9,15 +9,15 @@ import pytest
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from pytest_spark.standup import ServingInfo
     from pytest_spark.cluster import Cluster
     from pytest_spark.results import ResultsRecorder
     from pytest_spark.settings import Settings
     from pytest_spark.simcontrol import SimCluster
+    from pytest_spark.standup import ServingInfo
 
-SETTINGS_KEY = pytest.StashKey["Settings"]()
-CLUSTER_KEY = pytest.StashKey["Cluster"]()
-SIM_KEY = pytest.StashKey["SimCluster"]()
-RESULTS_KEY = pytest.StashKey["ResultsRecorder"]()
-RUN_DIR_KEY = pytest.StashKey["Path"]()
-SERVING_KEY = pytest.StashKey["ServingInfo"]()
+SETTINGS_KEY: pytest.StashKey[Settings] = pytest.StashKey()
+CLUSTER_KEY: pytest.StashKey[Cluster] = pytest.StashKey()
+SIM_KEY: pytest.StashKey[SimCluster] = pytest.StashKey()
+RESULTS_KEY: pytest.StashKey[ResultsRecorder] = pytest.StashKey()
+RUN_DIR_KEY: pytest.StashKey[Path] = pytest.StashKey()
+SERVING_KEY: pytest.StashKey[ServingInfo] = pytest.StashKey()

@@ -24,12 +24,14 @@ def show(pytester: pytest.Pytester) -> pytest.Pytester:
 def test_default_is_used_and_named(show: pytest.Pytester) -> None:
     result = show.runpytest("-s")
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["*VALUE 10.0 FROM default",
-                                 "PROFILE dgx-spark-2node 200 FROM default"])
+    result.stdout.fnmatch_lines(
+        ["*VALUE 10.0 FROM default", "PROFILE dgx-spark-2node 200 FROM default"]
+    )
 
 
-def test_precedence_cli_over_env_over_ini(show: pytest.Pytester,
-                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_precedence_cli_over_env_over_ini(
+    show: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
     show.makeini("[pytest]\nspark_connect_timeout = 3\n")
     result = show.runpytest("-s")
     result.stdout.fnmatch_lines(["*VALUE 3.0 FROM spark_connect_timeout in tox.ini"])
@@ -53,12 +55,16 @@ def test_bad_value_names_its_source(show: pytest.Pytester) -> None:
     result = show.runpytest()
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(
-        ["*Invalid value '12x' for spark_connect_timeout from spark_connect_timeout in "
-         "pyproject.toml*"])
+        [
+            "*Invalid value '12x' for spark_connect_timeout from spark_connect_timeout in "
+            "pyproject.toml*"
+        ]
+    )
 
 
-def test_bad_env_value_names_the_variable(show: pytest.Pytester,
-                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bad_env_value_names_the_variable(
+    show: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("SPARK_CONNECT_TIMEOUT", "-1")
     result = show.runpytest()
     assert result.ret == pytest.ExitCode.USAGE_ERROR
@@ -80,8 +86,9 @@ def test_profile_from_file_extends_builtin(show: pytest.Pytester) -> None:
 def test_unknown_threshold_lists_the_known_ones(show: pytest.Pytester) -> None:
     result = show.runpytest("--spark-threshold", "link.min_rate=1")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*unknown threshold 'link.min_rate'*link.min_rate_gbps*"
-                                 "command line --spark-threshold*"])
+    result.stderr.fnmatch_lines(
+        ["*unknown threshold 'link.min_rate'*link.min_rate_gbps*command line --spark-threshold*"]
+    )
 
 
 def test_missing_profile_is_a_usage_error(show: pytest.Pytester) -> None:

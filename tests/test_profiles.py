@@ -24,9 +24,15 @@ def test_sim_extends_and_scales_bandwidth() -> None:
     assert sim["nccl.min_busbw_gbps"] < real["nccl.min_busbw_gbps"] / 50
 
 
-@pytest.mark.parametrize(("key", "raw", "value"), [
-    ("link.min_rate_gbps", "100", 100), ("nccl.min_busbw_gbps", "20.5", 20.5),
-    ("reasoning.expected", "no", False), ("throughput.concurrency", "1;4", [1, 4])])
+@pytest.mark.parametrize(
+    ("key", "raw", "value"),
+    [
+        ("link.min_rate_gbps", "100", 100),
+        ("nccl.min_busbw_gbps", "20.5", 20.5),
+        ("reasoning.expected", "no", False),
+        ("throughput.concurrency", "1;4", [1, 4]),
+    ],
+)
 def test_override_keeps_the_type(key: str, raw: str, value: object) -> None:
     p = load_profile("sim").with_overrides({key: raw})
     assert p[key] == value
@@ -48,5 +54,5 @@ def test_file_profile_with_cycle_is_refused(tmp_path: Path) -> None:
 def test_invalid_toml_names_the_file(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text("[link\n")
-    with pytest.raises(ProfileError, match="bad.toml: invalid TOML"):
+    with pytest.raises(ProfileError, match=r"bad\.toml: invalid TOML"):
         load_profile(str(bad))

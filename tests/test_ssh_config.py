@@ -75,8 +75,12 @@ def test_missing_config_file_is_not_an_error(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("spec", "parts"),
-    [("h", (None, "h", None)), ("u@h", ("u", "h", None)), ("u@h:2", ("u", "h", 2)),
-     ("[fe80::1]:22", (None, "fe80::1", 22))],
+    [
+        ("h", (None, "h", None)),
+        ("u@h", ("u", "h", None)),
+        ("u@h:2", ("u", "h", 2)),
+        ("[fe80::1]:22", (None, "fe80::1", 22)),
+    ],
 )
 def test_split_host(spec: str, parts: tuple[str | None, str, int | None]) -> None:
     assert _split_host(spec) == parts

@@ -12,20 +12,27 @@ from pytest_spark.startup import StartupWatch
 LOGS = Path(__file__).parent.parent / "fixtures" / "vllm_logs"
 
 
-def replay(name: str, watch: StartupWatch | None = None, node: str = "spark-head"
-           ) -> StartupWatch:
+def replay(name: str, watch: StartupWatch | None = None, node: str = "spark-head") -> StartupWatch:
     watch = watch or StartupWatch(hang_timeout=300, placement_timeout=120, started=0.0)
     for i, line in enumerate((LOGS / name).read_text().splitlines()):
         watch.feed(node, [line], float(i))
     return watch
 
 
-@pytest.mark.parametrize("log", ["vllm-0.32.0-cpu-smollm2.log",
-                                 "vllm-0.32.0-cpu-qwen2.5-0.5b.log", "reference-gpu-tp2.log"])
+@pytest.mark.parametrize(
+    "log",
+    ["vllm-0.32.0-cpu-smollm2.log", "vllm-0.32.0-cpu-qwen2.5-0.5b.log", "reference-gpu-tp2.log"],
+)
 def test_real_logs_walk_every_phase_in_order(log: str) -> None:
     watch = replay(log)
     assert [p["phase"] for p in watch.timeline()] == [
-        "start", "weights", "kv", "graphs", "api", "ready"]
+        "start",
+        "weights",
+        "kv",
+        "graphs",
+        "api",
+        "ready",
+    ]
     assert watch.failure is None
     starts = [p["start_s"] for p in watch.timeline()]
     assert starts == sorted(starts)
@@ -49,26 +56,42 @@ def test_gpu_log_progress_and_facts() -> None:
 def test_prefixes_are_split() -> None:
     line = split_prefix("(RayWorkerWrapper pid=455, ip=192.168.200.13) INFO x")
     assert (line.process, line.pid, line.ip, line.text) == (
-        "RayWorkerWrapper", 455, "192.168.200.13", "INFO x")
+        "RayWorkerWrapper",
+        455,
+        "192.168.200.13",
+        "INFO x",
+    )
     assert split_prefix("INFO:     Application startup complete.").process is None
 
 
 @pytest.mark.parametrize(
     ("line", "signature"),
     [
-        ("(EngineCore_DP0 pid=212) ERROR 11-29 10:00:20 [core.py:708] ValueError: Free memory "
-         "on device (58.2/119.7 GiB) on startup is less than desired GPU memory utilization "
-         "(0.9, 107.73 GiB).", "free-memory"),
+        (
+            "(EngineCore_DP0 pid=212) ERROR 11-29 10:00:20 [core.py:708] ValueError: Free memory "
+            "on device (58.2/119.7 GiB) on startup is less than desired GPU memory utilization "
+            "(0.9, 107.73 GiB).",
+            "free-memory",
+        ),
         ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.", "cuda-oom"),
         ("RuntimeError: NCCL Error 2: unhandled system error", "nccl-error"),
-        ("[rank0]:[E] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1)",
-         "nccl-watchdog"),
-        ("ray.exceptions.RayActorError: The actor died unexpectedly before finishing this task.",
-         "ray-actor-died"),
-        ("vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.",
-         "engine-dead"),
-        ("RuntimeError: Engine core initialization failed. See root cause above. Failed core "
-         "proc(s): {}", "engine-init-failed"),
+        (
+            "[rank0]:[E] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1)",
+            "nccl-watchdog",
+        ),
+        (
+            "ray.exceptions.RayActorError: The actor died unexpectedly before finishing this task.",
+            "ray-actor-died",
+        ),
+        (
+            "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.",
+            "engine-dead",
+        ),
+        (
+            "RuntimeError: Engine core initialization failed. See root cause above. Failed core "
+            "proc(s): {}",
+            "engine-init-failed",
+        ),
     ],
 )
 def test_fatal_signature_fails_at_once_naming_node_and_fix(line: str, signature: str) -> None:
@@ -86,14 +109,18 @@ def test_fatal_signature_fails_at_once_naming_node_and_fix(line: str, signature:
 
 
 def test_benign_allreduce_line_is_not_fatal() -> None:
-    assert classify("Custom allreduce is disabled because this process group spans across "
-                    "nodes.") == []
+    assert (
+        classify("Custom allreduce is disabled because this process group spans across nodes.")
+        == []
+    )
 
 
 def test_placement_group_wait_is_a_hang_after_its_budget() -> None:
     watch = StartupWatch(hang_timeout=300, placement_timeout=30, started=0.0)
-    line = ("(EngineCore_DP0 pid=1) INFO [ray_utils.py:300] Waiting for creating a placement "
-            "group of specs for {} seconds. specs=[{{'GPU': 1.0}}, {{'GPU': 1.0}}]")
+    line = (
+        "(EngineCore_DP0 pid=1) INFO [ray_utils.py:300] Waiting for creating a placement "
+        "group of specs for {} seconds. specs=[{{'GPU': 1.0}}, {{'GPU': 1.0}}]"
+    )
     watch.feed("spark-head", [line.format(10)], 10.0)
     assert watch.failure is None
     watch.feed("spark-head", [line.format(20)], 20.0)
@@ -106,8 +133,11 @@ def test_placement_group_wait_is_a_hang_after_its_budget() -> None:
 
 def test_silence_while_loading_is_a_stall() -> None:
     watch = StartupWatch(hang_timeout=20, placement_timeout=30, started=0.0)
-    watch.feed("spark-head", ["Loading safetensors checkpoint shards:   5% Completed | 2/39 "
-                              "[00:36<11:00, 18.0s/it]"], 1.0)
+    watch.feed(
+        "spark-head",
+        ["Loading safetensors checkpoint shards:   5% Completed | 2/39 [00:36<11:00, 18.0s/it]"],
+        1.0,
+    )
     watch.check_stall(20.0)
     assert watch.failure is None
     watch.check_stall(21.5)

@@ -17,32 +17,47 @@ from pytest_spark.standup import ServingInfo
 pytestmark = pytest.mark.readiness
 
 
-def test_startup_within_budget(spark_serving: ServingInfo, spark_settings: Settings,
-                               spark_check: SparkCheck) -> None:
+def test_startup_within_budget(
+    spark_serving: ServingInfo, spark_settings: Settings, spark_check: SparkCheck
+) -> None:
     """The load finished inside the startup budget; the phase timeline goes on record."""
     spark_check.attach("startup_timeline", spark_serving.timeline)
     if not spark_serving.launched or spark_serving.ready_s is None:
         pytest.skip("attached to a running cluster: its load time is not known")
     budget = spark_settings.ready_timeout
-    spark_check.require(Finding.passed(
-        spark_serving.ready_s, f"<= {budget:.0f}", "s",
-        message=f"cluster ready {spark_serving.ready_s:.1f} s after launch "
-                f"(budget {budget:.0f} s)"))
+    spark_check.require(
+        Finding.passed(
+            spark_serving.ready_s,
+            f"<= {budget:.0f}",
+            "s",
+            message=f"cluster ready {spark_serving.ready_s:.1f} s after launch "
+            f"(budget {budget:.0f} s)",
+        )
+    )
 
 
 def test_health_endpoint(spark_api: ApiEndpoint, spark_check: SparkCheck) -> None:
     with spark_api.client() as client:
         response = client.get("/health")
-    finding = (Finding.passed(response.status_code, 200) if response.status_code == 200 else
-               Finding.failed(response.status_code, 200, message=(
-                   f"GET {spark_api.base_url}/health answered {response.status_code}: the "
-                   "engine is not healthy (503 after an engine death); read the head's "
-                   "container log")))
+    finding = (
+        Finding.passed(response.status_code, 200)
+        if response.status_code == 200
+        else Finding.failed(
+            response.status_code,
+            200,
+            message=(
+                f"GET {spark_api.base_url}/health answered {response.status_code}: the "
+                "engine is not healthy (503 after an engine death); read the head's "
+                "container log"
+            ),
+        )
+    )
     spark_check.require(finding)
 
 
-def test_served_model_matches_launch_args(spark_api: ApiEndpoint, spark_settings: Settings,
-                                          spark_check: SparkCheck) -> None:
+def test_served_model_matches_launch_args(
+    spark_api: ApiEndpoint, spark_settings: Settings, spark_check: SparkCheck
+) -> None:
     if not spark_settings.serve_args:
         if spark_settings.model:
             spark_check.require(Finding.passed(spark_api.model, spark_settings.model))
@@ -53,76 +68,128 @@ def test_served_model_matches_launch_args(spark_api: ApiEndpoint, spark_settings
     if args.served_name and spark_api.model != args.served_name:
         problems.append(f"model id {spark_api.model!r}, launched as {args.served_name!r}")
     if args.max_model_len and spark_api.max_model_len != args.max_model_len:
-        problems.append(f"max_model_len {spark_api.max_model_len}, launched with "
-                        f"--max-model-len {args.max_model_len}")
+        problems.append(
+            f"max_model_len {spark_api.max_model_len}, launched with "
+            f"--max-model-len {args.max_model_len}"
+        )
     measured = {"id": spark_api.model, "max_model_len": spark_api.max_model_len}
     expected = {"id": args.served_name, "max_model_len": args.max_model_len}
     if problems:
-        spark_check.require(Finding.failed(measured, expected, message=(
-            f"/v1/models does not match the launch: {'; '.join(problems)}. Another server "
-            "answers on this port, or a stale container from an earlier launch is serving")))
+        spark_check.require(
+            Finding.failed(
+                measured,
+                expected,
+                message=(
+                    f"/v1/models does not match the launch: {'; '.join(problems)}. Another server "
+                    "answers on this port, or a stale container from an earlier launch is serving"
+                ),
+            )
+        )
     spark_check.require(Finding.passed(measured, expected))
 
 
-def test_serving_container_running(spark_serving: ServingInfo, spark_node: Node,
-                                   spark_settings: Settings, spark_check: SparkCheck) -> None:
+def test_serving_container_running(
+    spark_serving: ServingInfo, spark_node: Node, spark_settings: Settings, spark_check: SparkCheck
+) -> None:
     """Every node's serving container (the TP rank on that node) is running."""
     name = shlex.quote(spark_settings.container)
     result = spark_node.run(f"docker inspect -f '{{{{.State.Status}}}}' {name}", timeout=20)
     state = result.stdout.strip() or result.stderr.strip()
     if not result.ok and "No such" in state and spark_serving.launched is False:
-        pytest.skip(f"no container {spark_settings.container!r} on {spark_node.name}: the "
-                    "server is not run by the launcher here")
+        pytest.skip(
+            f"no container {spark_settings.container!r} on {spark_node.name}: the "
+            "server is not run by the launcher here"
+        )
     if state == "running":
         spark_check.require(Finding.passed(state, "running", node=spark_node.name))
     else:
-        spark_check.require(Finding.failed(state, "running", node=spark_node.name, message=(
-            f"{spark_node.name}: serving container {spark_settings.container!r} is {state!r}, "
-            "expected running: its TP rank is gone. `docker logs` on that node says why"),
-            evidence={"docker inspect": result.evidence()}))
+        spark_check.require(
+            Finding.failed(
+                state,
+                "running",
+                node=spark_node.name,
+                message=(
+                    f"{spark_node.name}: serving container {spark_settings.container!r} is "
+                    f"{state!r}, expected running: its TP rank is gone. `docker logs` on that "
+                    "node says why"
+                ),
+                evidence={"docker inspect": result.evidence()},
+            )
+        )
 
 
-def test_ray_reports_every_node_and_gpu(spark_serving: ServingInfo, spark_head: Node,
-                                        spark_cluster: Cluster, spark_settings: Settings,
-                                        spark_check: SparkCheck) -> None:
+def test_ray_reports_every_node_and_gpu(
+    spark_serving: ServingInfo,
+    spark_head: Node,
+    spark_cluster: Cluster,
+    spark_settings: Settings,
+    spark_check: SparkCheck,
+) -> None:
     name = shlex.quote(spark_settings.container)
     result = spark_head.run(f"docker exec {name} ray status", timeout=60)
-    if not result.ok and ("not found" in result.stdout + result.stderr
-                          or "No such container" in result.stderr):
+    if not result.ok and (
+        "not found" in result.stdout + result.stderr or "No such container" in result.stderr
+    ):
         pytest.skip("no Ray in the serving container: not a Ray deployment")
     try:
         status = parse_ray_status(result.stdout)
     except ValueError:
-        spark_check.require(Finding.failed(None, "ray status", message=(
-            f"{spark_head.name}: `ray status` in {spark_settings.container} failed: "
-            f"{(result.stderr or result.stdout).strip()[:300]}"),
-            evidence={"ray status": result.evidence()}))
+        spark_check.require(
+            Finding.failed(
+                None,
+                "ray status",
+                message=(
+                    f"{spark_head.name}: `ray status` in {spark_settings.container} failed: "
+                    f"{(result.stderr or result.stdout).strip()[:300]}"
+                ),
+                evidence={"ray status": result.evidence()},
+            )
+        )
         return
     nodes = len(spark_cluster.nodes)
     gpus = float(spark_cluster.profile.get("readiness.expected_gpus", nodes))
     measured = {"nodes": len(status.active), "gpus": status.total("GPU")}
     expected = {"nodes": nodes, "gpus": gpus}
     if measured != expected:
-        spark_check.require(Finding.failed(measured, expected, node=spark_head.name, message=(
-            f"ray status on {spark_head.name}: {len(status.active)} active node(s) and "
-            f"{status.total('GPU'):g} GPU(s), expected {nodes} and {gpus:g}. A node's Ray "
-            "worker is not joined or its GPU is not registered: the TP=2 placement group "
-            "cannot form (vLLM then hangs waiting for it)"),
-            evidence={"ray status": result.evidence()}))
+        spark_check.require(
+            Finding.failed(
+                measured,
+                expected,
+                node=spark_head.name,
+                message=(
+                    f"ray status on {spark_head.name}: {len(status.active)} active node(s) and "
+                    f"{status.total('GPU'):g} GPU(s), expected {nodes} and {gpus:g}. A node's Ray "
+                    "worker is not joined or its GPU is not registered: the TP=2 placement group "
+                    "cannot form (vLLM then hangs waiting for it)"
+                ),
+                evidence={"ray status": result.evidence()},
+            )
+        )
     spark_check.require(Finding.passed(measured, expected, node=spark_head.name))
 
 
 def test_canary_completion(spark_api: ApiEndpoint, spark_check: SparkCheck) -> None:
     """One short chat completion goes through the whole TP group."""
-    body = {"model": spark_api.model, "max_tokens": 8, "temperature": 0,
-            "messages": [{"role": "user", "content": "Say OK."}]}
+    body = {
+        "model": spark_api.model,
+        "max_tokens": 8,
+        "temperature": 0,
+        "messages": [{"role": "user", "content": "Say OK."}],
+    }
     with spark_api.client() as client:
         try:
             response = client.post("/v1/chat/completions", json=body)
         except httpx.HTTPError as exc:
-            spark_check.require(Finding.failed(None, 200, message=(
-                f"canary completion to {spark_api.base_url} failed: {type(exc).__name__}: "
-                f"{exc}")))
+            spark_check.require(
+                Finding.failed(
+                    None,
+                    200,
+                    message=(
+                        f"canary completion to {spark_api.base_url} failed: {type(exc).__name__}: "
+                        f"{exc}"
+                    ),
+                )
+            )
             return
     excerpt = response.text[:600]
     ok = response.status_code == 200
@@ -135,9 +202,17 @@ def test_canary_completion(spark_api: ApiEndpoint, spark_check: SparkCheck) -> N
     if ok and choices and usage.get("completion_tokens", 0) > 0:
         spark_check.require(Finding.passed(usage["completion_tokens"], "> 0", "tokens"))
     else:
-        spark_check.require(Finding.failed(response.status_code, 200, message=(
-            f"canary chat completion answered HTTP {response.status_code} without a usable "
-            f"choice: {excerpt[:200]}"), evidence={"response": excerpt}))
+        spark_check.require(
+            Finding.failed(
+                response.status_code,
+                200,
+                message=(
+                    f"canary chat completion answered HTTP {response.status_code} without a usable "
+                    f"choice: {excerpt[:200]}"
+                ),
+                evidence={"response": excerpt},
+            )
+        )
 
 
 def test_version_reported(spark_api: ApiEndpoint, spark_check: SparkCheck) -> None:
@@ -150,8 +225,15 @@ def test_version_reported(spark_api: ApiEndpoint, spark_check: SparkCheck) -> No
         except ValueError:
             version = None
     if not version:
-        spark_check.require(Finding.failed(response.status_code, "a version", message=(
-            f"GET /version answered {response.status_code} without a version: "
-            f"{response.text[:200]}")))
+        spark_check.require(
+            Finding.failed(
+                response.status_code,
+                "a version",
+                message=(
+                    f"GET /version answered {response.status_code} without a version: "
+                    f"{response.text[:200]}"
+                ),
+            )
+        )
     spark_check.attach("vllm_version", version)
     spark_check.require(Finding.passed(version, "reported"))

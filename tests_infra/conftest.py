@@ -19,7 +19,9 @@ def fabric_if(spark_cluster: Cluster, spark_twin: int) -> str:
             f"fabric twin {spark_twin}: only {len(ifs)} fabric interface(s) found on any node "
             f"({', '.join(ifs) or 'none'}), expected {expected}. ibdev2netdev shows no Up "
             "RoCE port for it: check cables and `ibdev2netdev` on every node, or name the "
-            "interfaces with --spark-fabric-ifs", pytrace=False)
+            "interfaces with --spark-fabric-ifs",
+            pytrace=False,
+        )
     return ifs[spark_twin]
 
 

@@ -32,11 +32,15 @@ def require_usable(node: Node, port: PortFacts) -> None:
         pytest.skip(reason)
 
 
-def test_fabric_twins_up(spark_node: Node, link_facts: NodeLinkFacts, spark_check: SparkCheck,
-                         spark_cluster: Cluster) -> None:
+def test_fabric_twins_up(
+    spark_node: Node, link_facts: NodeLinkFacts, spark_check: SparkCheck, spark_cluster: Cluster
+) -> None:
     expected = int(spark_cluster.profile["link.fabric_twins"])
-    spark_check.require(check_fabric_twins(
-        spark_node.name, discover_fabric_ifs(link_facts), expected, link_facts.roce))
+    spark_check.require(
+        check_fabric_twins(
+            spark_node.name, discover_fabric_ifs(link_facts), expected, link_facts.roce
+        )
+    )
 
 
 def test_link_up(spark_node: Node, port: PortFacts, spark_check: SparkCheck) -> None:
@@ -48,18 +52,24 @@ def test_roce_active(spark_node: Node, port: PortFacts, spark_check: SparkCheck)
     spark_check.require(check_roce_active(spark_node.name, port))
 
 
-def test_link_rate(spark_node: Node, port: PortFacts, spark_check: SparkCheck,
-                   spark_cluster: Cluster) -> None:
+def test_link_rate(
+    spark_node: Node, port: PortFacts, spark_check: SparkCheck, spark_cluster: Cluster
+) -> None:
     require_usable(spark_node, port)
-    spark_check.require(check_link_rate(
-        spark_node.name, port, float(spark_cluster.profile["link.min_rate_gbps"])))
+    spark_check.require(
+        check_link_rate(spark_node.name, port, float(spark_cluster.profile["link.min_rate_gbps"]))
+    )
 
 
-def test_mtu(spark_node: Node, port: PortFacts, spark_check: SparkCheck,
-             spark_cluster: Cluster) -> None:
+def test_mtu(
+    spark_node: Node, port: PortFacts, spark_check: SparkCheck, spark_cluster: Cluster
+) -> None:
     profile = spark_cluster.profile
-    spark_check.require(check_mtu(spark_node.name, port, int(profile["link.min_mtu"]),
-                                  int(profile["link.hard_min_mtu"])))
+    spark_check.require(
+        check_mtu(
+            spark_node.name, port, int(profile["link.min_mtu"]), int(profile["link.hard_min_mtu"])
+        )
+    )
 
 
 def _twin_ports(cluster: Cluster, ifname: str) -> dict[str, PortFacts]:
@@ -71,19 +81,24 @@ def _twin_ports(cluster: Cluster, ifname: str) -> dict[str, PortFacts]:
     return ports
 
 
-def test_mtu_consistent(spark_cluster: Cluster, fabric_if: str, spark_check: SparkCheck
-                        ) -> None:
+def test_mtu_consistent(spark_cluster: Cluster, fabric_if: str, spark_check: SparkCheck) -> None:
     spark_check.require(check_mtu_consistent(_twin_ports(spark_cluster, fabric_if)))
 
 
 def test_same_subnet(spark_cluster: Cluster, fabric_if: str, spark_check: SparkCheck) -> None:
     ports = _twin_ports(spark_cluster, fabric_if)
-    spark_check.require(check_same_subnet(
-        {node: list(port.addresses) for node, port in ports.items()}, fabric_if))
+    spark_check.require(
+        check_same_subnet({node: list(port.addresses) for node, port in ports.items()}, fabric_if)
+    )
 
 
-def test_ping_peer_at_full_mtu(spark_cluster: Cluster, spark_node: Node, port: PortFacts,
-                               fabric_if: str, spark_check: SparkCheck) -> None:
+def test_ping_peer_at_full_mtu(
+    spark_cluster: Cluster,
+    spark_node: Node,
+    port: PortFacts,
+    fabric_if: str,
+    spark_check: SparkCheck,
+) -> None:
     """A don't-fragment ping filling the MTU reaches the next node (a ring covers every
     port as sender and as receiver)."""
     require_usable(spark_node, port)
@@ -103,6 +118,5 @@ def test_ping_peer_at_full_mtu(spark_cluster: Cluster, spark_node: Node, port: P
     if parsed.received < parsed.transmitted:
         small_result = spark_node.run(ping_command(fabric_if, peer_addr, 1500, 1), timeout=15)
         small = parse_ping(small_result.stdout + small_result.stderr)
-    finding = check_ping(spark_node.name, port, peer.name, peer_addr, parsed, mtu,
-                         small_ping=small)
+    finding = check_ping(spark_node.name, port, peer.name, peer_addr, parsed, mtu, small_ping=small)
     spark_check.require(finding)

@@ -22,8 +22,9 @@ pytestmark = pytest.mark.nccl
 
 
 @pytest.fixture(scope="session")
-def allreduce(request: pytest.FixtureRequest, spark_cluster: Cluster,
-              spark_settings: Settings) -> CollectiveRun:
+def allreduce(
+    request: pytest.FixtureRequest, spark_cluster: Cluster, spark_settings: Settings
+) -> CollectiveRun:
     if spark_settings.launch:
         # The benchmark runs where torch and NCCL live: the serving containers.
         request.getfixturevalue("spark_serving")
@@ -37,26 +38,34 @@ def _where(run: CollectiveRun) -> str:
     return " <-> ".join(r.node for r in run.ranks) or "cluster"
 
 
-def test_allreduce_does_not_hang_at_init(allreduce: CollectiveRun, spark_check: SparkCheck,
-                                         spark_cluster: Cluster) -> None:
-    lines = [r.parsed.init_timeout for r in allreduce.ranks
-             if r.parsed and r.parsed.init_timeout]
-    spark_check.require(check_init_hang(
-        hung=allreduce.hung_at_init, timeout_s=float(spark_cluster.profile["nccl.timeout_s"]),
-        logs=allreduce.log_lines(), init_lines=lines, where=_where(allreduce)))
+def test_allreduce_does_not_hang_at_init(
+    allreduce: CollectiveRun, spark_check: SparkCheck, spark_cluster: Cluster
+) -> None:
+    lines = [r.parsed.init_timeout for r in allreduce.ranks if r.parsed and r.parsed.init_timeout]
+    spark_check.require(
+        check_init_hang(
+            hung=allreduce.hung_at_init,
+            timeout_s=float(spark_cluster.profile["nccl.timeout_s"]),
+            logs=allreduce.log_lines(),
+            init_lines=lines,
+            where=_where(allreduce),
+        )
+    )
 
 
 def _result(run: CollectiveRun):  # type: ignore[no-untyped-def]
     if run.hung_at_init:
         pytest.skip("the all-reduce hung at init (see test_allreduce_does_not_hang_at_init)")
     if run.result is None:
-        pytest.fail(f"{_where(run)}: no readable all-reduce output:\n{run.evidence()}",
-                    pytrace=False)
+        pytest.fail(
+            f"{_where(run)}: no readable all-reduce output:\n{run.evidence()}", pytrace=False
+        )
     return run.result
 
 
-def test_allreduce_busbw(allreduce: CollectiveRun, spark_check: SparkCheck,
-                         spark_cluster: Cluster) -> None:
+def test_allreduce_busbw(
+    allreduce: CollectiveRun, spark_check: SparkCheck, spark_cluster: Cluster
+) -> None:
     result = _result(allreduce)
     spark_check.attach("busbw_series", busbw_series(result).to_dict())
     spark_check.require(check_busbw(result, spark_cluster.profile, where=_where(allreduce)))
@@ -66,25 +75,38 @@ def test_allreduce_values_correct(allreduce: CollectiveRun, spark_check: SparkCh
     spark_check.require(check_wrong_values(_result(allreduce), where=_where(allreduce)))
 
 
-def test_transport_is_rdma_on_the_fabric(allreduce: CollectiveRun, spark_check: SparkCheck,
-                                         spark_cluster: Cluster) -> None:
+def test_transport_is_rdma_on_the_fabric(
+    allreduce: CollectiveRun, spark_check: SparkCheck, spark_cluster: Cluster
+) -> None:
     ifs = fabric_ifs(spark_cluster)
     facts = node_link_facts(spark_cluster, spark_cluster.head)
     devs = [m.dev for m in facts.roce if m.netdev in ifs]
-    spark_check.require(check_transport(allreduce.transports, fabric_devs=devs or None,
-                                        fabric_ifs=ifs, where=_where(allreduce))
-                        if devs else check_transport(allreduce.transports, fabric_ifs=ifs,
-                                                     where=_where(allreduce)))
+    spark_check.require(
+        check_transport(
+            allreduce.transports, fabric_devs=devs or None, fabric_ifs=ifs, where=_where(allreduce)
+        )
+        if devs
+        else check_transport(allreduce.transports, fabric_ifs=ifs, where=_where(allreduce))
+    )
 
 
-def test_nccl_ib_hca_lists_both_twins(allreduce: CollectiveRun, spark_node: Node,
-                                      spark_settings: Settings, spark_cluster: Cluster,
-                                      spark_check: SparkCheck) -> None:
+def test_nccl_ib_hca_lists_both_twins(
+    allreduce: CollectiveRun,
+    spark_node: Node,
+    spark_settings: Settings,
+    spark_cluster: Cluster,
+    spark_check: SparkCheck,
+) -> None:
     env = container_env(spark_node, spark_settings.container)
     if env is None:
-        pytest.skip(f"no serving container {spark_settings.container!r} on {spark_node.name}: "
-                    "its NCCL_IB_HCA cannot be read")
+        pytest.skip(
+            f"no serving container {spark_settings.container!r} on {spark_node.name}: "
+            "its NCCL_IB_HCA cannot be read"
+        )
     ifs = fabric_ifs(spark_cluster)
     devs = [m.dev for m in node_link_facts(spark_cluster, spark_node).roce if m.netdev in ifs]
-    spark_check.require(check_ib_hca(env.get("NCCL_IB_HCA"), node=spark_node.name,
-                                     **({"fabric_devs": devs} if devs else {})))
+    spark_check.require(
+        check_ib_hca(
+            env.get("NCCL_IB_HCA"), node=spark_node.name, **({"fabric_devs": devs} if devs else {})
+        )
+    )

@@ -29,18 +29,39 @@ class Finding:
         return self.level != "fail"
 
     @classmethod
-    def passed(cls, measured: Any, expected: Any, unit: str | None = None, *,
-               node: str | None = None, message: str = "") -> Finding:
+    def passed(
+        cls,
+        measured: Any,
+        expected: Any,
+        unit: str | None = None,
+        *,
+        node: str | None = None,
+        message: str = "",
+    ) -> Finding:
         return cls("pass", measured, expected, unit, message, node)
 
     @classmethod
-    def failed(cls, measured: Any, expected: Any, unit: str | None = None, *,
-               node: str | None = None, message: str,
-               evidence: dict[str, str] | None = None) -> Finding:
+    def failed(
+        cls,
+        measured: Any,
+        expected: Any,
+        unit: str | None = None,
+        *,
+        node: str | None = None,
+        message: str,
+        evidence: dict[str, str] | None = None,
+    ) -> Finding:
         return cls("fail", measured, expected, unit, message, node, evidence or {})
 
     @classmethod
-    def warned(cls, measured: Any, expected: Any, unit: str | None = None, *,
-               node: str | None = None, message: str,
-               evidence: dict[str, str] | None = None) -> Finding:
+    def warned(
+        cls,
+        measured: Any,
+        expected: Any,
+        unit: str | None = None,
+        *,
+        node: str | None = None,
+        message: str,
+        evidence: dict[str, str] | None = None,
+    ) -> Finding:
         return cls("warn", measured, expected, unit, message, node, evidence or {})

@@ -5,8 +5,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-USAGE = re.compile(r"^\s*(?P<used>[\d.]+)(?P<uunit>[KMGT]?i?B)?/(?P<total>[\d.]+)"
-                   r"(?P<tunit>[KMGT]?i?B)? (?P<name>\S+)")
+USAGE = re.compile(
+    r"^\s*(?P<used>[\d.]+)(?P<uunit>[KMGT]?i?B)?/(?P<total>[\d.]+)"
+    r"(?P<tunit>[KMGT]?i?B)? (?P<name>\S+)"
+)
 
 
 @dataclass(frozen=True)
@@ -32,8 +34,14 @@ def parse_ray_status(text: str) -> RayStatus:
         if not line or set(line) <= {"-", "="}:
             continue
         header = line.rstrip(":")
-        if line.endswith(":") and header in ("Active", "Pending", "Recent failures", "Usage",
-                                             "Demands", "Constraints"):
+        if line.endswith(":") and header in (
+            "Active",
+            "Pending",
+            "Recent failures",
+            "Usage",
+            "Demands",
+            "Constraints",
+        ):
             section = header
             continue
         if line.startswith(("Node status", "Resources", "======")):

@@ -58,9 +58,7 @@ class CommandFailed(RemoteError):
 
     def __init__(self, result: CommandResult) -> None:
         first = (result.stderr.strip() or result.stdout.strip()).splitlines()[:3]
-        super().__init__(
-            result.node, f"`{result.command}` exited {result.rc}: {' | '.join(first)}"
-        )
+        super().__init__(result.node, f"`{result.command}` exited {result.rc}: {' | '.join(first)}")
         self.result = result
 
 

@@ -100,8 +100,9 @@ def resolve_target(
 class _AcceptPolicy(paramiko.MissingHostKeyPolicy):
     """--spark-hostkey-check=off: accept, never write anything to known_hosts."""
 
-    def missing_host_key(self, client: paramiko.SSHClient, hostname: str,
-                         key: paramiko.PKey) -> None:
+    def missing_host_key(
+        self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey
+    ) -> None:
         return None
 
 
@@ -134,20 +135,24 @@ class SSHConnection:
             transport = self.jump.transport()
             try:
                 return transport.open_channel(
-                    "direct-tcpip", (t.hostname, t.port), ("127.0.0.1", 0),
+                    "direct-tcpip",
+                    (t.hostname, t.port),
+                    ("127.0.0.1", 0),
                     timeout=self.connect_timeout,
                 )
             except (paramiko.SSHException, OSError) as exc:
                 raise NodeUnreachable(
-                    self.name, f"cannot reach {t.describe()} through jump host "
-                    f"{self.jump.target.describe()}: {exc or type(exc).__name__}"
+                    self.name,
+                    f"cannot reach {t.describe()} through jump host "
+                    f"{self.jump.target.describe()}: {exc or type(exc).__name__}",
                 ) from exc
         try:
             sock = socket.create_connection((t.hostname, t.port), timeout=self.connect_timeout)
         except TimeoutError as exc:
             raise NodeUnreachable(
-                self.name, f"SSH connect to {t.describe()} timed out after "
-                f"{self.connect_timeout:g} s (host down, or a firewall drops port {t.port})"
+                self.name,
+                f"SSH connect to {t.describe()} timed out after "
+                f"{self.connect_timeout:g} s (host down, or a firewall drops port {t.port})",
             ) from exc
         except ConnectionRefusedError as exc:
             raise NodeUnreachable(
@@ -175,34 +180,43 @@ class SSHConnection:
         sock = self._open_socket()
         try:
             client.connect(
-                t.hostname, port=t.port, username=t.user,
+                t.hostname,
+                port=t.port,
+                username=t.user,
                 key_filename=list(t.identity_files) or None,
-                look_for_keys=not t.identities_only, allow_agent=not t.identities_only,
-                sock=sock, timeout=self.connect_timeout, banner_timeout=self.connect_timeout,
-                auth_timeout=self.connect_timeout, channel_timeout=self.connect_timeout,
+                look_for_keys=not t.identities_only,
+                allow_agent=not t.identities_only,
+                sock=sock,
+                timeout=self.connect_timeout,
+                banner_timeout=self.connect_timeout,
+                auth_timeout=self.connect_timeout,
+                channel_timeout=self.connect_timeout,
             )
         except paramiko.BadHostKeyException as exc:
             sock.close()
             raise HostKeyError(
-                self.name, f"host key of {t.describe()} has CHANGED (got "
+                self.name,
+                f"host key of {t.describe()} has CHANGED (got "
                 f"{exc.key.get_name()} {exc.key.fingerprint}). This may be a reinstalled node "
-                f"or an attack: verify it, then update {', '.join(t.known_hosts)}"
+                f"or an attack: verify it, then update {', '.join(t.known_hosts)}",
             ) from exc
         except paramiko.AuthenticationException as exc:
             sock.close()
             keys = ", ".join(t.identity_files) or "agent/default keys"
             raise NodeUnreachable(
-                self.name, f"SSH authentication as {t.user!r} on {t.describe()} failed "
-                f"({keys}). Check --spark-user / --spark-ssh-key or the ssh_config entry"
+                self.name,
+                f"SSH authentication as {t.user!r} on {t.describe()} failed "
+                f"({keys}). Check --spark-user / --spark-ssh-key or the ssh_config entry",
             ) from exc
         except paramiko.SSHException as exc:
             sock.close()
             if "known_hosts" in str(exc):
                 raise HostKeyError(
-                    self.name, f"host key of {t.describe()} is not in "
+                    self.name,
+                    f"host key of {t.describe()} is not in "
                     f"{', '.join(t.known_hosts)}. Verify the node's fingerprint, then add it "
                     f"(ssh-keyscan -p {t.port} {t.hostname} >> known_hosts), or run with "
-                    "--spark-hostkey-check=off to accept any key"
+                    "--spark-hostkey-check=off to accept any key",
                 ) from exc
             raise NodeUnreachable(self.name, f"SSH to {t.describe()} failed: {exc}") from exc
         except (OSError, EOFError) as exc:
@@ -258,14 +272,15 @@ class SSHConnection:
                     out += chan.recv(65536)
                 while chan.recv_stderr_ready():
                     err += chan.recv_stderr(65536)
-                if chan.exit_status_ready() and (chan.eof_received or chan.closed) and not (
-                    chan.recv_ready() or chan.recv_stderr_ready()
+                if (
+                    chan.exit_status_ready()
+                    and (chan.eof_received or chan.closed)
+                    and not (chan.recv_ready() or chan.recv_stderr_ready())
                 ):
                     break
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise CommandTimeout(self.name, command, limit,
-                                         out.decode(errors="replace"))
+                    raise CommandTimeout(self.name, command, limit, out.decode(errors="replace"))
                 if not self.transport_alive():
                     raise NodeUnreachable(self.name, f"connection lost while running: {command}")
                 select.select([chan], [], [], min(remaining, 0.02))
@@ -273,8 +288,11 @@ class SSHConnection:
         finally:
             chan.close()
         return CommandResult(
-            node=self.name, command=command, rc=rc,
-            stdout=out.decode(errors="replace"), stderr=err.decode(errors="replace"),
+            node=self.name,
+            command=command,
+            rc=rc,
+            stdout=out.decode(errors="replace"),
+            stderr=err.decode(errors="replace"),
             duration_s=time.monotonic() - start,
         )
 
@@ -286,7 +304,10 @@ class SSHConnection:
     def with_jump(self, jump: SSHConnection) -> SSHConnection:
         """The same node reached through ``jump``."""
         return SSHConnection(
-            self.name, replace(self.target, proxy_jump=None),
-            connect_timeout=self.connect_timeout, command_timeout=self.command_timeout,
-            strict_host_keys=self.strict_host_keys, jump=jump,
+            self.name,
+            replace(self.target, proxy_jump=None),
+            connect_timeout=self.connect_timeout,
+            command_timeout=self.command_timeout,
+            strict_host_keys=self.strict_host_keys,
+            jump=jump,
         )

@@ -29,8 +29,9 @@ class SparkBackend(base.BaseBackend):
     def run(self, command: str, *args: str, **kwargs: Any) -> base.CommandResult:
         cmd = self.get_command(command, *args)
         result = self._runner.run(cmd)
-        return self.result(result.rc, self.encode(cmd), result.stdout.encode(),
-                           result.stderr.encode())
+        return self.result(
+            result.rc, self.encode(cmd), result.stdout.encode(), result.stderr.encode()
+        )
 
 
 def testinfra_host(name: str, runner: Runner) -> testinfra.host.Host:

@@ -42,7 +42,8 @@ class Tunnel:
     def _pump(self, client: socket.socket) -> None:
         try:
             chan = self.conn.transport().open_channel(
-                "direct-tcpip", self.remote, client.getpeername(), timeout=10)
+                "direct-tcpip", self.remote, client.getpeername(), timeout=10
+            )
         except Exception:
             client.close()
             return

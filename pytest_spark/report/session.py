@@ -132,7 +132,8 @@ class ReportPlugin:
         if serving is not None and serving.exists():
             with contextlib.suppress(ValueError):
                 doc["serving"] = json.loads(serving.read_text())
-        return doc
+        result: dict[str, Any] = doc
+        return result
 
     def _check_named_run(self) -> None:
         ref = self.settings.compare

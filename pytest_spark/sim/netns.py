@@ -13,7 +13,8 @@ from collections.abc import Iterable, Sequence
 
 NETNS_DIR = "/run/netns"
 # tbf burst/latency chosen for accurate rates at <= 2 Gbit/s (REFERENCE section 7).
-TBF_BURST = "512kb"  # 256kb lost tokens between gloo phases on a busy machine (benchmarks/busbw_accuracy.py)
+# 256kb lost tokens between gloo phases on a busy machine (benchmarks/busbw_accuracy.py)
+TBF_BURST = "512kb"
 TBF_LATENCY = "50ms"
 
 

@@ -76,16 +76,23 @@ def launch_hints(state_dir: Path) -> dict[str, Any] | None:
     deployment's `vllm serve` line); None when the serving stack is off."""
     if enabled() is not None:
         return None
-    return {"script": f"/root/{LAUNCHER_DIR}/{LAUNCHER.name}", "image": image.IMAGE,
-            "container": "vllm_node", "port": 8000, "serve_args": SERVE_ARGS,
-            "model_dir": f"/root/{models.MODELS_DIR}/{models.MODEL_NAME}"}  # on the nodes
+    return {
+        "script": f"/root/{LAUNCHER_DIR}/{LAUNCHER.name}",
+        "image": image.IMAGE,
+        "container": "vllm_node",
+        "port": 8000,
+        "serve_args": SERVE_ARGS,
+        "model_dir": f"/root/{models.MODELS_DIR}/{models.MODEL_NAME}",
+    }  # on the nodes
 
 
 def sshd_env(state_dir: Path, node: NodeSpec) -> dict[str, str]:
     """Environment the node's sshd gives every session."""
     # The node's RDMA/GPU tools (and the sim files they read) inside the container too, as
     # a privileged vLLM container on a Spark sees the host's ibdev2netdev and sysfs.
-    extra = f"{EXTRA_DOCKER_ARGS} -v /usr/local/sbin:/usr/local/sbin:ro -v {state_dir}:{state_dir}:ro"
+    extra = (
+        f"{EXTRA_DOCKER_ARGS} -v /usr/local/sbin:/usr/local/sbin:ro -v {state_dir}:{state_dir}:ro"
+    )
     site = image.torch_site()
     if site is not None:
         extra += f" -v {site}:{TORCH_MOUNT}:ro -e PYTHONPATH={TORCH_MOUNT}"
@@ -201,8 +208,9 @@ def _import_image(engines: list[docker.Engine], tarball: Path) -> None:
             raise SimError(f"{e.node_dir.name}: docker import {tarball} failed: {err.strip()}")
 
 
-def install_node(state_dir: Path, topo: Topology, node: NodeSpec, time_scale: float = 0.002
-                 ) -> None:
+def install_node(
+    state_dir: Path, topo: Topology, node: NodeSpec, time_scale: float = 0.002
+) -> None:
     """Model, sim settings and (head) launcher in the node's home."""
     h = prepare_home(state_dir, node)
     models.install(h)

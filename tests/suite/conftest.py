@@ -49,31 +49,46 @@ class SuiteRun:
     results: dict[str, Any]
 
     def checks(self, **match: str) -> list[dict[str, Any]]:
-        return [c for c in self.results["checks"]
-                if all(c.get(k) == v for k, v in match.items())]
+        return [c for c in self.results["checks"] if all(c.get(k) == v for k, v in match.items())]
 
     def outcomes(self) -> dict[str, str]:
         return {c["nodeid"].split("::", 1)[1]: c["outcome"] for c in self.results["checks"]}
 
     def failed(self) -> dict[str, str]:
-        return {c["nodeid"].split("::", 1)[1]: c["message"] for c in self.results["checks"]
-                if c["outcome"] in ("failed", "error")}
+        return {
+            c["nodeid"].split("::", 1)[1]: c["message"]
+            for c in self.results["checks"]
+            if c["outcome"] in ("failed", "error")
+        }
 
 
-def run_suite(tmp_path: Path, *args: str, sim: SimCluster | None = None, timeout: float = 600
-              ) -> SuiteRun:
+def run_suite(
+    tmp_path: Path, *args: str, sim: SimCluster | None = None, timeout: float = 600
+) -> SuiteRun:
     """``pytest tests_infra ...`` in a subprocess; returns exit code, output and JSON."""
     results = tmp_path / "results.json"
     argv = [str(REPO / ".venv" / "bin" / "pytest") if (REPO / ".venv").exists() else "pytest"]
-    argv += ["-p", "no:cacheprovider", "-q", "-rfEs", f"--spark-results={results}",
-             "--rootdir", str(REPO), "-c", str(REPO / "pyproject.toml")]
+    argv += [
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "-rfEs",
+        f"--spark-results={results}",
+        "--rootdir",
+        str(REPO),
+        "-c",
+        str(REPO / "pyproject.toml"),
+    ]
     if sim is not None:
-        argv += [f"--spark-head={sim.head}", f"--spark-workers={','.join(sim.workers)}",
-                 f"--spark-ssh-config={sim.ssh_config}", "--spark-profile=sim"]
+        argv += [
+            f"--spark-head={sim.head}",
+            f"--spark-workers={','.join(sim.workers)}",
+            f"--spark-ssh-config={sim.ssh_config}",
+            "--spark-profile=sim",
+        ]
     argv += list(args)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SPARK_", "PYTEST_"))}
-    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=timeout,
-                          env=env)
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env)
     output = proc.stdout + proc.stderr
     data = json.loads(results.read_text()) if results.exists() else {"checks": []}
     return SuiteRun(proc.returncode, output, data)
@@ -89,5 +104,9 @@ def launch_args(sim: SimCluster) -> list[str]:
     launch = sim.info.get("launch")
     if not launch:
         pytest.skip("sparksim has no serving stack here (docker missing)")
-    return ["--spark-launch", f"--spark-launch-script={launch['script']}",
-            f"--spark-serve-args={launch['serve_args']}", f"--spark-container={launch['container']}"]
+    return [
+        "--spark-launch",
+        f"--spark-launch-script={launch['script']}",
+        f"--spark-serve-args={launch['serve_args']}",
+        f"--spark-container={launch['container']}",
+    ]

@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_spark.simcontrol import SimCluster
-
 from conftest import REPO, sim_fault  # type: ignore[import-not-found]
+from pytest_spark.simcontrol import SimCluster
 
 pytestmark = pytest.mark.sim
 
@@ -35,34 +34,59 @@ def containers(sim: SimCluster) -> dict[str, str]:
     out = {}
     for node in sim.info["nodes"]:
         proc = subprocess.run(
-            ["ssh", "-F", str(sim.ssh_config), node["mgmt"], "docker ps -q --filter "
-             "name=^vllm_node$"], capture_output=True, text=True, timeout=30)
+            [
+                "ssh",
+                "-F",
+                str(sim.ssh_config),
+                node["mgmt"],
+                "docker ps -q --filter name=^vllm_node$",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         out[node["name"]] = proc.stdout.strip()
     return out
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_signal_during_readiness_stops_what_was_launched(slow_sim: SimCluster, tmp_path: Path,
-                                                         sig: signal.Signals) -> None:
+def test_signal_during_readiness_stops_what_was_launched(
+    slow_sim: SimCluster, tmp_path: Path, sig: signal.Signals
+) -> None:
     launch = slow_sim.info["launch"]
     results, html = tmp_path / "results.json", tmp_path / "report.html"
-    argv = [str(REPO / ".venv" / "bin" / "pytest"), str(REPO / "tests_e2e" / "test_readiness.py"),
-            "-p", "no:cacheprovider", "--rootdir", str(REPO), "-c", str(REPO / "pyproject.toml"),
-            f"--spark-head={slow_sim.head}", f"--spark-workers={','.join(slow_sim.workers)}",
-            f"--spark-ssh-config={slow_sim.ssh_config}", "--spark-profile=sim",
-            "--spark-launch", f"--spark-launch-script={launch['script']}",
-            f"--spark-serve-args={launch['serve_args']}", "--spark-ready-timeout=300",
-            "--spark-hang-timeout=120", f"--spark-results={results}", f"--html={html}",
-            "--spark-history=off"]
+    argv = [
+        str(REPO / ".venv" / "bin" / "pytest"),
+        str(REPO / "tests_e2e" / "test_readiness.py"),
+        "-p",
+        "no:cacheprovider",
+        "--rootdir",
+        str(REPO),
+        "-c",
+        str(REPO / "pyproject.toml"),
+        f"--spark-head={slow_sim.head}",
+        f"--spark-workers={','.join(slow_sim.workers)}",
+        f"--spark-ssh-config={slow_sim.ssh_config}",
+        "--spark-profile=sim",
+        "--spark-launch",
+        f"--spark-launch-script={launch['script']}",
+        f"--spark-serve-args={launch['serve_args']}",
+        "--spark-ready-timeout=300",
+        "--spark-hang-timeout=120",
+        f"--spark-results={results}",
+        f"--html={html}",
+        "--spark-history=off",
+    ]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SPARK_", "PYTEST_"))}
-    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=env)
+    proc = subprocess.Popen(
+        argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
     assert proc.stdout is not None
     seen = []
     deadline = time.monotonic() + 120
     for line in proc.stdout:  # wait until the launcher runs and readiness is being watched
         seen.append(line)
-        if "vLLM startup:" in line and "weights" in line or time.monotonic() > deadline:
+        if ("vLLM startup:" in line and "weights" in line) or time.monotonic() > deadline:
             break
     assert any("vLLM startup:" in line for line in seen), "".join(seen)
     during = containers(slow_sim)

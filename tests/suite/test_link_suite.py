@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_spark.simcontrol import SimCluster
-
 from conftest import REPO, run_suite, sim_fault  # type: ignore[import-not-found]
+from pytest_spark.simcontrol import SimCluster
 
 pytestmark = pytest.mark.sim
 INFRA = str(REPO / "tests_infra" / "test_link.py")
@@ -37,21 +36,28 @@ def test_healthy_sim_passes_every_link_check(clean: SimCluster, tmp_path: Path) 
 
 
 def test_link_down_fails_link_up_on_both_ends_and_skips_dependents(
-        clean: SimCluster, tmp_path: Path) -> None:
+    clean: SimCluster, tmp_path: Path
+) -> None:
     sim_fault(clean, "link-down", "spark-2", "enp1s0f1np1")
     run = run_suite(tmp_path, INFRA, sim=clean)
     assert run.ret == 1
     failed = run.failed()
     assert set(failed) == {
-        "test_fabric_twins_up[spark-head]", "test_fabric_twins_up[spark-worker-1]",
-        "test_link_up[spark-head-twin1]", "test_link_up[spark-worker-1-twin1]"}, failed
+        "test_fabric_twins_up[spark-head]",
+        "test_fabric_twins_up[spark-worker-1]",
+        "test_link_up[spark-head-twin1]",
+        "test_link_up[spark-worker-1-twin1]",
+    }, failed
     down = failed["test_link_up[spark-worker-1-twin1]"]
     assert "spark-worker-1 enp1s0f1np1" in down and "administratively down" in down
     assert "ip link set enp1s0f1np1 up" in down
     assert "no carrier" in failed["test_link_up[spark-head-twin1]"]
     skipped = {k: v for k, v in run.outcomes().items() if v == "skipped"}
-    assert set(skipped) == {f"test_{t}[{n}-twin1]" for t in ("roce_active", "link_rate",
-                            "ping_peer_at_full_mtu") for n in ("spark-head", "spark-worker-1")}
+    assert set(skipped) == {
+        f"test_{t}[{n}-twin1]"
+        for t in ("roce_active", "link_rate", "ping_peer_at_full_mtu")
+        for n in ("spark-head", "spark-worker-1")
+    }
     reasons = {c["message"] for c in run.checks(outcome="skipped")}
     assert all("see the link-up check" in r for r in reasons), reasons
 
@@ -69,12 +75,15 @@ def test_degraded_rate_fails_the_rate_check_only(clean: SimCluster, tmp_path: Pa
 
 
 def test_mtu_mismatch_fails_consistency_and_full_mtu_ping_and_warns(
-        clean: SimCluster, tmp_path: Path) -> None:
+    clean: SimCluster, tmp_path: Path
+) -> None:
     sim_fault(clean, "mtu", "spark-2", "1500", "enP2p1s0f1np1")
     run = run_suite(tmp_path, INFRA, sim=clean)
     failed = run.failed()
-    assert set(failed) == {"test_mtu_consistent[twin0]",
-                           "test_ping_peer_at_full_mtu[spark-head-twin0]"}, failed
+    assert set(failed) == {
+        "test_mtu_consistent[twin0]",
+        "test_ping_peer_at_full_mtu[spark-head-twin0]",
+    }, failed
     assert "spark-head 9000, spark-worker-1 1500" in failed["test_mtu_consistent[twin0]"]
     assert "MTU problem" in failed["test_ping_peer_at_full_mtu[spark-head-twin0]"]
     warned = run.checks(nodeid="tests_infra/test_link.py::test_mtu[spark-worker-1-twin0]")[0]
@@ -97,11 +106,18 @@ def test_spark_sim_option_stands_up_and_tears_down(tmp_path: Path) -> None:
 
 
 def test_unreachable_worker_is_an_error_naming_it_not_a_check_failure(
-        sim: SimCluster, tmp_path: Path) -> None:
+    sim: SimCluster, tmp_path: Path
+) -> None:
     nobody = sim.head.rsplit(".", 1)[0] + ".99"  # on the sim's own bridge, no node there
-    run = run_suite(tmp_path, INFRA, f"--spark-head={sim.head}",
-                    f"--spark-workers={nobody}", f"--spark-ssh-config={sim.ssh_config}",
-                    "--spark-profile=sim", "--spark-connect-timeout=2")
+    run = run_suite(
+        tmp_path,
+        INFRA,
+        f"--spark-head={sim.head}",
+        f"--spark-workers={nobody}",
+        f"--spark-ssh-config={sim.ssh_config}",
+        "--spark-profile=sim",
+        "--spark-connect-timeout=2",
+    )
     errors = {k: v for k, v in run.outcomes().items() if v == "error"}
     assert errors and all("spark-worker-1" in k or "twin" in k for k in errors), run.outcomes()
     message = run.checks(outcome="error")[0]["message"]

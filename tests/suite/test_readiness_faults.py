@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_spark.simcontrol import SimCluster
-
 from conftest import REPO, SuiteRun, launch_args, run_suite, sim_fault  # type: ignore[import-not-found]
+from pytest_spark.simcontrol import SimCluster
 
 pytestmark = pytest.mark.sim
 READINESS = str(REPO / "tests_e2e" / "test_readiness.py")
@@ -20,20 +19,31 @@ READINESS = str(REPO / "tests_e2e" / "test_readiness.py")
 
 def launch_with(sim: SimCluster, tmp_path: Path, *extra: str) -> tuple[SuiteRun, float]:
     t0 = time.monotonic()
-    run = run_suite(tmp_path, READINESS, *launch_args(sim), "--spark-history=off",
-                    "--spark-ready-timeout=300", *extra, sim=sim)
+    run = run_suite(
+        tmp_path,
+        READINESS,
+        *launch_args(sim),
+        "--spark-history=off",
+        "--spark-ready-timeout=300",
+        *extra,
+        sim=sim,
+    )
     return run, time.monotonic() - t0
 
 
-@pytest.mark.parametrize(("fault", "signature", "words"), [
-    ("crash-oom", "cuda-oom", "CUDA out of memory"),
-    ("crash-free-memory", "free-memory", "Free memory on device"),
-    ("crash-nccl", "nccl", "NCCL"),
-    ("hang-placement-group", "placement-group", "ray status"),
-    ("hang-silent", "no log progress", "stalled"),
-])
-def test_load_failure_fails_fast_with_evidence(sim: SimCluster, tmp_path: Path, fault: str,
-                                               signature: str, words: str) -> None:
+@pytest.mark.parametrize(
+    ("fault", "signature", "words"),
+    [
+        ("crash-oom", "cuda-oom", "CUDA out of memory"),
+        ("crash-free-memory", "free-memory", "Free memory on device"),
+        ("crash-nccl", "nccl", "NCCL"),
+        ("hang-placement-group", "placement-group", "ray status"),
+        ("hang-silent", "no log progress", "stalled"),
+    ],
+)
+def test_load_failure_fails_fast_with_evidence(
+    sim: SimCluster, tmp_path: Path, fault: str, signature: str, words: str
+) -> None:
     sim_fault(sim, "clear")
     sim_fault(sim, "engine", fault)
     try:
@@ -56,17 +66,30 @@ def test_load_failure_fails_fast_with_evidence(sim: SimCluster, tmp_path: Path, 
 def _containers(sim: SimCluster) -> list[str]:
     out = []
     for node in sim.info["nodes"]:
-        proc = subprocess.run(["ssh", "-F", str(sim.ssh_config), node["mgmt"],
-                               "docker ps -q --filter name=^vllm_node$"],
-                              capture_output=True, text=True, timeout=30)
+        proc = subprocess.run(
+            [
+                "ssh",
+                "-F",
+                str(sim.ssh_config),
+                node["mgmt"],
+                "docker ps -q --filter name=^vllm_node$",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         out.append(proc.stdout.strip())
     return out
 
 
 def test_keep_then_attach_then_worker_death(sim: SimCluster, tmp_path: Path) -> None:
     sim_fault(sim, "clear")
-    attach = [READINESS, "--spark-history=off", "--spark-container=vllm_node",
-              f"--spark-serve-args={sim.info['launch']['serve_args']}"]
+    attach = [
+        READINESS,
+        "--spark-history=off",
+        "--spark-container=vllm_node",
+        f"--spark-serve-args={sim.info['launch']['serve_args']}",
+    ]
     try:
         run, _ = launch_with(sim, tmp_path / "keep", "--spark-keep")
         assert run.ret == 0, run.output
@@ -84,9 +107,17 @@ def test_keep_then_attach_then_worker_death(sim: SimCluster, tmp_path: Path) -> 
         assert "serving container exited on spark-worker-1" in message, message
         assert "/health answers 503" in message and "TP rank" in message
     finally:
-        subprocess.run(["ssh", "-F", str(sim.ssh_config), sim.head,
-                        f"{sim.info['launch']['script']} -n 198.19.0.1,198.19.0.2 stop"],
-                       capture_output=True, timeout=120)
+        subprocess.run(
+            [
+                "ssh",
+                "-F",
+                str(sim.ssh_config),
+                sim.head,
+                f"{sim.info['launch']['script']} -n 198.19.0.1,198.19.0.2 stop",
+            ],
+            capture_output=True,
+            timeout=120,
+        )
         sim_fault(sim, "clear")
     assert _containers(sim) == ["", ""]
 
@@ -98,4 +129,6 @@ def test_attach_to_a_cluster_that_is_not_serving(sim: SimCluster, tmp_path: Path
     assert time.monotonic() - t0 < 60
     message = run.checks(outcome="error")[0]["message"]
     assert "attach mode: the cluster is not serving" in message
-    assert "connection refused" in message and "vllm_node" in message and "--spark-launch" in message
+    assert (
+        "connection refused" in message and "vllm_node" in message and "--spark-launch" in message
+    )

@@ -6,9 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_spark.simcontrol import SimCluster
-
 from conftest import REPO, launch_args, run_suite, sim_fault  # type: ignore[import-not-found]
+from pytest_spark.simcontrol import SimCluster
 
 pytestmark = pytest.mark.sim
 NCCL = str(REPO / "tests_infra" / "test_nccl.py")
@@ -21,8 +20,14 @@ def test_degraded_link_regresses_busbw(sim: SimCluster, tmp_path: Path) -> None:
     assert first.ret == 0, first.output
     sim_fault(sim, "link-rate", "spark-1", "100000")
     try:
-        second = run_suite(tmp_path / "b", NCCL, *launch_args(sim), history,
-                           "--spark-compare-fail=busbw:10%", sim=sim)
+        second = run_suite(
+            tmp_path / "b",
+            NCCL,
+            *launch_args(sim),
+            history,
+            "--spark-compare-fail=busbw:10%",
+            sim=sim,
+        )
     finally:
         sim_fault(sim, "clear")
     assert second.ret == 1, second.output
