@@ -70,9 +70,10 @@ def pytest_configure(config: pytest.Config) -> None:
         if launch:  # how the sim says it is served; the user's own settings win
             hints = {"launch": True, "launch_script": launch["script"],
                      "image": launch["image"], "container": launch["container"],
-                     "port": launch["port"], "serve_args": launch["serve_args"]}
+                     "port": launch["port"], "serve_args": launch["serve_args"],
+                     "model_dir": launch.get("model_dir")}
             settings = settings.replace(**{k: v for k, v in hints.items()
-                                           if settings.source(k) == "default"})
+                                           if v is not None and settings.source(k) == "default"})
     config.stash[SETTINGS_KEY] = settings
     if _is_worker(config):
         config.stash[RUN_DIR_KEY] = Path(config.workerinput[RUN_DIR])  # type: ignore[attr-defined]

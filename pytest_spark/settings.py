@@ -109,6 +109,13 @@ def _text(raw: str) -> str:
     return raw
 
 
+def _remote_path(raw: str) -> str:
+    path = raw.strip().rstrip("/") or raw.strip()
+    if not path.startswith("/") or any(c in path for c in "\n\0"):
+        raise ValueError("must be an absolute path on the nodes (e.g. /data/models/NAME)")
+    return path
+
+
 def _path(raw: str) -> Path:
     if not raw.strip():
         raise ValueError("must be a path")
@@ -198,6 +205,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("container", _text, "vllm_node", "serving container name on every node", "NAME"),
     Option("serve-args", _text, None, "the `vllm serve ...` command the launcher runs in the "
            "head container", "'vllm serve ...'"),
+    Option("model-dir", _remote_path, None, "the model directory on the nodes (host path), "
+           "compared across nodes and sized by the preflight checks (default: the serve "
+           "args' model path when it exists on the nodes)", "PATH"),
     Option("nccl-debug", _text, None, "launcher --nccl-debug level (VERSION, WARN, INFO, TRACE)",
            "LEVEL"),
     Option("ready-timeout", _seconds, 1200.0, "give up waiting for readiness after this long",
@@ -247,8 +257,7 @@ class Settings:
         return Settings(values, sources, self.profile, self.secrets)
 
 
-class SettingsError(pytest.UsageError):
-    """A bad value, with its source named."""
+SettingsError = pytest.UsageError  # a bad value, with its source named (UsageError is final)
 
 
 def _ini_name(config: pytest.Config) -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import ipaddress
+from typing import Any
 
 import pytest
 
@@ -92,6 +92,44 @@ def test_same_subnet(spark_cluster: Cluster, fabric_if: str, spark_check: SparkC
     )
 
 
+def _ring_pings(cluster: Cluster, fabric_if: str) -> dict[str, tuple[Any, ...] | str]:
+    """Every node pings the next one on this twin, all at once (once per session): a node's
+    entry is (peer, peer_addr, mtu, big ping, small ping or None) or why it was not run."""
+
+    def ping(node: Node) -> tuple[Any, ...] | str:
+        nodes = cluster.nodes
+        peer = nodes[(nodes.index(node) + 1) % len(nodes)]
+        if cluster.unreachable(peer) is not None:
+            return f"peer {peer.name} unreachable: {cluster.unreachable(peer)}"
+        peer_port = port_of(node_link_facts(cluster, peer), fabric_if)
+        if not peer_port.addresses:
+            return f"peer {peer.name} has no IPv4 address on {fabric_if} (see the subnet check)"
+        peer_addr = peer_port.addresses[0].ip
+        mtu = port_of(node_link_facts(cluster, node), fabric_if).mtu or 1500
+        count = int(cluster.profile.get("link.ping_count", 3))
+        result = node.run(ping_command(fabric_if, peer_addr, mtu, count), timeout=30)
+        parsed = parse_ping(result.stdout + result.stderr)
+        small = None
+        if parsed.received < parsed.transmitted:
+            small_result = node.run(ping_command(fabric_if, peer_addr, 1500, 1), timeout=15)
+            small = parse_ping(small_result.stdout + small_result.stderr)
+        return (peer, peer_addr, mtu, parsed, small)
+
+    def all_pings() -> dict[str, tuple[Any, ...] | str]:
+        usable = [
+            n
+            for n in cluster.nodes
+            if cluster.unreachable(n) is None
+            and link_is_usable(port_of(node_link_facts(cluster, n), fabric_if))[0]
+        ]
+        return {
+            name: (value if not isinstance(value, RemoteError) else str(value))
+            for name, value in cluster.map(ping, usable).items()
+        }
+
+    return cluster.cached(("ring-pings", fabric_if), all_pings)
+
+
 def test_ping_peer_at_full_mtu(
     spark_cluster: Cluster,
     spark_node: Node,
@@ -100,23 +138,12 @@ def test_ping_peer_at_full_mtu(
     spark_check: SparkCheck,
 ) -> None:
     """A don't-fragment ping filling the MTU reaches the next node (a ring covers every
-    port as sender and as receiver)."""
+    port as sender and as receiver); the whole ring is pinged at once."""
     require_usable(spark_node, port)
-    nodes = spark_cluster.nodes
-    peer = nodes[(nodes.index(spark_node) + 1) % len(nodes)]
-    if spark_cluster.unreachable(peer) is not None:
-        pytest.skip(f"peer {peer.name} unreachable: {spark_cluster.unreachable(peer)}")
-    peer_port = port_of(node_link_facts(spark_cluster, peer), fabric_if)
-    if not peer_port.addresses:
-        pytest.skip(f"peer {peer.name} has no IPv4 address on {fabric_if} (see the subnet check)")
-    peer_addr: ipaddress.IPv4Address = peer_port.addresses[0].ip
-    mtu = port.mtu or 1500
-    count = int(spark_cluster.profile.get("link.ping_count", 3))
-    result = spark_node.run(ping_command(fabric_if, peer_addr, mtu, count), timeout=30)
-    small = None
-    parsed = parse_ping(result.stdout + result.stderr)
-    if parsed.received < parsed.transmitted:
-        small_result = spark_node.run(ping_command(fabric_if, peer_addr, 1500, 1), timeout=15)
-        small = parse_ping(small_result.stdout + small_result.stderr)
-    finding = check_ping(spark_node.name, port, peer.name, peer_addr, parsed, mtu, small_ping=small)
-    spark_check.require(finding)
+    outcome = _ring_pings(spark_cluster, fabric_if).get(spark_node.name)
+    if outcome is None or isinstance(outcome, str):
+        pytest.skip(outcome or f"{spark_node.name}: not pinged")
+    peer, peer_addr, mtu, parsed, small = outcome
+    spark_check.require(
+        check_ping(spark_node.name, port, peer.name, peer_addr, parsed, mtu, small_ping=small)
+    )

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import cluster, faults, serving
+from . import cluster, faults, hostfaults, serving
 from .netns import SimError
 from .topology import MAX_NODES
 
@@ -87,8 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("node", metavar="NODE", help=node_help)
     k.add_argument("mtu", metavar="MTU", type=_positive_int, help="MTU (healthy: 9000)")
     k.add_argument("twin", metavar="TWIN", nargs="?", help=twin_help)
-    kinds.add_parser("clear", parents=[common], help="back to a healthy fabric")
+    kinds.add_parser("clear", parents=[common], help="undo every fault: back to a healthy cluster")
     _add_serving_faults(kinds, common, node_help)
+    hostfaults.add_parsers(kinds, common, node_help)  # docker, gpu, disk, clock, ssh, ...
     return parser
 
 
@@ -217,8 +218,11 @@ def run(argv: list[str] | None = None) -> int:
             msgs = serving.engine_fault(state_dir, topo, args.names, args.node)
         elif args.kind == "model":
             msgs = serving.model_fault(state_dir, topo, args.node, args.how)
+        elif args.kind in hostfaults.KINDS:
+            msgs = hostfaults.apply(state_dir, topo, args)
         else:
-            msgs = serving.clear(state_dir, topo) + faults.clear(state_dir, topo)
+            msgs = (hostfaults.clear(state_dir, topo) + serving.clear(state_dir, topo)
+                    + faults.clear(state_dir, topo))
     for msg in msgs:
         print(msg)
     return 0

@@ -5,7 +5,8 @@ Each node's sshd runs as::
     nsenter --net=/run/netns/spk{k}-n{i} unshare --uts --pid --fork --kill-child \\
         --mount-proc --propagation private sh -c '<mounts>; exec sshd -D -f .../sshd_config'
 
-so it has its own network namespace, hostname, PID 1 and a private mount namespace with
+so it has its own network namespace, hostname, PID 1, boot time (a time namespace: its
+uptime counts from ``up``) and a private mount namespace with
 a sysfs of its own network namespace (host cgroup mounts kept), in which the node's
 tools dir covers ``/usr/local/sbin`` (first on sshd's default PATH), an
 empty file covers ``/root/.bashrc`` (pyenv init costs ~130 ms per command), the node's
@@ -288,7 +289,7 @@ def start_sshd(state_dir: Path, node: NodeSpec) -> int:
     argv = [
         "nsenter", f"--net=/run/netns/{node.netns}",
         "unshare", "--uts", "--pid", "--fork", "--kill-child", "--mount-proc",
-        "--propagation", "private",
+        "--propagation", "private", *boot_now(),
         "/bin/sh", "-c", _mount_script(state_dir, node),
     ]  # fmt: skip
     launch = f"{shlex.join(argv)} </dev/null >>{shlex.quote(str(nd / 'node.log'))} 2>&1 & echo $!"
@@ -296,6 +297,24 @@ def start_sshd(state_dir: Path, node: NodeSpec) -> int:
     pid = int(out)
     write_atomic(nd / "sshd.pid", f"{pid}\n")
     return pid
+
+
+def boot_now() -> list[str]:
+    """``unshare`` options for a time namespace whose boot is now: the node's /proc/uptime
+    counts from ``spark-sim up``, as old as its fabric netdevs (a real node's appear at
+    boot), whatever the machine's own uptime. None where the kernel has no time namespaces.
+    """
+    try:
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        offsets = Path("/proc/self/timens_offsets").read_text()
+    except (OSError, ValueError, IndexError):
+        return []
+    ours = 0  # offsets are against the host clock; we may sit in a time namespace already
+    for line in offsets.splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[0] in ("boottime", "7") and parts[1].lstrip("-").isdigit():
+            ours = int(parts[1])
+    return ["--time", "--boottime", str(-int(uptime - ours))]
 
 
 def read_pid(state_dir: Path, node: NodeSpec) -> int | None:

@@ -1,7 +1,8 @@
 """Fake nvidia-smi for a GB10 (unified memory: memory fields are ``[N/A]``/Not Supported).
 
 GPUs, driver version and the fake GPU processes come from state.json (``gpu`` key);
-faults may add processes there (``{"pid", "name", "type", "used_memory_mib"}``).
+faults may add processes there (``{"pid", "name", "type", "used_memory_mib"}``). An empty
+GPU list gives ``No devices were found`` and exit status 6, as the real tool does.
 """
 
 from __future__ import annotations
@@ -172,6 +173,9 @@ def _query(spec: str, table: Fields) -> list[str] | str:
 def nvidia_smi(node_dir: str, argv: list[str]) -> int:
     info = load_state(node_dir)["gpu"]
     gpus = info["gpus"]
+    if not gpus:  # the driver lost the GPU (fault gpu-invisible): what nvidia-smi says then
+        sys.stdout.write("No devices were found\n")
+        return 6
     query_gpu = query_apps = None
     fmt: set[str] = set()
     for a in argv:

@@ -1,0 +1,191 @@
+"""Preflight: is every node fit to serve before the model load (REFERENCE.md §1-3)?
+
+Per node: Docker and the serving image, nothing else holding the GPU, the GPU visible,
+disk room, link flaps per fabric twin, the serving environment naming the fabric. Per
+cluster: the model directory identical everywhere, clocks in step, passwordless SSH from
+the head to the workers. Facts come from one probe round trip per node (cached).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_spark import Cluster, Finding, Node, SparkCheck
+from pytest_spark.checks.preflight import (
+    Skip,
+    check_clock_skew,
+    check_disk,
+    check_docker,
+    check_gpu_holders,
+    check_gpu_visible,
+    check_link_flaps,
+    check_model_identical,
+    check_passwordless_ssh,
+    check_serving_env,
+)
+from pytest_spark.facts.preflight import ClockSample, ModelListing, NodePreflight
+from pytest_spark.preflightstate import (
+    address_owners,
+    all_preflight,
+    clock_samples,
+    fabric_of,
+    model_dir,
+    serving_env,
+    ssh_from_head,
+)
+from pytest_spark.remote.base import RemoteError
+from pytest_spark.standup import NotServing, ServingInfo, fabric_addresses
+
+pytestmark = pytest.mark.preflight
+
+
+def require(spark_check: SparkCheck, result: Finding | Skip) -> None:
+    if isinstance(result, Skip):
+        pytest.skip(result.reason)
+    spark_check.require(result)
+
+
+@pytest.fixture
+def preflight(spark_cluster: Cluster, spark_node: Node) -> NodePreflight:
+    """This node's facts; the first use probes every node at once."""
+    facts = all_preflight(spark_cluster)[spark_node.name]
+    if isinstance(facts, RemoteError):
+        pytest.fail(f"node unreachable: {facts}", pytrace=False)
+    return facts
+
+
+def test_docker_ready(
+    spark_node: Node, preflight: NodePreflight, spark_cluster: Cluster, spark_check: SparkCheck
+) -> None:
+    require(
+        spark_check,
+        check_docker(spark_node.name, preflight.docker, spark_cluster.settings.container),
+    )
+
+
+def test_gpu_not_held_by_others(
+    spark_node: Node, preflight: NodePreflight, spark_cluster: Cluster, spark_check: SparkCheck
+) -> None:
+    require(
+        spark_check,
+        check_gpu_holders(
+            spark_node.name,
+            preflight.docker,
+            preflight.gpu,
+            spark_cluster.settings.container,
+            preflight.now,
+        ),
+    )
+
+
+def test_gpu_visible(
+    spark_node: Node, preflight: NodePreflight, spark_cluster: Cluster, spark_check: SparkCheck
+) -> None:
+    if preflight.gpu.driver_version:
+        spark_check.attach("driver_version", preflight.gpu.driver_version)
+    spark_check.require(
+        check_gpu_visible(
+            spark_node.name, preflight.gpu, int(spark_cluster.profile["preflight.gpus_per_node"])
+        )
+    )
+
+
+def test_disk_space(
+    spark_node: Node, preflight: NodePreflight, spark_cluster: Cluster, spark_check: SparkCheck
+) -> None:
+    where = model_dir(spark_cluster.settings)
+    mine = preflight.model
+    sizes = [
+        f.model.total_bytes
+        for f in all_preflight(spark_cluster).values()
+        if isinstance(f, NodePreflight) and f.model and f.model.exists and f.model.files
+    ]
+    needed = max(sizes) if sizes else None
+    have = mine.total_bytes if mine and mine.exists else 0
+    max_pct = float(spark_cluster.profile["preflight.max_disk_used_pct"])
+    spark_check.require(
+        check_disk(
+            spark_node.name, preflight.disk, max_pct, where.path, needed, have, preflight.disk_error
+        )
+    )
+
+
+def test_model_dir_identical(spark_cluster: Cluster, spark_check: SparkCheck) -> None:
+    where = model_dir(spark_cluster.settings)
+    if where.path is None:
+        pytest.skip(where.reason or "model directory not known")
+    listings: dict[str, ModelListing | None] = {}
+    for name, facts in all_preflight(spark_cluster).items():
+        if isinstance(facts, RemoteError):
+            pytest.fail(f"node unreachable: {facts}", pytrace=False)
+        listings[name] = facts.model
+    if where.must_exist_somewhere and not any(m and m.exists for m in listings.values()):
+        pytest.skip(
+            f"{where.source} {where.path} does not exist on any node (a path inside "
+            "the container?): set --spark-model-dir to the host directory"
+        )
+    spark_check.require(check_model_identical(where.path, listings, where.source or ""))
+
+
+def test_clock_skew(spark_cluster: Cluster, spark_check: SparkCheck) -> None:
+    samples = []
+    for name, sample in clock_samples(spark_cluster).items():
+        if isinstance(sample, RemoteError):
+            pytest.fail(f"node unreachable: {sample}", pytrace=False)
+        assert isinstance(sample, ClockSample), name
+        samples.append(sample)
+    spark_check.require(
+        check_clock_skew(samples, float(spark_cluster.profile["preflight.max_clock_skew_s"]))
+    )
+
+
+def test_passwordless_ssh_head_to_workers(
+    spark_cluster: Cluster, spark_head: Node, spark_check: SparkCheck
+) -> None:
+    """``ssh -o BatchMode=yes -o ConnectTimeout=5 ADDR true`` on the head, to every worker
+    address the launcher gets (--spark-launch-nodes, else each node's fabric address)."""
+    if not spark_cluster.workers:
+        pytest.skip("no workers")
+    try:
+        addresses = list(spark_cluster.settings.launch_nodes or fabric_addresses(spark_cluster))
+    except NotServing as exc:
+        pytest.skip(f"worker addresses for the launcher not known: {exc}")
+    owners = address_owners(spark_cluster)
+    workers = [a for a in addresses if owners.get(a) != spark_head.name]
+    names = {a: owners[a] for a in workers if a in owners}
+    spark_check.require(
+        check_passwordless_ssh(spark_head.name, ssh_from_head(spark_cluster, workers), names)
+    )
+
+
+def test_link_flaps(
+    spark_node: Node,
+    preflight: NodePreflight,
+    fabric_if: str,
+    spark_cluster: Cluster,
+    spark_check: SparkCheck,
+) -> None:
+    """Carrier losses per 24 h on each fabric twin (journald, else sysfs counters)."""
+    spark_check.require(
+        check_link_flaps(
+            spark_node.name,
+            fabric_if,
+            preflight.carriers.get(fabric_if),
+            preflight.uptime_s,
+            preflight.journal,
+            int(spark_cluster.profile["preflight.max_link_flaps_24h"]),
+        )
+    )
+
+
+def test_serving_env_matches_fabric(
+    spark_serving: ServingInfo, spark_cluster: Cluster, spark_node: Node, spark_check: SparkCheck
+) -> None:
+    """Needs the serving containers (launched with --spark-launch, else attached to)."""
+    ifs, devs, node_ifs = fabric_of(spark_cluster, spark_node)
+    env = serving_env(spark_cluster, spark_node)
+    spark_check.require(
+        check_serving_env(
+            spark_node.name, spark_cluster.settings.container, env, ifs, devs, node_ifs
+        )
+    )
