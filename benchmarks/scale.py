@@ -26,11 +26,23 @@ def main() -> None:
     for n in args.nodes:
         sim = sim_up(n)
         try:
-            argv = [sys.executable, "-m", "pytest", str(REPO / "tests_infra"), "-m", "link",
-                    "-q", "-p", "no:cacheprovider", f"--spark-head={sim.head}",
-                    f"--spark-workers={','.join(sim.workers)}",
-                    f"--spark-ssh-config={sim.ssh_config}", "--spark-profile=sim",
-                    "--spark-history=off", *[a for a in extra if a != "--"]]
+            argv = [
+                sys.executable,
+                "-m",
+                "pytest",
+                str(REPO / "tests_infra"),
+                "-m",
+                "link",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                f"--spark-head={sim.head}",
+                f"--spark-workers={','.join(sim.workers)}",
+                f"--spark-ssh-config={sim.ssh_config}",
+                "--spark-profile=sim",
+                "--spark-history=off",
+                *[a for a in extra if a != "--"],
+            ]
             t0 = time.monotonic()
             proc = subprocess.run(argv, capture_output=True, text=True, cwd=REPO)
             times[n] = time.monotonic() - t0

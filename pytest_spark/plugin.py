@@ -34,8 +34,14 @@ RUN_DIR = "spark_run_dir"
 SIGTERM_KEY = pytest.StashKey[Any]()
 API_FIXTURES = {"spark_api"}
 NODE_FIXTURES = {"spark_node", "_spark_node", "host"}
-CLUSTER_FIXTURES = NODE_FIXTURES | {"spark_cluster", "spark_head", "spark_workers",
-                                    "spark_head_host", "spark_twin", "spark_serving"}
+CLUSTER_FIXTURES = NODE_FIXTURES | {
+    "spark_cluster",
+    "spark_head",
+    "spark_workers",
+    "spark_head_host",
+    "spark_twin",
+    "spark_serving",
+}
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
@@ -54,8 +60,7 @@ def _is_worker(config: pytest.Config) -> bool:
 def pytest_configure(config: pytest.Config) -> None:
     for name in CATEGORIES:
         config.addinivalue_line("markers", f"{name}: {MARKERS[name]}")
-    config.addinivalue_line(
-        "filterwarnings", "default::pytest_spark.fixtures.SparkCheckWarning")
+    config.addinivalue_line("filterwarnings", "default::pytest_spark.fixtures.SparkCheckWarning")
     config.pluginmanager.register(fixtures, "spark.fixtures")
     settings = resolve(config)
     if settings.sim:
@@ -65,15 +70,26 @@ def pytest_configure(config: pytest.Config) -> None:
             sim = sim_up(settings.sim_nodes)
         config.stash[SIM_KEY] = sim
         settings = settings.replace(
-            head=sim.head, workers=sim.workers, ssh_config=sim.ssh_config, user="root")
+            head=sim.head, workers=sim.workers, ssh_config=sim.ssh_config, user="root"
+        )
         launch = sim.info.get("launch")
         if launch:  # how the sim says it is served; the user's own settings win
-            hints = {"launch": True, "launch_script": launch["script"],
-                     "image": launch["image"], "container": launch["container"],
-                     "port": launch["port"], "serve_args": launch["serve_args"],
-                     "model_dir": launch.get("model_dir")}
-            settings = settings.replace(**{k: v for k, v in hints.items()
-                                           if v is not None and settings.source(k) == "default"})
+            hints = {
+                "launch": True,
+                "launch_script": launch["script"],
+                "image": launch["image"],
+                "container": launch["container"],
+                "port": launch["port"],
+                "serve_args": launch["serve_args"],
+                "model_dir": launch.get("model_dir"),
+            }
+            settings = settings.replace(
+                **{
+                    k: v
+                    for k, v in hints.items()
+                    if v is not None and settings.source(k) == "default"
+                }
+            )
     config.stash[SETTINGS_KEY] = settings
     if _is_worker(config):
         config.stash[RUN_DIR_KEY] = Path(config.workerinput[RUN_DIR])  # type: ignore[attr-defined]
@@ -82,8 +98,9 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(XdistHooks(), "spark.xdist")
     if not _is_worker(config):
-        recorder = ResultsRecorder(config, settings.results, cluster_info(settings),
-                                   config.stash[RUN_DIR_KEY])
+        recorder = ResultsRecorder(
+            config, settings.results, cluster_info(settings), config.stash[RUN_DIR_KEY]
+        )
         config.stash[RESULTS_KEY] = recorder
         config.pluginmanager.register(recorder, "spark.results")
     register_reports(config)  # HTML, history, terminal summary, redaction (pytest_spark/report)
@@ -100,8 +117,10 @@ def _sigterm_as_interrupt(signum: int, frame: Any) -> None:
 def cluster_info(settings: Settings) -> dict[str, Any]:
     return {
         "head": settings.head,
-        "nodes": [{"name": n, "role": r, "address": a} for n, r, a in
-                  (node_names(settings) if settings.head else [])],
+        "nodes": [
+            {"name": n, "role": r, "address": a}
+            for n, r, a in (node_names(settings) if settings.head else [])
+        ],
         "sim": bool(settings.sim),
         "profile": settings.profile.name,
         "hostkey_check": settings.hostkey_check,
@@ -176,13 +195,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     cluster_tests = [i for i in items if set(getattr(i, "fixturenames", ())) & CLUSTER_FIXTURES]
     if settings.api_url:
-        skip = pytest.mark.skip(reason="needs the cluster's nodes (--spark-head): only the "
-                                "API was given (--spark-api-url)")
+        skip = pytest.mark.skip(
+            reason="needs the cluster's nodes (--spark-head): only the "
+            "API was given (--spark-api-url)"
+        )
         for item in cluster_tests:
             item.add_marker(skip)
         return
-    needy = cluster_tests + [i for i in items
-                             if set(getattr(i, "fixturenames", ())) & API_FIXTURES]
+    needy = cluster_tests + [i for i in items if set(getattr(i, "fixturenames", ())) & API_FIXTURES]
     if needy:
         raise pytest.UsageError(
             "these tests check a cluster: give --spark-head HOST (the head node's management "

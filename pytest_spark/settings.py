@@ -159,70 +159,191 @@ class Option:
 
 
 OPTIONS: tuple[Option, ...] = (
-    Option("head", _host, None, "management address (or ssh_config alias) of the head node",
-           "HOST"),
-    Option("workers", _host_list, (), "management addresses of the workers; reached through "
-           "the head as a jump host when not directly reachable", "HOST[,HOST...]"),
+    Option(
+        "head", _host, None, "management address (or ssh_config alias) of the head node", "HOST"
+    ),
+    Option(
+        "workers",
+        _host_list,
+        (),
+        "management addresses of the workers; reached through "
+        "the head as a jump host when not directly reachable",
+        "HOST[,HOST...]",
+    ),
     Option("user", _text, None, "SSH user (default: ssh_config, then the local user)", "USER"),
     Option("ssh-key", _path, None, "SSH private key (default: ssh_config IdentityFile)", "PATH"),
-    Option("ssh-config", _path, Path("~/.ssh/config"), "OpenSSH config to honour (Host aliases, "
-           "HostName, User, IdentityFile, Port, ProxyJump, UserKnownHostsFile)", "PATH"),
+    Option(
+        "ssh-config",
+        _path,
+        Path("~/.ssh/config"),
+        "OpenSSH config to honour (Host aliases, "
+        "HostName, User, IdentityFile, Port, ProxyJump, UserKnownHostsFile)",
+        "PATH",
+    ),
     Option("connect-timeout", _seconds, 10.0, "SSH connect timeout per node", "SECONDS"),
     Option("command-timeout", _seconds, 60.0, "timeout of one remote command", "SECONDS"),
-    Option("hostkey-check", _hostkey_check, "strict", "host key policy: strict (unknown or "
-           "changed keys are errors) or off (accept any key; the report says so)", "strict|off"),
-    Option("profile", _text, "dgx-spark-2node", "threshold profile: a built-in name "
-           "(dgx-spark-2node, sim) or a TOML file", "NAME|PATH"),
-    Option("threshold", _thresholds, {}, "override single thresholds of the profile",
-           "KEY=VALUE[,KEY=VALUE...]"),
-    Option("fabric-ifs", _name_list, (), "fabric interfaces (default: discovered from "
-           "ibdev2netdev devices that are Up)", "IF[,IF]"),
+    Option(
+        "hostkey-check",
+        _hostkey_check,
+        "strict",
+        "host key policy: strict (unknown or "
+        "changed keys are errors) or off (accept any key; the report says so)",
+        "strict|off",
+    ),
+    Option(
+        "profile",
+        _text,
+        "dgx-spark-2node",
+        "threshold profile: a built-in name (dgx-spark-2node, sim) or a TOML file",
+        "NAME|PATH",
+    ),
+    Option(
+        "threshold",
+        _thresholds,
+        {},
+        "override single thresholds of the profile",
+        "KEY=VALUE[,KEY=VALUE...]",
+    ),
+    Option(
+        "fabric-ifs",
+        _name_list,
+        (),
+        "fabric interfaces (default: discovered from ibdev2netdev devices that are Up)",
+        "IF[,IF]",
+    ),
     Option("results", _path, None, "write JSON results to this file", "PATH"),
-    Option("sim", _bool, False, "stand up sparksim (the embedded simulated cluster) for the "
-           "session, point everything at it and tear it down afterwards", flag=True,
-           ini_type="bool"),
+    Option(
+        "sim",
+        _bool,
+        False,
+        "stand up sparksim (the embedded simulated cluster) for the "
+        "session, point everything at it and tear it down afterwards",
+        flag=True,
+        ini_type="bool",
+    ),
     Option("sim-nodes", _nodes, 2, "number of sparksim nodes with --spark-sim", "N"),
-    Option("api-url", _url, None, "OpenAI-compatible API base URL (default: the head's "
-           "--spark-port, through an SSH tunnel when not directly reachable)", "URL"),
-    Option("api-key", _text, None, "API key (prefer SPARK_API_KEY or --spark-api-key-file; "
-           "never printed)", "KEY", secret=True),
+    Option(
+        "api-url",
+        _url,
+        None,
+        "OpenAI-compatible API base URL (default: the head's "
+        "--spark-port, through an SSH tunnel when not directly reachable)",
+        "URL",
+    ),
+    Option(
+        "api-key",
+        _text,
+        None,
+        "API key (prefer SPARK_API_KEY or --spark-api-key-file; never printed)",
+        "KEY",
+        secret=True,
+    ),
     Option("api-key-file", _path, None, "file holding the API key", "PATH"),
-    Option("model", _text, None, "served model id (default: the only one /v1/models lists)",
-           "NAME"),
+    Option(
+        "model", _text, None, "served model id (default: the only one /v1/models lists)", "NAME"
+    ),
     Option("port", _port, 8000, "vLLM API port on the head", "PORT"),
-    Option("http-timeout", _seconds, 30.0, "timeout of one HTTP request, and the idle "
-           "timeout of a stream", "SECONDS"),
-    Option("launch", _bool, False, "start the serving cluster with the launch script on the "
-           "head, wait until it is ready, and stop it after the session", flag=True,
-           ini_type="bool"),
-    Option("keep", _bool, False, "with --spark-launch: leave the cluster running afterwards",
-           flag=True, ini_type="bool"),
-    Option("launch-script", _text, "./launch-cluster.sh", "launch-cluster.sh path on the head",
-           "PATH"),
-    Option("launch-nodes", _host_list, (), "node IPs passed to the launcher's -n (default: "
-           "each node's primary fabric address)", "IP[,IP...]"),
+    Option(
+        "http-timeout",
+        _seconds,
+        30.0,
+        "timeout of one HTTP request, and the idle timeout of a stream",
+        "SECONDS",
+    ),
+    Option(
+        "launch",
+        _bool,
+        False,
+        "start the serving cluster with the launch script on the "
+        "head, wait until it is ready, and stop it after the session",
+        flag=True,
+        ini_type="bool",
+    ),
+    Option(
+        "keep",
+        _bool,
+        False,
+        "with --spark-launch: leave the cluster running afterwards",
+        flag=True,
+        ini_type="bool",
+    ),
+    Option(
+        "launch-script", _text, "./launch-cluster.sh", "launch-cluster.sh path on the head", "PATH"
+    ),
+    Option(
+        "launch-nodes",
+        _host_list,
+        (),
+        "node IPs passed to the launcher's -n (default: each node's primary fabric address)",
+        "IP[,IP...]",
+    ),
     Option("image", _text, None, "serving image for the launcher's -t", "IMAGE"),
     Option("container", _text, "vllm_node", "serving container name on every node", "NAME"),
-    Option("serve-args", _text, None, "the `vllm serve ...` command the launcher runs in the "
-           "head container", "'vllm serve ...'"),
-    Option("model-dir", _remote_path, None, "the model directory on the nodes (host path), "
-           "compared across nodes and sized by the preflight checks (default: the serve "
-           "args' model path when it exists on the nodes)", "PATH"),
-    Option("nccl-debug", _text, None, "launcher --nccl-debug level (VERSION, WARN, INFO, TRACE)",
-           "LEVEL"),
-    Option("ready-timeout", _seconds, 1200.0, "give up waiting for readiness after this long",
-           "SECONDS", profile_key="readiness.ready_timeout_s"),
-    Option("hang-timeout", _seconds, 300.0, "no log progress on any node for this long while "
-           "loading is a hang", "SECONDS", profile_key="readiness.hang_timeout_s"),
-    Option("history", history_dir, Path(".spark-history"), "keep each run's figures (busbw, "
-           "tok/s, TTFT, TPOT, load phases) here, one JSON file per run; 'off' keeps none",
-           "DIR|off"),
-    Option("compare", run_ref, None, "compare the figures with the last run of the same "
-           "cluster in the history, or with run RUN (its number, e.g. 0003, or file)",
-           "RUN", const="last"),
-    Option("compare-fail", compare_fail, (), "fail the session when a figure got worse by more "
-           "than PCT against the compared run (implies --spark-compare); METRIC is busbw, "
-           "tok_s, ttft, tpot, load or one figure such as tok_s@4", "METRIC:PCT[,METRIC:PCT]"),
+    Option(
+        "serve-args",
+        _text,
+        None,
+        "the `vllm serve ...` command the launcher runs in the head container",
+        "'vllm serve ...'",
+    ),
+    Option(
+        "model-dir",
+        _remote_path,
+        None,
+        "the model directory on the nodes (host path), "
+        "compared across nodes and sized by the preflight checks (default: the serve "
+        "args' model path when it exists on the nodes)",
+        "PATH",
+    ),
+    Option(
+        "nccl-debug",
+        _text,
+        None,
+        "launcher --nccl-debug level (VERSION, WARN, INFO, TRACE)",
+        "LEVEL",
+    ),
+    Option(
+        "ready-timeout",
+        _seconds,
+        1200.0,
+        "give up waiting for readiness after this long",
+        "SECONDS",
+        profile_key="readiness.ready_timeout_s",
+    ),
+    Option(
+        "hang-timeout",
+        _seconds,
+        300.0,
+        "no log progress on any node for this long while loading is a hang",
+        "SECONDS",
+        profile_key="readiness.hang_timeout_s",
+    ),
+    Option(
+        "history",
+        history_dir,
+        Path(".spark-history"),
+        "keep each run's figures (busbw, "
+        "tok/s, TTFT, TPOT, load phases) here, one JSON file per run; 'off' keeps none",
+        "DIR|off",
+    ),
+    Option(
+        "compare",
+        run_ref,
+        None,
+        "compare the figures with the last run of the same "
+        "cluster in the history, or with run RUN (its number, e.g. 0003, or file)",
+        "RUN",
+        const="last",
+    ),
+    Option(
+        "compare-fail",
+        compare_fail,
+        (),
+        "fail the session when a figure got worse by more "
+        "than PCT against the compared run (implies --spark-compare); METRIC is busbw, "
+        "tok_s, ttft, tpot, load or one figure such as tok_s@4",
+        "METRIC:PCT[,METRIC:PCT]",
+    ),
 )
 
 OPTIONS_BY_ATTR = {option.attr: option for option in OPTIONS}
@@ -283,7 +404,8 @@ def resolve(config: pytest.Config, environ: Mapping[str, str] | None = None) -> 
                 if isinstance(ini_value, list):
                     ini_value = ",".join(str(v) for v in ini_value)
                 raw[option.attr] = (
-                    ini_value, f"{option.ini} in {_ini_name(config)}",
+                    ini_value,
+                    f"{option.ini} in {_ini_name(config)}",
                     not isinstance(ini_value, bool),
                 )
     values: dict[str, Any] = {}
@@ -311,8 +433,11 @@ def resolve(config: pytest.Config, environ: Mapping[str, str] | None = None) -> 
         culprit = "threshold" if "threshold" in str(exc) else "profile"
         raise SettingsError(f"{exc} (from {sources[culprit]})") from None
     for option in OPTIONS:
-        if option.profile_key and sources[option.attr] == "default" and (
-                option.profile_key in profile.values):
+        if (
+            option.profile_key
+            and sources[option.attr] == "default"
+            and (option.profile_key in profile.values)
+        ):
             values[option.attr] = option.parse(str(profile[option.profile_key]))
             sources[option.attr] = f"profile {profile.name}"
     secrets = frozenset(o.attr for o in OPTIONS if o.secret)
@@ -325,13 +450,27 @@ def add_options(parser: pytest.Parser) -> None:
         shown = "" if option.default in (None, (), {}) else f" (default: {option.default})"
         help_text = f"{option.help}{shown}; ini {option.ini}, env {option.env}"
         if option.flag:
-            group.addoption(option.cli, action="store_true", default=None, dest=option.dest,
-                            help=help_text)
+            group.addoption(
+                option.cli, action="store_true", default=None, dest=option.dest, help=help_text
+            )
         elif option.const is not None:
-            group.addoption(option.cli, action="store", nargs="?", const=option.const,
-                            default=None, dest=option.dest, metavar=option.metavar,
-                            help=help_text)
+            group.addoption(
+                option.cli,
+                action="store",
+                nargs="?",
+                const=option.const,
+                default=None,
+                dest=option.dest,
+                metavar=option.metavar,
+                help=help_text,
+            )
         else:
-            group.addoption(option.cli, action="store", default=None, dest=option.dest,
-                            metavar=option.metavar, help=help_text)
+            group.addoption(
+                option.cli,
+                action="store",
+                default=None,
+                dest=option.dest,
+                metavar=option.metavar,
+                help=help_text,
+            )
         parser.addini(option.ini, help=option.help, type=option.ini_type, default=None)  # type: ignore[arg-type]

@@ -55,7 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--nodes", type=_nodes, default=2, metavar="N", help="number of nodes, >= 2 (default: 2)"
     )
     p_up.add_argument(
-        "--time-scale", type=_time_scale, default=0.002, metavar="X",
+        "--time-scale",
+        type=_time_scale,
+        default=0.002,
+        metavar="X",
         help="emulated vLLM load time scale: 1 loads like the real 122B model (~13 min), "
         "the default 0.002 in ~2 s",
     )
@@ -221,8 +224,11 @@ def run(argv: list[str] | None = None) -> int:
         elif args.kind in hostfaults.KINDS:
             msgs = hostfaults.apply(state_dir, topo, args)
         else:
-            msgs = (hostfaults.clear(state_dir, topo) + serving.clear(state_dir, topo)
-                    + faults.clear(state_dir, topo))
+            msgs = (
+                hostfaults.clear(state_dir, topo)
+                + serving.clear(state_dir, topo)
+                + faults.clear(state_dir, topo)
+            )
     for msg in msgs:
         print(msg)
     return 0
