@@ -157,9 +157,10 @@ class ProbeSection:
         return None
 
 
-_MARK_LINE = re.compile(
-    rf"^{re.escape(MARKER)} (?P<kind>probe|begin|stderr|end)(?: (?P<rest>.*))?$"
-)
+def _mark_line(marker: str) -> re.Pattern[str]:
+    return re.compile(rf"^{re.escape(marker)} (?P<kind>probe|begin|stderr|end)(?: (?P<rest>.*))?$")
+
+
 _END_REST = re.compile(r"^(?P<name>\S+) rc=(?P<rc>-?\d+)$")
 
 
@@ -169,9 +170,12 @@ def _join(lines: list[str]) -> str:
     return "\n".join(lines) + "\n" if lines else ""
 
 
-def split_probe(text: str) -> tuple[str | None, dict[str, ProbeSection]]:
-    """Split probe output into (hostname, sections). Lines outside sections (a login
-    banner, shell noise) are ignored."""
+def split_probe(
+    text: str, marker: str = MARKER, what: str = "link probe"
+) -> tuple[str | None, dict[str, ProbeSection]]:
+    """Split marker-framed probe output (this module's or another probe's ``marker``) into
+    (hostname, sections). Lines outside sections (a login banner, shell noise) are ignored."""
+    mark_line = _mark_line(marker)
     hostname: str | None = None
     seen_marker = False
     sections: dict[str, ProbeSection] = {}
@@ -185,7 +189,7 @@ def split_probe(text: str) -> tuple[str | None, dict[str, ProbeSection]]:
             sections[name] = ProbeSection(name, _join(out), _join(err), rc)
 
     for raw in text.splitlines():
-        m = _MARK_LINE.match(raw.rstrip())
+        m = mark_line.match(raw.rstrip())
         if m is None:
             if name is not None:
                 target.append(raw)
@@ -208,7 +212,7 @@ def split_probe(text: str) -> tuple[str | None, dict[str, ProbeSection]]:
     close(None)
     if not seen_marker:
         first = next((ln for ln in text.splitlines() if ln.strip()), None)
-        raise ParseError("link probe", f"no {MARKER} marker lines: not LINK_PROBE output", first)
+        raise ParseError(what, f"no {marker} marker lines: not {what} output", first)
     return hostname, sections
 
 

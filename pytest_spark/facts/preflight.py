@@ -32,7 +32,7 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
-from pytest_spark.facts.links import ProbeSection
+from pytest_spark.facts.links import ProbeSection, split_probe
 from pytest_spark.parsers.links import ParseError
 from pytest_spark.parsers.preflight import (
     ContainerInfo,
@@ -212,56 +212,10 @@ def container_env_command(container: str) -> str:
 
 # ------------------------------------------------------------------------------ framing
 
-_MARK = re.compile(rf"^{re.escape(MARKER)} (?P<kind>probe|begin|stderr|end)(?: (?P<rest>.*))?$")
-_END = re.compile(r"^(?P<name>\S+) rc=(?P<rc>-?\d+)$")
-
-
-def _join(lines: list[str]) -> str:
-    while lines and not lines[-1].strip():
-        lines.pop()
-    return "\n".join(lines) + "\n" if lines else ""
-
 
 def split_sections(text: str) -> tuple[str | None, dict[str, ProbeSection]]:
     """(hostname, sections) of probe output; lines outside sections are ignored."""
-    hostname: str | None = None
-    seen = False
-    sections: dict[str, ProbeSection] = {}
-    name: str | None = None
-    out: list[str] = []
-    err: list[str] = []
-    target = out
-
-    def close(rc: int | None) -> None:
-        if name is not None:
-            sections[name] = ProbeSection(name, _join(out), _join(err), rc)
-
-    for raw in text.splitlines():
-        m = _MARK.match(raw.rstrip())
-        if m is None:
-            if name is not None:
-                target.append(raw)
-            continue
-        seen = True
-        kind, rest = m["kind"], (m["rest"] or "").strip()
-        if kind == "probe":
-            parts = rest.split()
-            hostname = parts[1] if len(parts) > 1 else None
-        elif kind == "begin":
-            close(None)
-            name, out, err = rest, [], []
-            target = out
-        elif kind == "stderr" and name is not None:
-            target = err
-        elif kind == "end" and name is not None:
-            e = _END.match(rest)
-            close(int(e["rc"]) if e else None)
-            name = None
-    close(None)
-    if not seen:
-        first = next((ln for ln in text.splitlines() if ln.strip()), None)
-        raise ParseError("preflight probe", f"no {MARKER} marker lines", first)
-    return hostname, sections
+    return split_probe(text, MARKER, "preflight probe")
 
 
 def _first_line(section: ProbeSection | None) -> str:
