@@ -85,9 +85,9 @@ def test_command_timeout_is_enforced(sim: SimCluster) -> None:
     conn = connect(sim, sim.head)
     try:
         t0 = time.monotonic()
-        with pytest.raises(CommandTimeout, match=r"timed out after 0\.5 s: sleep 5"):
-            conn.run("sleep 5", timeout=0.5)
-        assert time.monotonic() - t0 < 2.0
+        with pytest.raises(CommandTimeout, match=r"timed out after 0\.5 s: sleep 30"):
+            conn.run("sleep 30", timeout=0.5)
+        assert time.monotonic() - t0 < 15  # cut long before the 30 s sleep ends
         assert conn.run("echo still usable").stdout == "still usable\n"
     finally:
         conn.close()
@@ -100,7 +100,7 @@ def test_unreachable_node_fails_within_the_connect_timeout(sim: SimCluster) -> N
     t0 = time.monotonic()
     with pytest.raises(NodeUnreachable, match="spark-worker-9"):
         conn.connect()
-    assert time.monotonic() - t0 < 5.0
+    assert time.monotonic() - t0 < 15  # bounded: an error, never a hang
 
 
 def test_jump_through_the_head_to_a_fabric_only_address(sim: SimCluster, tmp_path: Path) -> None:
