@@ -1,0 +1,70 @@
+"""The JSON results file: schema v1, one record per suite check, written on interrupt too."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+
+import pytest
+
+SUITE = """
+import pytest
+from pytest_spark import Finding
+
+pytestmark = pytest.mark.link
+
+def test_ok(spark_check):
+    spark_check.require(Finding.passed(200.0, 200.0, "Gb/s", node="spark-head"))
+
+def test_bad(spark_check):
+    spark_check.require(Finding.failed(100.0, 200.0, "Gb/s", node="spark-worker-1",
+                                       message="spark-worker-1 enp1s0f1np1: rate 100 Gb/s"))
+
+def test_skip(spark_check):
+    pytest.skip("link not usable: see the link-up check")
+
+@pytest.mark.nccl
+def test_series(spark_check):
+    spark_check.attach("busbw_series", [{"bytes": 1048576, "busbw_gbps": 0.24}])
+    spark_check.require(Finding.passed(0.24, 0.18, "GB/s"))
+"""
+CHECK_KEYS = {"nodeid", "category", "node", "outcome", "measured", "expected", "unit", "message"}
+
+
+def test_results_match_schema(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_suite=SUITE, test_plain="def test_not_a_suite_check():\n    pass\n")
+    path = pytester.path / "out" / "results.json"
+    result = pytester.runpytest(f"--spark-results={path}", "--spark-history=off")
+    result.assert_outcomes(passed=3, failed=1, skipped=1)
+    doc = json.loads(path.read_text())
+    assert doc["version"] == 1
+    datetime.fromisoformat(doc["started"])
+    assert isinstance(doc["duration_s"], float)
+    assert set(doc["cluster"]) >= {"head", "nodes", "sim", "profile"}
+    assert doc["cluster"]["sim"] is False and doc["cluster"]["profile"] == "dgx-spark-2node"
+    checks = {c["nodeid"].split("::")[1]: c for c in doc["checks"]}
+    assert set(checks) == {"test_ok", "test_bad", "test_skip", "test_series"}
+    for check in checks.values():
+        assert CHECK_KEYS <= set(check)
+        assert check["category"] in (
+            "preflight",
+            "link",
+            "nccl",
+            "readiness",
+            "tool_calls",
+            "reasoning",
+            "throughput",
+        )
+        assert check["outcome"] in ("passed", "failed", "skipped", "error")
+    assert (
+        checks["test_ok"]["outcome"],
+        checks["test_ok"]["measured"],
+        checks["test_ok"]["unit"],
+        checks["test_ok"]["node"],
+    ) == ("passed", 200.0, "Gb/s", "spark-head")
+    bad = checks["test_bad"]
+    assert (bad["outcome"], bad["node"], bad["expected"]) == ("failed", "spark-worker-1", 200.0)
+    assert bad["message"] == "spark-worker-1 enp1s0f1np1: rate 100 Gb/s"
+    assert checks["test_skip"]["message"] == "link not usable: see the link-up check"
+    assert checks["test_series"]["category"] == "nccl"
+    assert checks["test_series"]["extra"]["busbw_series"][0]["busbw_gbps"] == 0.24
