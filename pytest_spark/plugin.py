@@ -14,7 +14,7 @@ import pytest
 from pytest_spark import fixtures, hooks
 from pytest_spark.cluster import Cluster, node_names
 from pytest_spark.report import register as register_reports
-from pytest_spark.results import CATEGORIES, ResultsRecorder
+from pytest_spark.results import CATEGORIES, CATEGORY_PROP, ResultsRecorder
 from pytest_spark.settings import Settings, add_options, resolve
 from pytest_spark.simcontrol import sim_attach, sim_up
 from pytest_spark.standup import stop_if_launched
@@ -187,6 +187,15 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         count = len(ifs) or int(settings.profile["link.fabric_twins"])
         twin_ids = list(ifs) if ifs else [f"twin{i}" for i in range(count)]
         metafunc.parametrize("spark_twin", list(range(count)), ids=twin_ids, scope="session")
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """The check's category is its closest category marker (a test's own mark wins over
+    its module's)."""
+    for mark in item.iter_markers():
+        if mark.name in CATEGORIES:
+            item.user_properties.append((CATEGORY_PROP, mark.name))
+            return
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -17,6 +17,7 @@ from pytest_spark.checks.base import Finding
 CATEGORIES = ("preflight", "link", "nccl", "readiness", "tool_calls", "reasoning", "throughput")
 FINDING_PROP = "spark_finding"
 NODE_PROP = "spark_node"
+CATEGORY_PROP = "spark_category"
 DATA_PREFIX = "spark_data:"
 
 
@@ -60,10 +61,10 @@ class ResultsRecorder:
         self.session: dict[str, Any] = {}
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        category = category_of(report.keywords)
+        props: dict[str, Any] = dict(report.user_properties)
+        category = props.get(CATEGORY_PROP) or category_of(report.keywords)
         if category is None:
             return
-        props: dict[str, Any] = dict(report.user_properties)
         finding: dict[str, Any] = props.get(FINDING_PROP) or {}
         if report.when == "call" or report.outcome != "passed":
             if report.when != "call" and report.nodeid in self.checks and report.passed:
