@@ -14,7 +14,7 @@ import pytest
 
 from pytest_spark.report.figures import key_figures
 from pytest_spark.report.summary import measured_expected, remediation
-from pytest_spark.results import FINDING_PROP, NODE_PROP, category_of
+from pytest_spark.results import CATEGORY_PROP, FINDING_PROP, NODE_PROP, category_of
 
 if TYPE_CHECKING:
     from pytest_spark.report.session import ReportPlugin, ReportState
@@ -75,6 +75,11 @@ def _finding(report: pytest.TestReport) -> dict[str, Any]:
     return finding if isinstance(finding, dict) else {}
 
 
+def _category(report: Any) -> str:
+    props = dict(getattr(report, "user_properties", ()))
+    return str(props.get(CATEGORY_PROP) or category_of(report.keywords) or "")
+
+
 def _node(report: pytest.TestReport) -> str:
     return str(_finding(report).get("node") or dict(report.user_properties).get(NODE_PROP) or "")
 
@@ -115,7 +120,7 @@ def check_html(report: pytest.TestReport) -> str | None:
         return None
     level = "fail" if failed else str(finding.get("level") or "pass")
     figures = measured_expected(finding)
-    where = " ".join(x for x in (_node(report), category_of(report.keywords) or "") if x)
+    where = " ".join(x for x in (_node(report), _category(report)) if x)
     head = f"<b>{VERDICT_TEXT.get(level, level.upper())}</b>"
     if where:
         head += f" {esc(where)}"
@@ -296,7 +301,7 @@ class HtmlHooks:
         figures = measured_expected(finding)
         cells[2:2] = [
             f'<td class="col-node">{esc(_node(report))}</td>',
-            f'<td class="col-category">{esc(category_of(report.keywords) or "")}</td>',
+            f'<td class="col-category">{esc(_category(report))}</td>',
             f'<td class="col-figures spark-{esc(level or "none")}">{esc(figures)}</td>',
         ]
 
