@@ -59,18 +59,18 @@ __all__ = [
     "parse_link_probe",
     "ping_command",
     "primary_fabric_if",
+    "probe_script",
     "split_probe",
 ]
 
 MARKER = "@@pytest-spark-links@@"
 BASE_SECTIONS = ("ibdev2netdev", "ibstat", "ibv_devinfo", "rdma_link", "ip_link", "ip_addr")
 
-_SCRIPT = r"""
+_FRAME = r"""
 export LC_ALL=C
 PATH="$PATH:/usr/sbin:/sbin"
 M=@MARKER@
-S=@SYSFS@
-t=$(mktemp 2>/dev/null) || t="/tmp/.pytest-spark-links.$$"
+t=$(mktemp 2>/dev/null) || t="/tmp/.pytest-spark-@NAME@.$$"
 T=''
 command -v timeout >/dev/null 2>&1 && T='timeout @TIMEOUT@'
 s() {
@@ -88,6 +88,10 @@ s() {
   echo "$M end $n rc=$r"
 }
 echo "$M probe v1 $(uname -n 2>/dev/null)"
+"""
+
+_BODY = r"""
+S=@SYSFS@
 s ibdev2netdev ibdev2netdev
 s ibstat ibstat
 s ibv_devinfo ibv_devinfo
@@ -108,16 +112,23 @@ rm -f "$t"
 """
 
 
-def link_probe_command(sysfs: str = "/sys", timeout_s: int = 10) -> str:
-    """The probe as one ``sh -c`` command. ``sysfs`` exists for tests (a fake tree)."""
+def probe_script(marker: str, name: str, timeout_s: int, body: str) -> str:
+    """A marker-framed probe as one ``sh -c`` command: ``s NAME CMD...`` in ``body`` runs
+    CMD (bounded by ``timeout``) and frames its stdout, stderr and exit code for
+    :func:`split_probe`; a missing tool is a section with rc 127, not a failed probe."""
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be positive, got {timeout_s}")
-    script = (
-        _SCRIPT.replace("@MARKER@", shlex.quote(MARKER))
-        .replace("@SYSFS@", shlex.quote(sysfs))
+    frame = (
+        _FRAME.replace("@MARKER@", shlex.quote(marker))
+        .replace("@NAME@", name)
         .replace("@TIMEOUT@", str(int(timeout_s)))
     )
-    return "sh -c " + shlex.quote(script.strip() + "\n")
+    return "sh -c " + shlex.quote((frame + body).strip() + "\n")
+
+
+def link_probe_command(sysfs: str = "/sys", timeout_s: int = 10) -> str:
+    """The probe as one ``sh -c`` command. ``sysfs`` exists for tests (a fake tree)."""
+    return probe_script(MARKER, "links", timeout_s, _BODY.replace("@SYSFS@", shlex.quote(sysfs)))
 
 
 LINK_PROBE = link_probe_command()

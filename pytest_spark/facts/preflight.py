@@ -32,7 +32,7 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
-from pytest_spark.facts.links import ProbeSection, split_probe
+from pytest_spark.facts.links import ProbeSection, probe_script, split_probe
 from pytest_spark.parsers.links import ParseError
 from pytest_spark.parsers.preflight import (
     ContainerInfo,
@@ -78,30 +78,6 @@ __all__ = [
 MARKER = "@@pytest-spark-preflight@@"
 EDGE_BYTES = 65536  # files above 2 x this are compared by their first and last EDGE_BYTES
 LINK_DOWN = r"link (is )?down|lost carrier|carrier (lost|off|down)"
-
-_FRAME = r"""
-export LC_ALL=C
-PATH="$PATH:/usr/sbin:/sbin"
-M=@MARKER@
-t=$(mktemp 2>/dev/null) || t="/tmp/.pytest-spark-preflight.$$"
-T=''
-command -v timeout >/dev/null 2>&1 && T='timeout @TIMEOUT@'
-s() {
-  n=$1; shift
-  echo "$M begin $n"
-  if command -v "$1" >/dev/null 2>&1; then
-    $T "$@" 2>"$t"; r=$?
-  else
-    echo "$1: command not found" >"$t"; r=127
-  fi
-  echo
-  echo "$M stderr $n"
-  cat "$t" 2>/dev/null
-  echo
-  echo "$M end $n rc=$r"
-}
-echo "$M probe v1 $(uname -n 2>/dev/null)"
-"""
 
 _NODE = r"""
 CONTAINER=@CONTAINER@
@@ -170,10 +146,6 @@ rm -f "$t"
 """
 
 
-def _frame(timeout_s: int) -> str:
-    return _FRAME.replace("@MARKER@", shlex.quote(MARKER)).replace("@TIMEOUT@", str(int(timeout_s)))
-
-
 def preflight_probe_command(
     *, container: str, image: str | None = None, model_dir: str | None = None, timeout_s: int = 20
 ) -> str:
@@ -188,7 +160,7 @@ def preflight_probe_command(
         .replace("@SMALLK@", str(2 * EDGE_BYTES // 1024 + 1))
         .replace("@LINKDOWN@", LINK_DOWN)
     )
-    return "sh -c " + shlex.quote((_frame(timeout_s) + body).strip() + "\n")
+    return probe_script(MARKER, "preflight", timeout_s, body)
 
 
 def ssh_probe_command(addresses: list[str], timeout_s: int = 15) -> str:
@@ -198,7 +170,7 @@ def ssh_probe_command(addresses: list[str], timeout_s: int = 15) -> str:
         if not a or not re.fullmatch(r"[A-Za-z0-9_.:@%-]+", a):
             raise ValueError(f"not an address or host name: {a!r}")
     body = _SSH.replace("@ADDRS@", " ".join(shlex.quote(a) for a in addresses))
-    return "sh -c " + shlex.quote((_frame(timeout_s) + body).strip() + "\n")
+    return probe_script(MARKER, "preflight", timeout_s, body)
 
 
 def clock_command() -> str:
