@@ -26,16 +26,31 @@ def test_hostile_served_model_name_is_literal(sim: SimCluster, tmp_path: Path) -
     serve = shlex.split(launch["serve_args"])
     serve[serve.index("--served-model-name") + 1] = name
     run = run_suite(
-        tmp_path, str(REPO / "tests_e2e" / "test_readiness.py"), "--spark-launch",
-        f"--spark-launch-script={launch['script']}", f"--spark-serve-args={shlex.join(serve)}",
-        "--spark-history=off", sim=sim)
+        tmp_path,
+        str(REPO / "tests_e2e" / "test_readiness.py"),
+        "--spark-launch",
+        f"--spark-launch-script={launch['script']}",
+        f"--spark-serve-args={shlex.join(serve)}",
+        "--spark-history=off",
+        sim=sim,
+    )
     assert run.ret == 0, run.output
-    check = run.checks(
-        nodeid="tests_e2e/test_readiness.py::test_served_model_matches_launch_args")[0]
+    check = run.checks(nodeid="tests_e2e/test_readiness.py::test_served_model_matches_launch_args")[
+        0
+    ]
     assert check["measured"]["id"] == name
     for node in sim.info["nodes"]:
-        probe = subprocess.run(["ssh", "-F", str(sim.ssh_config), node["mgmt"],
-                                f"ls {canary} 2>/dev/null; docker ps -aq"],
-                               capture_output=True, text=True, timeout=30)
+        probe = subprocess.run(
+            [
+                "ssh",
+                "-F",
+                str(sim.ssh_config),
+                node["mgmt"],
+                f"ls {canary} 2>/dev/null; docker ps -aq",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert canary not in probe.stdout, f"{node['name']} ran a command from the name"
     assert not Path(canary).exists()
