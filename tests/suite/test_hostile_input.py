@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_spark.simcontrol import SimCluster
-
 from conftest import REPO, run_suite, sim_fault  # type: ignore[import-not-found]
+from pytest_spark.simcontrol import SimCluster
 
 pytestmark = pytest.mark.sim
 
