@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import cluster, faults, hostfaults, serving
+from . import cluster, faults, hostfaults, reachfaults, serving
 from .netns import SimError
 from .topology import MAX_NODES
 
@@ -93,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     kinds.add_parser("clear", parents=[common], help="undo every fault: back to a healthy cluster")
     _add_serving_faults(kinds, common, node_help)
     hostfaults.add_parsers(kinds, common, node_help)  # docker, gpu, disk, clock, ssh, ...
+    reachfaults.add_parser(kinds, common, node_help)  # unreachable NODE --how cut|sshd
     return parser
 
 
@@ -223,9 +224,12 @@ def run(argv: list[str] | None = None) -> int:
             msgs = serving.model_fault(state_dir, topo, args.node, args.how)
         elif args.kind in hostfaults.KINDS:
             msgs = hostfaults.apply(state_dir, topo, args)
+        elif args.kind == reachfaults.KIND:
+            msgs = reachfaults.apply(state_dir, topo, args)
         else:
             msgs = (
-                hostfaults.clear(state_dir, topo)
+                reachfaults.clear(state_dir, topo)
+                + hostfaults.clear(state_dir, topo)
                 + serving.clear(state_dir, topo)
                 + faults.clear(state_dir, topo)
             )
