@@ -89,8 +89,9 @@ class Launcher:
         return result.stdout
 
     def stop(self) -> CommandResult:
-        """Stop the containers on every node and the backgrounded launcher, if alive."""
+        """Stop the containers on every node and the backgrounded launcher, if alive, and
+        remove the launcher's log."""
         result = self.head.run(self.spec.stop_command(), timeout=120)
-        if self.pid is not None:
-            self.head.run(f"kill {self.pid} 2>/dev/null; true", timeout=10)
+        kill = f"kill {self.pid} 2>/dev/null; " if self.pid is not None else ""
+        self.head.run(f"{kill}rm -f {shlex.quote(self.spec.log_path)}; true", timeout=10)
         return result

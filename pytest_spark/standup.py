@@ -202,8 +202,13 @@ def stop_if_launched(cluster: Cluster, run_dir: Path, keep: bool) -> str | None:
     try:
         cluster.connect()
         result = cluster.head.run(state["stop_command"], timeout=120)
+        cleanup = []
         if state.get("launch_pid"):
-            cluster.head.run(f"kill {int(state['launch_pid'])} 2>/dev/null; true", timeout=10)
+            cleanup.append(f"kill {int(state['launch_pid'])} 2>/dev/null")
+        if state.get("launch_log"):  # the launcher's output, kept only while it serves
+            cleanup.append(f"rm -f {shlex.quote(state['launch_log'])}")
+        if cleanup:
+            cluster.head.run("; ".join([*cleanup, "true"]), timeout=10)
     except RemoteError as exc:
         return f"could not stop the cluster: {exc}"
     state["stopped"] = True

@@ -7,7 +7,8 @@ Each node's sshd runs as::
 
 so it has its own network namespace, hostname, PID 1, boot time (a time namespace: its
 uptime counts from ``up``) and a private mount namespace with
-a sysfs of its own network namespace (host cgroup mounts kept), in which the node's
+a sysfs of its own network namespace (host cgroup mounts kept), its own /tmp, /var/tmp and
+/dev/shm, in which the node's
 tools dir covers ``/usr/local/sbin`` (first on sshd's default PATH), an
 empty file covers ``/root/.bashrc`` (pyenv init costs ~130 ms per command), the node's
 ``ssh/`` dir covers ``/root/.ssh`` (head -> worker ssh works) and a cluster hosts file
@@ -275,8 +276,34 @@ def _mount_script(state_dir: Path, node: NodeSpec) -> str:
     ]
     for src, dst in binds:
         steps.append(f"if [ -e {q(dst)} ]; then mount --bind {q(str(src))} {q(dst)}; fi")
+    steps += _private_tmp_steps(state_dir, node)
     steps.append(f"exec {SSHD} -D -f {q(str(nd / 'sshd_config'))} -E {q(str(nd / 'sshd.log'))}")
     return " && ".join(steps)
+
+
+PRIVATE_TMP = ("/tmp", "/var/tmp")
+
+
+def _private_tmp_steps(state_dir: Path, node: NodeSpec) -> list[str]:
+    """A node of its own /tmp and /var/tmp (DIR/nodes/<name>/tmp, .../var-tmp) and /dev/shm
+    (a tmpfs), as a real node has: what one node leaves there is not seen, nor cleaned up,
+    by another or by the host. The state dir, when it lies under one of them, is bound
+    back at its own path (the node's tools, keys, docker socket and logs live there)."""
+    q = shlex.quote
+    nd = node_dir(state_dir, node)
+    state = state_dir.resolve()
+    steps = []
+    for path in PRIVATE_TMP:
+        own = nd / path.strip("/").replace("/", "-")
+        own.mkdir(mode=0o1777, exist_ok=True)
+        os.chmod(own, 0o1777)
+        if state.is_relative_to(path):
+            inner = own / state.relative_to(path)
+            inner.mkdir(parents=True, exist_ok=True)
+            steps.append(f"mount --bind {q(str(state))} {q(str(inner))}")
+        steps.append(f"mount --rbind {q(str(own))} {q(path)}")
+    steps.append("mount -t tmpfs -o mode=1777,nosuid,nodev sparksim-shm /dev/shm")
+    return steps
 
 
 def start_sshd(state_dir: Path, node: NodeSpec) -> int:
