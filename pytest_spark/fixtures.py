@@ -131,6 +131,7 @@ def spark_serving(pytestconfig: pytest.Config, spark_settings: Settings) -> Serv
             spark_settings,
             pytestconfig.stash[RUN_DIR_KEY],
             progress=_progress_writer(pytestconfig),
+            notify=_notice_writer(pytestconfig),
         )
     except NotServing as exc:
         problem = str(exc)
@@ -160,6 +161,21 @@ def _progress_writer(config: pytest.Config) -> Callable[[StartupWatch, float], N
                 reporter.write(f"\r{line:<78}", flush=True)
             else:
                 reporter.write_line(line)
+
+    return write
+
+
+def _notice_writer(config: pytest.Config) -> Callable[[str], None]:
+    """A line of its own in the terminal (connection lost, retrying), under capture too."""
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    capman = config.pluginmanager.get_plugin("capturemanager")
+
+    def write(text: str) -> None:
+        if reporter is None:
+            return
+        with capman.global_and_fixture_disabled() if capman else contextlib.nullcontext():
+            reporter.ensure_newline()
+            reporter.write_line(f"pytest-dgx-spark: {text}", yellow=True)
 
     return write
 

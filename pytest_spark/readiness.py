@@ -4,7 +4,13 @@ Every poll (twice a second) is one SSH round trip per node, all nodes at once: t
 ``/health`` (asked on the head itself, as operators do with curl), the serving container's
 state, and the log lines it printed since the last poll. The lines feed a ``StartupWatch``
 that keeps the phase timeline and fails fast on a fatal signature, an exited container, a
-hang signature or silence."""
+hang signature or silence.
+
+A node whose probe fails (connection lost, probe timed out) is retried with exponential
+backoff (``remote/retry.py``: attempts and total bounded by the connect timeout), each
+retry announced through ``notify``; the other nodes go on being polled meanwhile. A node
+that answers again within the window costs nothing; one that does not is reported with
+the last error and what to check. Silence while a node is being retried is not a hang."""
 
 from __future__ import annotations
 
@@ -15,11 +21,12 @@ from dataclasses import dataclass, field
 
 from pytest_spark.cluster import Cluster, Node
 from pytest_spark.remote.base import CommandResult, RemoteError
+from pytest_spark.remote.retry import Backoff, RetryState, for_connection
 from pytest_spark.startup import StartupFailure, StartupWatch
 
 SEP = "__PYTEST_SPARK_PROBE__"
 POLL_S = 0.5
-MAX_PROBE_FAILURES = 4
+PROBE_TIMEOUT_S = 15.0
 
 
 class StartupFailed(Exception):
@@ -147,13 +154,16 @@ def wait_ready(
     launcher_log_path: str | None = None,
     progress: Callable[[StartupWatch, float], None] | None = None,
     clock: Callable[[], float] = time.monotonic,
+    retry: Backoff | None = None,
+    notify: Callable[[str], None] | None = None,
 ) -> StartupWatch:
     """Return the watch once the head's /health answers 200; raise StartupFailed otherwise."""
     start = clock()
+    policy = retry or for_connection(cluster.settings.connect_timeout, PROBE_TIMEOUT_S)
+    retrying: dict[str, RetryState] = {}
     watch = StartupWatch(hang_timeout, placement_timeout, start)
     since = since or remote_now(cluster.head)
     cursors = {node.name: LogCursor(since) for node in cluster.nodes}
-    failures = {node.name: 0 for node in cluster.nodes}
     missing_since: dict[str, float] = {}
     for node in cluster.nodes:
         watch.node_seen(node.name)
@@ -171,28 +181,57 @@ def wait_ready(
             launcher_log_path if is_head else None,
             offset["bytes"],
         )
-        return parse_probe(node.run(cmd, timeout=15), is_head)
+        return parse_probe(node.run(cmd, timeout=PROBE_TIMEOUT_S), is_head)
+
+    def lost(node: Node, error: RemoteError, now: float) -> None:
+        state = retrying.get(node.name)
+        if state is None:
+            state = retrying[node.name] = RetryState(policy, now, str(error))
+        node.conn.close()  # the next attempt connects afresh (a clean timeout or refusal)
+        delay = None if node._error is not None else state.failed(now, str(error))
+        if delay is not None:
+            if notify is not None:
+                notify(
+                    f"lost connection to {node.name}, retry {state.retries}/{policy.attempts} "
+                    f"in {delay:g} s ({error})"
+                )
+            return
+        if watch.failure is None:
+            tried = f"{state.retries} retries over {now - state.started:.0f} s"
+            watch.failure = StartupFailure(
+                "unreachable",
+                node.name,
+                f"no SSH connection after {tried}; last error: {state.last_error}",
+                "",
+                f"{node.name} stopped answering over SSH while the cluster was starting: "
+                f"check its power, its management link ({node.conn.target.describe()}, "
+                "ping it from here) and that sshd runs on it",
+                watch.snapshot_tails(),
+            )
+
+    def back(node: Node, now: float) -> None:
+        state = retrying.pop(node.name, None)
+        if state is None:
+            return
+        watch.last_activity = max(watch.last_activity, now)  # silence while gone: no hang
+        if notify is not None:
+            notify(
+                f"{node.name} answers again after {now - state.started:.1f} s "
+                f"({state.retries} {'retry' if state.retries == 1 else 'retries'})"
+            )
 
     while True:
         tick = clock()
-        results = cluster.map(probe)
+        due = [n for n in cluster.nodes if n.name not in retrying or retrying[n.name].due(tick)]
+        results = cluster.map(probe, due)
         now = clock()
         head_health = None
         for name, outcome in results.items():
+            node = cluster.node(name)
             if isinstance(outcome, RemoteError):
-                failures[name] += 1
-                if failures[name] >= MAX_PROBE_FAILURES and watch.failure is None:
-                    watch.failure = StartupFailure(
-                        "unreachable",
-                        name,
-                        str(outcome),
-                        "",
-                        "the node stopped answering over SSH while the cluster was starting: "
-                        "check its power, management link and sshd",
-                        watch.snapshot_tails(),
-                    )
+                lost(node, outcome, now)
                 continue
-            failures[name] = 0
+            back(node, now)
             watch.feed(name, cursors[name].new_lines(outcome.lines), now)
             if outcome.launcher_output:
                 # The launcher's own output (vLLM's log when `exec` runs in the foreground).
@@ -270,7 +309,8 @@ def wait_ready(
                 "install curl on the head node (the readiness probe asks /health there)",
                 watch.snapshot_tails(),
             )
-        watch.check_stall(now)
+        if not retrying:
+            watch.check_stall(now)
         if watch.failure is None and now - start >= ready_timeout:
             watch.failure = StartupFailure(
                 "timeout",

@@ -26,6 +26,7 @@ from pytest_spark.settings import Settings
 from pytest_spark.startup import StartupWatch
 
 STATE = "serving.json"
+STOP_TIMEOUT_S = 120.0  # the launcher's stop (docker stop on every node through the head)
 
 
 class NotServing(Exception):
@@ -91,6 +92,7 @@ def ensure_serving(
     settings: Settings,
     run_dir: Path,
     progress: Callable[[StartupWatch, float], None] | None = None,
+    notify: Callable[[str], None] | None = None,
 ) -> ServingInfo:
     state_path = run_dir / STATE
     with FileLock(str(run_dir / "serving.lock")):
@@ -137,6 +139,7 @@ def ensure_serving(
                 launcher_log=launcher.launcher_log if launcher else None,
                 launcher_log_path=launcher.spec.log_path if launcher else None,
                 progress=progress,
+                notify=notify,
             )
         except StartupFailed as exc:
             doc.update(
@@ -201,7 +204,7 @@ def stop_if_launched(cluster: Cluster, run_dir: Path, keep: bool) -> str | None:
         return None
     try:
         cluster.connect()
-        result = cluster.head.run(state["stop_command"], timeout=120)
+        result = cluster.head.run(state["stop_command"], timeout=STOP_TIMEOUT_S)
         cleanup = []
         if state.get("launch_pid"):
             cleanup.append(f"kill {int(state['launch_pid'])} 2>/dev/null")

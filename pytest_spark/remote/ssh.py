@@ -4,7 +4,12 @@
 - Host keys are checked strictly against known_hosts / UserKnownHostsFile by default.
 - OpenSSH config honoured: Host aliases, HostName, User, IdentityFile, Port, ProxyJump,
   UserKnownHostsFile, IdentitiesOnly.
-- Every connect and every command is bounded by a timeout.
+- Every connect and every command is bounded by a timeout, also when a node goes silent
+  (packets dropped, no reset): the socket carries TCP keepalives and ``TCP_USER_TIMEOUT``
+  of the connect timeout, so a connection whose data goes unacknowledged that long is
+  aborted by the kernel (paramiko's transport then ends and every wait on it returns), and
+  the exec request, which paramiko waits on without a bound, is watched by a timer that
+  drops the connection when no answer comes.
 """
 
 from __future__ import annotations
@@ -97,6 +102,30 @@ def resolve_target(
     )
 
 
+def keepalive_interval(connect_timeout: float) -> int:
+    """Seconds between SSH keepalives: often enough that a silent peer is noticed (by
+    ``TCP_USER_TIMEOUT``) about one connect timeout after it went quiet."""
+    return max(1, min(15, round(connect_timeout / 2)))
+
+
+def tune_socket(sock: socket.socket, connect_timeout: float) -> None:
+    """TCP_NODELAY, and a connection that dies (instead of hanging) about
+    ``connect_timeout`` after its peer stopped acknowledging: TCP keepalives while idle and
+    ``TCP_USER_TIMEOUT`` (Linux) for unacknowledged data."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    idle = keepalive_interval(connect_timeout)
+    for name, value in (
+        ("TCP_KEEPIDLE", idle),
+        ("TCP_KEEPINTVL", 1),
+        ("TCP_KEEPCNT", max(1, round(connect_timeout))),
+        ("TCP_USER_TIMEOUT", max(1000, round(connect_timeout * 1000))),
+    ):
+        option = getattr(socket, name, None)
+        if option is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, option, value)
+
+
 class _AcceptPolicy(paramiko.MissingHostKeyPolicy):
     """--spark-hostkey-check=off: accept, never write anything to known_hosts."""
 
@@ -162,7 +191,7 @@ class SSHConnection:
             raise NodeUnreachable(
                 self.name, f"cannot connect to {t.describe()}: {exc.strerror or exc}"
             ) from exc
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        tune_socket(sock, self.connect_timeout)
         return sock
 
     def _connect(self) -> paramiko.SSHClient:
@@ -226,7 +255,7 @@ class SSHConnection:
             ) from exc
         transport = client.get_transport()
         assert transport is not None
-        transport.set_keepalive(15)
+        transport.set_keepalive(keepalive_interval(self.connect_timeout))
         return client
 
     def transport(self) -> paramiko.Transport:
@@ -263,7 +292,7 @@ class SSHConnection:
                 self.close()
                 if attempt == 2:
                     raise NodeUnreachable(self.name, f"SSH session lost: {exc}") from exc
-        chan.exec_command(command)
+        self._exec(chan, command)
         out, err = bytearray(), bytearray()
         deadline = start + limit
         try:
@@ -295,6 +324,31 @@ class SSHConnection:
             stderr=err.decode(errors="replace"),
             duration_s=time.monotonic() - start,
         )
+
+    def _exec(self, chan: paramiko.Channel, command: str) -> None:
+        """``chan.exec_command`` bounded: paramiko waits for sshd's answer to the request
+        without a timeout, forever on a node that went silent (on a jump channel no socket
+        option of ours sees it). A timer drops the connection, which ends that wait."""
+        bound = max(self.connect_timeout, 1.0)
+        fired = threading.Event()
+
+        def drop() -> None:
+            fired.set()
+            chan.get_transport().close()
+
+        timer = threading.Timer(bound, drop)
+        timer.daemon = True
+        timer.start()
+        try:
+            chan.exec_command(command)
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            self.close()
+            why = f"no answer within {bound:g} s" if fired.is_set() else str(exc) or "closed"
+            raise NodeUnreachable(
+                self.name, f"SSH connection lost starting a command ({why}): {command}"
+            ) from exc
+        finally:
+            timer.cancel()
 
     def transport_alive(self) -> bool:
         client = self._client
