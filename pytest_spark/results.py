@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import time
+from collections.abc import Generator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,13 @@ FINDING_PROP = "spark_finding"
 NODE_PROP = "spark_node"
 CATEGORY_PROP = "spark_category"
 DATA_PREFIX = "spark_data:"
+CRASH_PROP = "spark_crashed"  # the exception type when a test died of an exception, not a verdict
+# How a check says its verdict; any other exception is a crash (a bug in the check or suite).
+VERDICT_EXCEPTIONS: tuple[type[BaseException], ...] = (
+    pytest.fail.Exception,
+    pytest.skip.Exception,
+    pytest.xfail.Exception,
+)
 
 
 def finding_property(finding: Finding) -> tuple[str, dict[str, Any]]:
@@ -60,6 +68,17 @@ class ResultsRecorder:
         self.checks: dict[str, dict[str, Any]] = {}
         self.session: dict[str, Any] = {}
 
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo[None]
+    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+        report = yield
+        exc = call.excinfo
+        if exc is not None and not isinstance(exc.value, VERDICT_EXCEPTIONS):
+            # a fresh list: report.user_properties is the item's own list
+            report.user_properties = [*report.user_properties, (CRASH_PROP, exc.typename)]
+        return report
+
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         props: dict[str, Any] = dict(report.user_properties)
         category = props.get(CATEGORY_PROP) or category_of(report.keywords)
@@ -90,6 +109,7 @@ class ResultsRecorder:
                 "expected": finding.get("expected"),
                 "unit": finding.get("unit"),
                 "message": message,
+                "crashed": props.get(CRASH_PROP),
                 "duration_s": round(report.duration, 4),
                 "evidence": finding.get("evidence") or {},
                 "extra": {
