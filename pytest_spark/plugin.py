@@ -13,12 +13,20 @@ import pytest
 
 from pytest_spark import fixtures, hooks
 from pytest_spark.cluster import Cluster, node_names
+from pytest_spark.measure import Measurements
 from pytest_spark.report import register as register_reports
 from pytest_spark.results import CATEGORIES, CATEGORY_PROP, ResultsRecorder
 from pytest_spark.settings import Settings, add_options, resolve
 from pytest_spark.simcontrol import sim_attach, sim_up
 from pytest_spark.standup import stop_if_launched
-from pytest_spark.state import CLUSTER_KEY, RESULTS_KEY, RUN_DIR_KEY, SETTINGS_KEY, SIM_KEY
+from pytest_spark.state import (
+    CLUSTER_KEY,
+    MEASURE_KEY,
+    RESULTS_KEY,
+    RUN_DIR_KEY,
+    SETTINGS_KEY,
+    SIM_KEY,
+)
 
 MARKERS = {
     "preflight": "node fitness before serving (docker, GPU, disk, model dir, clocks, env)",
@@ -97,6 +105,14 @@ def pytest_configure(config: pytest.Config) -> None:
         config.stash[RUN_DIR_KEY] = Path(tempfile.mkdtemp(prefix="pytest-spark-run-"))
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(XdistHooks(), "spark.xdist")
+    # Measurements once per session; in an xdist worker also shared and in isolation.
+    worker = config.workerinput["workerid"] if _is_worker(config) else None  # type: ignore[attr-defined]
+    measurements = Measurements(
+        config.stash[RUN_DIR_KEY], worker or "main", shared=worker is not None
+    )
+    config.stash[MEASURE_KEY] = measurements
+    if worker is not None:
+        config.pluginmanager.register(measurements, "spark.measure")
     if not _is_worker(config):
         recorder = ResultsRecorder(
             config, settings.results, cluster_info(settings), config.stash[RUN_DIR_KEY]
@@ -164,6 +180,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     cluster = config.stash.get(CLUSTER_KEY, None)
     if cluster is not None:
         cluster.close()
+    measurements = config.stash.get(MEASURE_KEY, None)
+    if measurements is not None:
+        measurements.close()
     sim = config.stash.get(SIM_KEY, None)
     if sim is not None:
         sim.down()

@@ -10,6 +10,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from pytest_spark.cluster import Cluster
+    from pytest_spark.measure import Measurements
     from pytest_spark.results import ResultsRecorder
     from pytest_spark.settings import Settings
     from pytest_spark.simcontrol import SimCluster
@@ -21,3 +22,4 @@ SIM_KEY: pytest.StashKey[SimCluster] = pytest.StashKey()
 RESULTS_KEY: pytest.StashKey[ResultsRecorder] = pytest.StashKey()
 RUN_DIR_KEY: pytest.StashKey[Path] = pytest.StashKey()
 SERVING_KEY: pytest.StashKey[ServingInfo] = pytest.StashKey()
+MEASURE_KEY: pytest.StashKey[Measurements] = pytest.StashKey()

@@ -188,3 +188,46 @@ def test_server_metrics_view_detects_the_kv_metric_name() -> None:
         "kv_cache_usage": 0.25,
     }
     assert server_view(None, old, 1) is None
+
+
+def test_sweep_json_round_trip(paced: str) -> None:
+    """What a sweep shares with other xdist workers (run dir JSON) rebuilds it exactly."""
+    from pytest_spark.codec import dump, load_as
+    from pytest_spark.serving import SweepResult
+
+    spec = LoadSpec(concurrency=(1, 2), output_tokens=5, min_requests=2, warmup_requests=1)
+    result = run_sweep(ApiEndpoint(paced, "m"), spec)
+    back = load_as(SweepResult, json.loads(json.dumps(dump(result))))
+    assert back == result
+    assert back.to_dict() == result.to_dict()
+    assert (
+        back.level(2) is not None and back.level(2).decode_rates() == result.level(2).decode_rates()
+    )  # type: ignore[union-attr]
+
+
+def test_serving_error_json_round_trip() -> None:
+    from pytest_spark.serving import Exchange, ServingError, parse_error_body
+
+    body = '{"error": {"message": "ignore_eos is not supported", "type": "BadRequest"}}'
+    exchange = Exchange(
+        "POST",
+        "http://127.0.0.1:8000/v1/chat/completions",
+        request_body={"model": "m", "stream": True},
+        request_headers={"Authorization": "Bearer sk-secret", "Content-Type": "application/json"},
+        status=400,
+        reason="Bad Request",
+        response_headers={"content-type": "application/json"},
+        body=body,
+        streamed=True,
+        elapsed_s=0.012,
+    )
+    error = ServingError("http-4xx", "HTTP 400: ignore_eos", exchange, parse_error_body(body), 3)
+    back = ServingError.from_json(json.loads(json.dumps(error.to_json())))
+    assert (back.kind, back.message, back.error, back.chunks) == (
+        error.kind,
+        error.message,
+        error.error,
+        error.chunks,
+    )
+    assert back.finding("warm-up") == error.finding("warm-up")  # the key is redacted in both
+    assert "sk-secret" not in json.dumps(error.to_json())

@@ -15,7 +15,9 @@ import pytest
 
 from pytest_spark.api import ApiEndpoint
 from pytest_spark.checks.base import Finding
+from pytest_spark.codec import dump, load_as
 from pytest_spark.fixtures import SparkCheck
+from pytest_spark.measure import measure_once
 from pytest_spark.profiles import Profile
 from pytest_spark.serving import LevelResult, LoadSpec, ServingError, SweepResult, run_sweep
 from pytest_spark.settings import Settings
@@ -51,17 +53,32 @@ def load_spec(profile: Profile, api: ApiEndpoint) -> LoadSpec:
     )
 
 
+def measure_sweep(api: ApiEndpoint, spec: LoadSpec) -> SweepResult | ServingError:
+    try:
+        return run_sweep(api, spec)
+    except ServingError as exc:
+        return exc
+
+
+def encode_sweep(outcome: SweepResult | ServingError) -> dict[str, Any]:
+    if isinstance(outcome, ServingError):
+        return {"error": outcome.to_json()}
+    return {"result": dump(outcome)}
+
+
+def decode_sweep(data: dict[str, Any]) -> SweepResult | ServingError:
+    if "error" in data:
+        return ServingError.from_json(data["error"])
+    return load_as(SweepResult, data["result"])
+
+
 class Sweep:
     """The sweep, run once per session; its failure (if any) is reported by every check."""
 
-    def __init__(self, api: ApiEndpoint, spec: LoadSpec) -> None:
-        self.server = f"{api.model} at {api.base_url}"
-        self.result: SweepResult | None = None
-        self.error: ServingError | None = None
-        try:
-            self.result = run_sweep(api, spec)
-        except ServingError as exc:
-            self.error = exc
+    def __init__(self, server: str, outcome: SweepResult | ServingError) -> None:
+        self.server = server
+        self.result = outcome if isinstance(outcome, SweepResult) else None
+        self.error = outcome if isinstance(outcome, ServingError) else None
 
     def level(self, spark_check: SparkCheck, concurrency: int, what: str) -> LevelResult:
         if self.error is not None:
@@ -88,8 +105,26 @@ class Sweep:
 
 
 @pytest.fixture(scope="session")
-def sweep(spark_api: ApiEndpoint, spark_settings: Settings) -> Sweep:
-    return Sweep(spark_api, load_spec(spark_settings.profile, spark_api))
+def _sweep(
+    request: pytest.FixtureRequest, spark_api: ApiEndpoint, spark_settings: Settings
+) -> tuple[Sweep, dict[str, Any]]:
+    spec = load_spec(spark_settings.profile, spark_api)
+    # Once per session, alone on the cluster, also under xdist (pytest_spark.measure): tok/s
+    # taken while other tests send requests would not be a measurement.
+    measured = measure_once(
+        request.config,
+        "throughput-sweep",
+        lambda: measure_sweep(spark_api, spec),
+        encode=encode_sweep,
+        decode=decode_sweep,
+    )
+    return Sweep(f"{spark_api.model} at {spark_api.base_url}", measured.value), measured.record
+
+
+@pytest.fixture
+def sweep(_sweep: tuple[Sweep, dict[str, Any]], spark_check: SparkCheck) -> Sweep:
+    spark_check.attach("measurement", _sweep[1])
+    return _sweep[0]
 
 
 def _figures(spark_check: SparkCheck, level: LevelResult) -> dict[str, Any]:

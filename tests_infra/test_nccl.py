@@ -13,8 +13,10 @@ from pytest_spark.checks.nccl import (
     check_transport,
     check_wrong_values,
 )
+from pytest_spark.codec import dump, load
 from pytest_spark.collective import CollectiveRun
 from pytest_spark.linkstate import fabric_ifs, node_link_facts
+from pytest_spark.measure import Measured, measure_once
 from pytest_spark.nccl_run import collective_run, container_env
 from pytest_spark.settings import Settings
 
@@ -22,13 +24,26 @@ pytestmark = pytest.mark.nccl
 
 
 @pytest.fixture(scope="session")
-def allreduce(
+def _allreduce(
     request: pytest.FixtureRequest, spark_cluster: Cluster, spark_settings: Settings
-) -> CollectiveRun:
+) -> Measured[CollectiveRun | str]:
     if spark_settings.launch:
         # The benchmark runs where torch and NCCL live: the serving containers.
         request.getfixturevalue("spark_serving")
-    run = collective_run(spark_cluster)
+    # Once per session, alone on the cluster, also under xdist (pytest_spark.measure).
+    return measure_once(
+        request.config,
+        "collective-run",
+        lambda: collective_run(spark_cluster),
+        encode=dump,
+        decode=lambda data: load(CollectiveRun | str, data),
+    )
+
+
+@pytest.fixture
+def allreduce(_allreduce: Measured[CollectiveRun | str], spark_check: SparkCheck) -> CollectiveRun:
+    spark_check.attach("measurement", _allreduce.record)
+    run = _allreduce.value
     if isinstance(run, str):
         pytest.fail(f"all-reduce could not run: {run}", pytrace=False)
     return run

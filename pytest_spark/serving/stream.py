@@ -25,7 +25,8 @@ from typing import Any
 import httpx
 
 from pytest_spark.checks.base import Finding
-from pytest_spark.serving.evidence import Exchange, short
+from pytest_spark.codec import dump, load, load_as
+from pytest_spark.serving.evidence import Exchange, redact_headers, short
 from pytest_spark.serving.wire import ErrorBody, parse_error_body
 
 DONE = "[DONE]"
@@ -55,6 +56,29 @@ class ServingError(Exception):
     @property
     def status(self) -> int | None:
         return self.exchange.status
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON data to rebuild this error in another process (credentials redacted)."""
+        exchange = replace(
+            self.exchange, request_headers=redact_headers(self.exchange.request_headers)
+        )
+        return {
+            "kind": self.kind,
+            "message": self.message,
+            "exchange": dump(exchange),
+            "error": dump(self.error),
+            "chunks": self.chunks,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ServingError:
+        return cls(
+            data["kind"],
+            data["message"],
+            load_as(Exchange, data["exchange"]),
+            load(ErrorBody | None, data["error"]),
+            int(data["chunks"]),
+        )
 
     def finding(self, behaviour: str = "", expected: Any = "a usable answer") -> Finding:
         """The failure as a ``Finding``: behaviour that broke, message, evidence."""
