@@ -185,6 +185,11 @@ class Cluster:
     ) -> dict[str, CommandResult | RemoteError]:
         return self.map(lambda node: node.run(command, timeout=timeout))
 
+    def __contains__(self, key: Any) -> bool:
+        """Whether ``key`` has been computed (see :meth:`cached`)."""
+        with self._cache_lock:
+            return key in self._cache
+
     def cached(self, key: Any, compute: Callable[[], T]) -> T:
         """Compute once per session (per key), even when tests race for it."""
         with self._cache_lock:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 from pytest_spark.checks.links import twin_key
@@ -18,6 +20,20 @@ from pytest_spark.remote.base import RemoteError
 
 
 def node_link_facts(cluster: Cluster, node: Node) -> NodeLinkFacts:
+    """This node's facts. The first call probes every reachable node at once (one wave,
+    not one round trip per node as tests reach them)."""
+    if ("link-facts", node.name) not in cluster:
+        cluster.cached("link-facts-wave", lambda: cluster.map(lambda n: _quiet(cluster, n)))
+    return _probe(cluster, node)
+
+
+def _quiet(cluster: Cluster, node: Node) -> None:
+    """Probe ahead; a node's failure is raised where that node's facts are asked for."""
+    with contextlib.suppress(Exception, pytest.fail.Exception):
+        _probe(cluster, node)
+
+
+def _probe(cluster: Cluster, node: Node) -> NodeLinkFacts:
     def probe() -> NodeLinkFacts:
         result = node.run(LINK_PROBE, timeout=30)
         try:
@@ -33,7 +49,7 @@ def node_link_facts(cluster: Cluster, node: Node) -> NodeLinkFacts:
 
 def all_link_facts(cluster: Cluster) -> dict[str, NodeLinkFacts | RemoteError]:
     """Every reachable node's facts, gathered concurrently (errors kept per node)."""
-    return cluster.map(lambda node: node_link_facts(cluster, node))
+    return cluster.map(lambda node: _probe(cluster, node))
 
 
 def fabric_ifs(cluster: Cluster) -> list[str]:

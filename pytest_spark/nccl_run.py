@@ -57,13 +57,13 @@ def collective_run(cluster: Cluster) -> CollectiveRun | str:
     def compute() -> CollectiveRun | str:
         settings, profile = cluster.settings, cluster.profile
         rank_env: dict[str, dict[str, str]] = {}
+        envs = cluster.map(lambda node: container_env(node, settings.container))  # at once
         for node in cluster.nodes:
             if cluster.unreachable(node) is not None:
                 return f"node unreachable: {cluster.unreachable(node)}"
-            try:
-                env = container_env(node, settings.container)
-            except RemoteError as exc:
-                return str(exc)
+            env = envs[node.name]
+            if isinstance(env, RemoteError):
+                return str(env)
             rank_env[node.name] = (
                 env if env is not None else fallback_env(cluster, node_link_facts(cluster, node))
             )

@@ -4,6 +4,7 @@ environment. The checks themselves are pure (:mod:`pytest_spark.checks.preflight
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 
@@ -146,19 +147,29 @@ def ssh_from_head(cluster: Cluster, addresses: list[str]) -> list[SshAttempt]:
 
 
 def serving_env(cluster: Cluster, node: Node) -> dict[str, str] | None:
-    """The serving container's environment on the node; None when there is none."""
+    """The serving container's environment on the node; None when there is none. The
+    first call reads every node's at once."""
     container = cluster.settings.container
 
-    def read() -> dict[str, str] | None:
-        result = node.run(container_env_command(container), timeout=30)
-        if not result.ok:
-            return None
-        try:
-            return parse_container_env(result.stdout)
-        except ParseError as exc:
-            pytest.fail(f"{node.name}: {exc}:\n{result.evidence()}", pytrace=False)
+    def read(one: Node) -> dict[str, str] | None:
+        def compute() -> dict[str, str] | None:
+            result = one.run(container_env_command(container), timeout=30)
+            if not result.ok:
+                return None
+            try:
+                return parse_container_env(result.stdout)
+            except ParseError as exc:
+                pytest.fail(f"{one.name}: {exc}:\n{result.evidence()}", pytrace=False)
 
-    return cluster.cached(("preflight-serving-env", node.name), read)
+        return cluster.cached(("preflight-serving-env", one.name), compute)
+
+    def ahead(one: Node) -> None:
+        with contextlib.suppress(Exception, pytest.fail.Exception):
+            read(one)  # a failure is raised again where that node's env is asked for
+
+    if ("preflight-serving-env", node.name) not in cluster:
+        cluster.cached("preflight-serving-env-wave", lambda: cluster.map(ahead))
+    return read(node)
 
 
 def fabric_of(cluster: Cluster, node: Node) -> tuple[list[str], list[str], dict[str, bool]]:

@@ -139,10 +139,18 @@ rm -f "$t"
 """
 
 _SSH = r"""
+d=$(mktemp -d 2>/dev/null) || { d="/tmp/.pytest-spark-ssh.$$"; mkdir -p "$d"; }
+i=0
 for a in @ADDRS@; do
-  s "ssh:$a" sh -c 'ssh -o BatchMode=yes -o ConnectTimeout=5 "$1" true </dev/null' _ "$a"
+  i=$((i+1))
+  ( t="$d/$i.err"
+    s "ssh:$a" sh -c 'ssh -o BatchMode=yes -o ConnectTimeout=5 "$1" true </dev/null' _ "$a"
+  ) >"$d/$i" 2>&1 &
 done
-rm -f "$t"
+wait
+i=0
+for a in @ADDRS@; do i=$((i+1)); cat "$d/$i"; done
+rm -rf "$d" "$t"
 """
 
 
@@ -165,7 +173,8 @@ def preflight_probe_command(
 
 def ssh_probe_command(addresses: list[str], timeout_s: int = 15) -> str:
     """Run on the head: ``ssh -o BatchMode=yes -o ConnectTimeout=5 ADDR true`` to each
-    worker, as launch-cluster.sh does before it starts anything."""
+    worker, as launch-cluster.sh does before it starts anything; all workers at once (each
+    attempt's output kept in a ``mktemp -d`` directory, printed in order, then removed)."""
     for a in addresses:
         if not a or not re.fullmatch(r"[A-Za-z0-9_.:@%-]+", a):
             raise ValueError(f"not an address or host name: {a!r}")
