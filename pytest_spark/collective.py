@@ -323,6 +323,16 @@ def container_python(python: str) -> str:
     return python if "/" not in python else "python3"
 
 
+# Whether torch is installed and its version, without importing it (an import costs
+# seconds of CPU per node, and the run imports it anyway).
+TORCH_PROBE = (
+    "import importlib.util as u, importlib.metadata as m\n"
+    "if u.find_spec('torch'):\n"
+    "    try: print(m.version('torch'))\n"
+    "    except m.PackageNotFoundError: print('installed')\n"
+)
+
+
 def probe_command(*, python: str, container: str | None) -> str:
     """Print ``key=value`` lines: what each launcher needs, each step bounded by timeout."""
     t = int(STEP_TIMEOUT * 0.6)
@@ -332,7 +342,7 @@ def probe_command(*, python: str, container: str | None) -> str:
         f'"$HOME/nccl-tests/build/{NCCL_TESTS}"; }}); echo "PREFIXarp=$p"; '
         'echo "PREFIXmpirun=$(command -v mpirun 2>/dev/null)"; '
     )
-    torch = "import torch; print(torch.__version__)"
+    torch = TORCH_PROBE
     host = find_arp.replace("PREFIX", "")
     host += f'v=$(t {t} {_q(python)} -c {_q(torch)} 2>/dev/null | tail -n 1); echo "torch=$v"; '
     inner = find_arp.replace("PREFIX", "c_") + (
