@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -116,15 +117,37 @@ def spark_check(request: pytest.FixtureRequest) -> SparkCheck:
     return SparkCheck(request.node)
 
 
+@dataclass(frozen=True)
+class ServingState:
+    """What standing the cluster up (or attaching to it) found: ready, or why not."""
+
+    info: ServingInfo | None
+    problem: str | None
+
+
+@dataclass(frozen=True)
+class ApiState:
+    endpoint: ApiEndpoint | None
+    problem: str | None
+
+
+def not_serving_reason(problem: str) -> str:
+    """The skip reason of a check that needs the server: the root cause, and where to look."""
+    headline = next((line.strip() for line in problem.splitlines() if line.strip()), problem)
+    if len(headline) > 300:
+        headline = headline[:297] + "..."
+    return f"the cluster is not serving: {headline} (test_cluster_serving has the evidence)"
+
+
 @pytest.fixture(scope="session")
-def spark_serving(pytestconfig: pytest.Config, spark_settings: Settings) -> ServingInfo:
-    """The serving cluster, ready: launched with --spark-launch, else attached to. Waits
-    with live progress, fails fast with every node's log tail, never hangs."""
+def spark_serving_state(pytestconfig: pytest.Config, spark_settings: Settings) -> ServingState:
+    """Launch (--spark-launch) or attach, once; never raises. The readiness check
+    ``test_cluster_serving`` reports a problem with its evidence; checks that need the
+    server skip pointing at it, so one dead worker is one failure, not fifty."""
     from pytest_spark.standup import NotServing, ensure_serving
 
     cluster = pytestconfig.stash.get(CLUSTER_KEY, None) or _cluster(pytestconfig)
     cluster.connect()
-    problem = None
     try:
         info = ensure_serving(
             cluster,
@@ -134,13 +157,21 @@ def spark_serving(pytestconfig: pytest.Config, spark_settings: Settings) -> Serv
             notify=_notice_writer(pytestconfig),
         )
     except NotServing as exc:
-        problem = str(exc)
+        return ServingState(None, str(exc))
     finally:
         _progress_done(pytestconfig)
-    if problem is not None:
-        pytest.fail(problem, pytrace=False)
     pytestconfig.stash[SERVING_KEY] = info
-    return info
+    return ServingState(info, None)
+
+
+@pytest.fixture(scope="session")
+def spark_serving(spark_serving_state: ServingState) -> ServingInfo:
+    """The serving cluster, ready: launched with --spark-launch, else attached to. Waits
+    with live progress, fails fast with every node's log tail, never hangs. A test that
+    uses it is skipped, naming the root cause, when the cluster is not serving."""
+    if spark_serving_state.info is None:
+        pytest.skip(not_serving_reason(spark_serving_state.problem or "unknown"))
+    return spark_serving_state.info
 
 
 def _progress_writer(config: pytest.Config) -> Callable[[StartupWatch, float], None]:
@@ -187,11 +218,12 @@ def _progress_done(config: pytest.Config) -> None:
 
 
 @pytest.fixture(scope="session")
-def spark_api(
+def spark_api_state(
     request: pytest.FixtureRequest, pytestconfig: pytest.Config, spark_settings: Settings
-) -> Iterator[ApiEndpoint]:
-    """The served API once ready: base URL (direct, or an SSH tunnel through the head),
-    model id and key. With --spark-api-url alone, attach to that server directly."""
+) -> Iterator[ApiState]:
+    """The served API once ready (base URL direct or through an SSH tunnel via the head,
+    model id, key), or why it cannot be used; never raises. With --spark-api-url alone,
+    that server directly."""
     from pytest_spark.api import ApiError, discover, read_api_key
 
     settings = spark_settings
@@ -200,23 +232,32 @@ def spark_api(
         key = read_api_key(settings.api_key, settings.api_key_file)
         base = settings.api_url
         if base is None:
-            request.getfixturevalue("spark_serving")
+            serving: ServingState = request.getfixturevalue("spark_serving_state")
+            if serving.problem is not None:
+                yield ApiState(None, serving.problem)
+                return
             cluster = pytestconfig.stash[CLUSTER_KEY]
             base, tunnel = route_to_api(cluster, settings.port)
         endpoint = discover(base, api_key=key, model=settings.model, timeout=settings.http_timeout)
     except ApiError as exc:
-        problem: str | None = str(exc)
-    else:
-        problem = None
-    if problem is not None:
         if tunnel is not None:
             tunnel.close()
-        pytest.fail(problem, pytrace=False)
+        yield ApiState(None, str(exc))
+        return
     try:
-        yield endpoint
+        yield ApiState(endpoint, None)
     finally:
         if tunnel is not None:
             tunnel.close()
+
+
+@pytest.fixture(scope="session")
+def spark_api(spark_api_state: ApiState) -> ApiEndpoint:
+    """The served API; a test that uses it is skipped, naming the root cause, when the
+    cluster is not serving or the API cannot be used (test_cluster_serving fails then)."""
+    if spark_api_state.endpoint is None:
+        pytest.skip(not_serving_reason(spark_api_state.problem or "unknown"))
+    return spark_api_state.endpoint
 
 
 def route_to_api(cluster: Cluster, port: int) -> tuple[str, Any]:

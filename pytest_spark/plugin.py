@@ -40,7 +40,7 @@ MARKERS = {
 SIM_INFO = "spark_sim_cluster_json"
 RUN_DIR = "spark_run_dir"
 SIGTERM_KEY = pytest.StashKey[Any]()
-API_FIXTURES = {"spark_api"}
+API_FIXTURES = {"spark_api", "spark_api_state"}
 NODE_FIXTURES = {"spark_node", "_spark_node", "host"}
 CLUSTER_FIXTURES = NODE_FIXTURES | {
     "spark_cluster",
@@ -49,6 +49,7 @@ CLUSTER_FIXTURES = NODE_FIXTURES | {
     "spark_head_host",
     "spark_twin",
     "spark_serving",
+    "spark_serving_state",
 }
 
 
@@ -75,7 +76,8 @@ def pytest_configure(config: pytest.Config) -> None:
         if _is_worker(config):
             sim = sim_attach(Path(config.workerinput[SIM_INFO]))  # type: ignore[attr-defined]
         else:
-            sim = sim_up(settings.sim_nodes)
+            engine = settings.sim_engine
+            sim = sim_up(settings.sim_nodes, () if engine == "emulator" else ("--engine", engine))
         config.stash[SIM_KEY] = sim
         settings = settings.replace(
             head=sim.head, workers=sim.workers, ssh_config=sim.ssh_config, user="root"

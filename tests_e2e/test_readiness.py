@@ -9,12 +9,41 @@ import pytest
 
 from pytest_spark import Cluster, Finding, Node, SparkCheck
 from pytest_spark.api import ApiEndpoint
+from pytest_spark.fixtures import ApiState, ServingState
 from pytest_spark.parsers.ray import parse_ray_status
 from pytest_spark.serveargs import parse_serve_args
 from pytest_spark.settings import Settings
 from pytest_spark.standup import ServingInfo
 
 pytestmark = pytest.mark.readiness
+
+
+def test_cluster_serving(
+    request: pytest.FixtureRequest,
+    spark_api_state: ApiState,
+    spark_settings: Settings,
+    spark_check: SparkCheck,
+) -> None:
+    """The cluster serves: launched and ready (or found serving when attached) and its API
+    answers /v1/models. When not, this check fails with the evidence (signature, fix, every
+    node's log tail) and every check that needs the server skips, pointing here."""
+    problem = spark_api_state.problem
+    if spark_settings.api_url is None:
+        serving: ServingState = request.getfixturevalue("spark_serving_state")
+        problem = serving.problem or problem
+    if problem is not None or spark_api_state.endpoint is None:
+        spark_check.require(
+            Finding.failed("not serving", "serving", message=problem or "no API endpoint")
+        )
+        return
+    api = spark_api_state.endpoint
+    spark_check.require(
+        Finding.passed(
+            api.model,
+            spark_settings.model or "a served model",
+            message=f"{api.base_url} serves {api.model!r}",
+        )
+    )
 
 
 def test_startup_within_budget(
@@ -89,17 +118,29 @@ def test_served_model_matches_launch_args(
 
 
 def test_serving_container_running(
-    spark_serving: ServingInfo, spark_node: Node, spark_settings: Settings, spark_check: SparkCheck
+    spark_serving_state: ServingState,
+    spark_node: Node,
+    spark_head: Node,
+    spark_settings: Settings,
+    spark_check: SparkCheck,
 ) -> None:
-    """Every node's serving container (the TP rank on that node) is running."""
+    """Every node's serving container (the TP rank on that node) is running. It looks
+    even when the cluster is not serving: which node lost its rank is the evidence."""
     name = shlex.quote(spark_settings.container)
-    result = spark_node.run(f"docker inspect -f '{{{{.State.Status}}}}' {name}", timeout=20)
+    inspect = f"docker inspect -f '{{{{.State.Status}}}}' {name}"
+    result = spark_node.run(inspect, timeout=20)
     state = result.stdout.strip() or result.stderr.strip()
-    if not result.ok and "No such" in state and spark_serving.launched is False:
-        pytest.skip(
-            f"no container {spark_settings.container!r} on {spark_node.name}: the "
-            "server is not run by the launcher here"
-        )
+    if not result.ok and "No such" in state:
+        state = "missing"  # the launcher runs it with --rm: a dead rank leaves nothing
+        # Attached to a server the launcher did not start (no container on the head
+        # either): nothing to look at. A worker without the head's container lost its rank.
+        if not spark_settings.launch and (
+            spark_node.name == spark_head.name or not spark_head.run(inspect, timeout=20).ok
+        ):
+            pytest.skip(
+                f"no container {spark_settings.container!r} on {spark_node.name} nor on the "
+                "head: the server is not run by the launcher here"
+            )
     if state == "running":
         spark_check.require(Finding.passed(state, "running", node=spark_node.name))
     else:

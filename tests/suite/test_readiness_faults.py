@@ -15,6 +15,7 @@ from pytest_spark.simcontrol import SimCluster
 
 pytestmark = pytest.mark.sim
 READINESS = str(REPO / "tests_e2e" / "test_readiness.py")
+READINESS_ID = "tests_e2e/test_readiness.py"
 
 
 def launch_with(sim: SimCluster, tmp_path: Path, *extra: str) -> tuple[SuiteRun, float]:
@@ -58,9 +59,23 @@ def test_load_failure_fails_fast_with_evidence(
     assert signature in message and words in message, message
     assert "fix:" in message
     assert "--- last" in message and "spark-worker-1" in message  # every node's tail
-    outcomes = set(run.outcomes().values())
-    assert outcomes == {"error"}, run.outcomes()  # nothing passes on a dead cluster
-    assert all(c["message"].startswith("vLLM") for c in run.checks(outcome="error"))
+    assert_one_failure_the_rest_point_at_it(run, "vLLM")
+
+
+def assert_one_failure_the_rest_point_at_it(run: SuiteRun, headline: str) -> None:
+    """test_cluster_serving fails with the evidence; the container check gives each node's
+    own verdict; every other check skips naming the root cause: nothing passes on a dead
+    cluster and nothing piles on."""
+    checks = {c["nodeid"].split("::", 1)[1]: c for c in run.results["checks"]}
+    serving = checks.pop("test_cluster_serving")
+    assert serving["outcome"] == "failed" and serving["message"].startswith(headline), serving
+    for name, check in checks.items():
+        if name.startswith("test_serving_container_running"):
+            assert check["outcome"] in ("passed", "failed", "skipped"), check
+            continue
+        assert check["outcome"] == "skipped", (name, check)
+        assert check["message"].startswith(f"the cluster is not serving: {headline}"), check
+        assert check["message"].endswith("(test_cluster_serving has the evidence)"), check
 
 
 def _containers(sim: SimCluster) -> list[str]:
@@ -102,7 +117,13 @@ def test_keep_then_attach_then_worker_death(sim: SimCluster, tmp_path: Path) -> 
         t0 = time.monotonic()
         dead = run_suite(tmp_path / "dead", *attach, sim=sim)
         assert time.monotonic() - t0 < 60
-        assert set(dead.outcomes().values()) == {"error"}, dead.outcomes()
+        assert_one_failure_the_rest_point_at_it(dead, "serving container exited on spark-worker-1")
+        assert (
+            dead.checks(nodeid=f"{READINESS_ID}::test_serving_container_running[spark-worker-1]")[
+                0
+            ]["outcome"]
+            == "failed"
+        )
         message = dead.results["serving"]["message"]
         assert "serving container exited on spark-worker-1" in message, message
         assert "/health answers 503" in message and "TP rank" in message
@@ -127,7 +148,8 @@ def test_attach_to_a_cluster_that_is_not_serving(sim: SimCluster, tmp_path: Path
     t0 = time.monotonic()
     run = run_suite(tmp_path, READINESS, "--spark-history=off", sim=sim)
     assert time.monotonic() - t0 < 60
-    message = run.checks(outcome="error")[0]["message"]
+    assert_one_failure_the_rest_point_at_it(run, "attach mode")
+    message = run.checks(outcome="failed")[0]["message"]
     assert "attach mode: the cluster is not serving" in message
     assert (
         "connection refused" in message and "vllm_node" in message and "--spark-launch" in message
