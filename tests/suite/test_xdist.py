@@ -1,60 +1,121 @@
-"""``pytest -n 4`` gives the verdicts of ``-n 0``, launches the cluster once and stops it once."""
+"""``pytest -n 4`` gives the verdicts of ``-n 0``, launches the cluster once and stops it once,
+runs the all-reduce and the throughput sweep once, each alone on the cluster."""
 
 from __future__ import annotations
 
-import glob
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO, launch_args, run_suite, sim_fault  # type: ignore[import-not-found]
+from conftest import (  # type: ignore[import-not-found]
+    REPO,
+    SuiteRun,
+    launch_args,
+    run_suite,
+    sim_fault,
+)
+from pytest_spark.results import CATEGORIES
 from pytest_spark.simcontrol import SimCluster
 
 pytestmark = pytest.mark.sim
-LOGS = "/tmp/pytest-spark-launch-*.log"  # one launcher output file per launch
+
+
+def ssh(sim: SimCluster, mgmt: str, command: str) -> str:
+    proc = subprocess.run(
+        ["ssh", "-F", str(sim.ssh_config), mgmt, command],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
 
 
 def serving_containers(sim: SimCluster, name: str) -> list[str]:
-    out = []
-    for node in sim.info["nodes"]:
-        proc = subprocess.run(
-            [
-                "ssh",
-                "-F",
-                str(sim.ssh_config),
-                node["mgmt"],
-                f"docker ps -q --filter name=^{name}$",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-        out.append(proc.stdout.strip())
-    return out
+    return [
+        ssh(sim, n["mgmt"], f"docker ps -q --filter name=^{name}$").strip()
+        for n in sim.info["nodes"]
+    ]
 
 
-def test_xdist_same_verdicts_one_launch(sim: SimCluster, tmp_path: Path) -> None:
+def container_events(sim: SimCluster, name: str, since: int) -> list[list[str]]:
+    """Each node's docker events for the container since then: one launch is one ``start``
+    on every node, its stop one ``die`` (the launcher's log on the head is removed when it
+    stops, and a node's /tmp is its own)."""
+    fmt = "{{.Action}}"
+    cmd = (
+        f"docker events --since {since} --until $(date +%s) --filter container={name} "
+        f"--filter event=start --filter event=die --format '{fmt}'"
+    )
+    return [ssh(sim, n["mgmt"], cmd).split() for n in sim.info["nodes"]]
+
+
+MEASUREMENTS = ("collective-run", "throughput-sweep")
+# Trimmed for CI time: the NCCL sweep up to 4 MiB, the throughput sweep at 1 and 4 streams.
+TRIM = (
+    "--spark-threshold",
+    "nccl.max_bytes=4194304",
+    "--spark-threshold",
+    "throughput.concurrency=1;4",
+)
+
+
+def measurement_ids(run: SuiteRun) -> dict[str, set[str]]:
+    """The id of every measurement the checks used (each attaches its record)."""
+    ids: dict[str, set[str]] = {}
+    for check in run.results["checks"]:
+        record = check["extra"].get("measurement")
+        if record:
+            ids.setdefault(record["name"], set()).add(record["id"])
+    return ids
+
+
+def sweep_foreign_tokens(run: SuiteRun) -> int:
+    """Tokens the server generated during the sweep beyond the sweep's own levels: the
+    warm-up alone when the sweep ran alone, more when other tests sent requests meanwhile."""
+    (doc,) = [c["extra"]["sweep"] for c in run.results["checks"] if "sweep" in c["extra"]]
+    view = doc["server_metrics"]
+    assert view is not None, "the served model exposes no vllm:generation_tokens"
+    return int(view["generation_tokens"]) - int(view["client_output_tokens"])
+
+
+def test_xdist_same_verdicts_one_launch_one_measurement(sim: SimCluster, tmp_path: Path) -> None:
     sim_fault(sim, "clear")
     suite = [
-        str(REPO / "tests_infra" / "test_link.py"),
-        str(REPO / "tests_e2e" / "test_readiness.py"),
+        str(REPO / "tests_infra"),
+        str(REPO / "tests_e2e"),
         *launch_args(sim),
+        *TRIM,
         "--spark-history=off",
     ]
-    verdicts = {}
+    verdicts, foreign = {}, {}
     for workers in ("0", "4"):
-        name = f"vllm_xdist_{workers}_{os.getpid()}"  # this run's launches alone
-        before = set(glob.glob(LOGS))
+        name = f"vllm_xdist_{workers}_{os.getpid()}"  # this run's launch alone
+        since = int(time.time()) - 1
         run = run_suite(
-            tmp_path / workers, "-n", workers, *suite, f"--spark-container={name}", sim=sim
+            tmp_path / workers,
+            "-n",
+            workers,
+            *suite,
+            f"--spark-container={name}",
+            sim=sim,
+            timeout=1200,
         )
-        assert run.ret == 0, run.output
-        launches = [p for p in set(glob.glob(LOGS)) - before if name in Path(p).read_text()]
-        assert len(launches) == 1, (workers, launches)
+        assert container_events(sim, name, since) == [["start", "die"]] * 2, workers
         assert serving_containers(sim, name) == ["", ""], "not torn down"
         assert run.results["serving"]["stopped"] is True
+        ids = measurement_ids(run)
+        assert {k: len(v) for k, v in ids.items()} == dict.fromkeys(MEASUREMENTS, 1), (
+            workers,
+            ids,
+        )
+        foreign[workers] = sweep_foreign_tokens(run)
         verdicts[workers] = run.outcomes()
-    assert verdicts["4"] == verdicts["0"]
-    assert len(verdicts["0"]) == 26 + 8
+        assert {c["category"] for c in run.results["checks"]} == set(CATEGORIES)
+    assert verdicts["4"] == verdicts["0"], {
+        k: (verdicts["0"].get(k), v) for k, v in verdicts["4"].items() if verdicts["0"].get(k) != v
+    }
+    assert foreign["4"] == foreign["0"], "requests from other tests during the throughput sweep"
