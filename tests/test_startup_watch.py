@@ -159,3 +159,28 @@ def test_mark_ready_closes_the_timeline() -> None:
     watch.mark_ready(104.5)
     assert watch.ready
     assert watch.timeline()[-1] == {"phase": "ready", "start_s": 4.5, "end_s": 4.5}
+
+
+def test_cpu_compile_warmup_is_the_graphs_phase() -> None:
+    """vLLM on CPU compiles (silently, for minutes) after "Warming up model for the
+    compilation...": that is the graphs phase, not KV sizing."""
+    lines = (LOGS / "vllm-0.32.0-cpu-smollm2.log").read_text().splitlines()
+    at = next(i for i, line in enumerate(lines) if "Warming up model for the compilation" in line)
+    watch = StartupWatch(hang_timeout=300, placement_timeout=120, started=0.0)
+    for i, line in enumerate(lines[: at + 1]):
+        watch.feed("spark-head", [line], float(i))
+    assert watch.phase == "graphs"
+    assert watch.phases[-1].start == float(at)
+
+
+def test_cpu_memory_reservation_fails_fast_with_the_fix() -> None:
+    line = (
+        "(VllmWorker-0 pid=5694) ERROR 11-29 19:46:30 [multiproc_executor.py:953] ValueError: "
+        "Available memory on node 0 (15.63/18.09 GiB) on startup is less than desired CPU "
+        "memory utilization (0.92, 16.64 GiB)."
+    )
+    watch = StartupWatch(hang_timeout=300, placement_timeout=120, started=0.0)
+    watch.feed("spark-head", [line], 1.0)
+    assert watch.failure is not None
+    assert watch.failure.signature == "cpu-memory"
+    assert "VLLM_CPU_KVCACHE_SPACE" in watch.failure.message()

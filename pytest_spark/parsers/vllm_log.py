@@ -29,6 +29,7 @@ GRAPHS = re.compile(
     r"(?: \[(?P<elapsed>[\d:]+)<(?P<eta>[\d:?]+))?"
 )
 WEIGHTS_START = re.compile(r"Starting to load model |Loading model weights|Loading weights with")
+CPU_WARMUP = re.compile(r"Warming up model for the compilation")  # CPU: torch.compile
 WEIGHTS_TOOK = re.compile(r"Loading weights took (?P<s>[\d.]+) seconds")
 MODEL_TOOK = re.compile(r"Model loading took (?P<gib>[\d.]+) GiB memory and (?P<s>[\d.]+) seconds")
 KV_MEMORY = re.compile(r"Available KV cache memory: (?P<gib>[\d.]+) GiB")
@@ -57,6 +58,10 @@ FATAL = (
             r"torch\.OutOfMemoryError: CUDA out of memory|"
             r"CUDA out of memory"
         ),
+    ),
+    (
+        "cpu-memory",
+        re.compile(r"Available memory on node .* is less than desired CPU memory utilization"),
     ),
     ("nccl-watchdog", re.compile(r"Watchdog caught collective operation timeout")),
     ("nccl-error", re.compile(r"NCCL Error|NCCL error|ncclInternalError|ncclSystemError")),
@@ -93,6 +98,9 @@ REMEDIATION = {
     "--gpu-memory-utilization",
     "cuda-oom": "the model does not fit: lower --gpu-memory-utilization or --max-model-len, "
     "and check no other process holds GPU memory",
+    "cpu-memory": "vLLM on CPU reserves --gpu-memory-utilization of the machine's RAM (0.92 by "
+    "default): set VLLM_CPU_KVCACHE_SPACE (GiB of KV cache) or lower "
+    "--gpu-memory-utilization",
     "nccl-watchdog": "a collective stalled: check the fabric link on both nodes (ibdev2netdev, "
     "ibstat) and that NCCL_SOCKET_IFNAME / NCCL_IB_HCA name the fabric",
     "nccl-error": "NCCL failed: check the fabric link state and the NCCL_* environment of the "
@@ -157,6 +165,7 @@ def classify(raw: str) -> list[Event]:
         ("progress", "weights", SHARDS),
         ("progress", "graphs", GRAPHS),
         ("phase", "kv", WEIGHTS_TOOK),
+        ("phase", "graphs", CPU_WARMUP),
         ("fact", "model_loading", MODEL_TOOK),
         ("fact", "kv_memory", KV_MEMORY),
         ("fact", "kv_size", KV_SIZE),
