@@ -98,3 +98,27 @@ def discover(
     return ApiEndpoint(
         base_url, model, api_key, timeout, version, entry.get("max_model_len"), entry.get("root")
     )
+
+
+def engine_failing(endpoint: ApiEndpoint) -> str | None:
+    """One tiny chat completion: ``None`` unless the server answers it with a 5xx (the
+    engine fails every request: a dead or broken engine behind a live HTTP server). Any
+    other oddity is left to the checks that read responses; they say what is wrong."""
+    body = {
+        "model": endpoint.model,
+        "max_tokens": 1,
+        "temperature": 0,
+        "messages": [{"role": "user", "content": "Say OK."}],
+    }
+    try:
+        with endpoint.client() as client:
+            response = client.post("/v1/chat/completions", json=body)
+    except httpx.HTTPError:
+        return None  # not a verdict on the engine: the checks' own requests will say
+    if response.status_code < 500:
+        return None
+    return (
+        f"{endpoint.base_url} serves {endpoint.model!r} but a chat completion answered HTTP "
+        f"{response.status_code}: {response.text[:300]!r}. The engine is failing requests: "
+        "the head's container log (`docker logs`) says why"
+    )

@@ -6,7 +6,7 @@ import contextlib
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 import testinfra.host
@@ -19,7 +19,13 @@ from pytest_spark.results import DATA_PREFIX, NODE_PROP, finding_property
 from pytest_spark.settings import Settings
 from pytest_spark.standup import ServingInfo
 from pytest_spark.startup import StartupWatch
-from pytest_spark.state import CLUSTER_KEY, RUN_DIR_KEY, SERVING_KEY, SETTINGS_KEY
+from pytest_spark.state import (
+    CLUSTER_KEY,
+    RUN_DIR_KEY,
+    SERVING_KEY,
+    SERVING_VERDICT_KEY,
+    SETTINGS_KEY,
+)
 
 
 class SparkCheckWarning(UserWarning):
@@ -131,6 +137,14 @@ class ApiState:
     problem: str | None
 
 
+def not_serving(config: pytest.Config, problem: str) -> NoReturn:
+    """Skip pointing at the serving verdict check when it runs in this session; fail with
+    the whole problem when it does not (``-m tool_calls`` on a dead server must not pass)."""
+    if config.stash.get(SERVING_VERDICT_KEY, False):
+        pytest.skip(not_serving_reason(problem))
+    pytest.fail(problem, pytrace=False)
+
+
 def not_serving_reason(problem: str) -> str:
     """The skip reason of a check that needs the server: the root cause, and where to look."""
     headline = next((line.strip() for line in problem.splitlines() if line.strip()), problem)
@@ -165,12 +179,12 @@ def spark_serving_state(pytestconfig: pytest.Config, spark_settings: Settings) -
 
 
 @pytest.fixture(scope="session")
-def spark_serving(spark_serving_state: ServingState) -> ServingInfo:
+def spark_serving(pytestconfig: pytest.Config, spark_serving_state: ServingState) -> ServingInfo:
     """The serving cluster, ready: launched with --spark-launch, else attached to. Waits
     with live progress, fails fast with every node's log tail, never hangs. A test that
     uses it is skipped, naming the root cause, when the cluster is not serving."""
     if spark_serving_state.info is None:
-        pytest.skip(not_serving_reason(spark_serving_state.problem or "unknown"))
+        not_serving(pytestconfig, spark_serving_state.problem or "not serving")
     return spark_serving_state.info
 
 
@@ -224,7 +238,7 @@ def spark_api_state(
     """The served API once ready (base URL direct or through an SSH tunnel via the head,
     model id, key), or why it cannot be used; never raises. With --spark-api-url alone,
     that server directly."""
-    from pytest_spark.api import ApiError, discover, read_api_key
+    from pytest_spark.api import ApiError, discover, engine_failing, read_api_key
 
     settings = spark_settings
     tunnel = None
@@ -239,6 +253,9 @@ def spark_api_state(
             cluster = pytestconfig.stash[CLUSTER_KEY]
             base, tunnel = route_to_api(cluster, settings.port)
         endpoint = discover(base, api_key=key, model=settings.model, timeout=settings.http_timeout)
+        failing = engine_failing(endpoint)
+        if failing is not None:
+            raise ApiError(failing)
     except ApiError as exc:
         if tunnel is not None:
             tunnel.close()
@@ -252,11 +269,11 @@ def spark_api_state(
 
 
 @pytest.fixture(scope="session")
-def spark_api(spark_api_state: ApiState) -> ApiEndpoint:
+def spark_api(pytestconfig: pytest.Config, spark_api_state: ApiState) -> ApiEndpoint:
     """The served API; a test that uses it is skipped, naming the root cause, when the
     cluster is not serving or the API cannot be used (test_cluster_serving fails then)."""
     if spark_api_state.endpoint is None:
-        pytest.skip(not_serving_reason(spark_api_state.problem or "unknown"))
+        not_serving(pytestconfig, spark_api_state.problem or "no API endpoint")
     return spark_api_state.endpoint
 
 

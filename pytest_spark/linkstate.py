@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+from typing import TYPE_CHECKING
 
 import pytest
 
-from pytest_spark.checks.links import twin_key
+from pytest_spark.checks.base import Finding
+from pytest_spark.checks.links import link_is_usable, twin_key
 from pytest_spark.cluster import Cluster, Node
 from pytest_spark.facts.links import (
     LINK_PROBE,
@@ -17,6 +19,9 @@ from pytest_spark.facts.links import (
 )
 from pytest_spark.parsers.links import ParseError
 from pytest_spark.remote.base import RemoteError
+
+if TYPE_CHECKING:
+    from pytest_spark.fixtures import SparkCheck
 
 
 def node_link_facts(cluster: Cluster, node: Node) -> NodeLinkFacts:
@@ -67,6 +72,33 @@ def fabric_ifs(cluster: Cluster) -> list[str]:
         return list(dict.fromkeys(n for n in every if twin_key(n) in keys))
 
     return cluster.cached("fabric-ifs", discover)
+
+
+def unusable_fabric_links(cluster: Cluster) -> list[str]:
+    """Why each fabric twin that is not up on a reachable node is unusable (the link-up
+    check's own words), e.g. ``link not usable: spark-worker-1 enp1s0f1np1: link
+    administratively down (see the link-up check)``."""
+    reasons = []
+    ifs = fabric_ifs(cluster)
+    for node, facts in all_link_facts(cluster).items():
+        if isinstance(facts, NodeLinkFacts):
+            for ifname in ifs:
+                usable, reason = link_is_usable(port_of(facts, ifname), node)
+                if not usable:
+                    reasons.append(reason)
+    return reasons
+
+
+def require_unless_twin_down(cluster: Cluster, finding: Finding, check: SparkCheck) -> None:
+    """Record and assert ``finding``; when it fails and a fabric twin is down, skip
+    instead, naming the down link: the launcher and NCCL leave a Down twin out of
+    NCCL_IB_HCA and the transport, so the config is then right and the root cause is the
+    link (its link-up check fails)."""
+    if not finding.ok:
+        down = unusable_fabric_links(cluster)
+        if down:
+            pytest.skip(f"{'; '.join(down)}: {finding.message}")
+    check.require(finding)
 
 
 def port_of(facts: NodeLinkFacts, ifname: str) -> PortFacts:

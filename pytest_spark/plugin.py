@@ -24,6 +24,7 @@ from pytest_spark.state import (
     MEASURE_KEY,
     RESULTS_KEY,
     RUN_DIR_KEY,
+    SERVING_VERDICT_KEY,
     SETTINGS_KEY,
     SIM_KEY,
 )
@@ -69,6 +70,11 @@ def _is_worker(config: pytest.Config) -> bool:
 def pytest_configure(config: pytest.Config) -> None:
     for name in CATEGORIES:
         config.addinivalue_line("markers", f"{name}: {MARKERS[name]}")
+    config.addinivalue_line(
+        "markers",
+        "spark_serving_verdict: this check fails when the cluster is not serving; while it "
+        "runs, the checks that need the server skip naming the root cause",
+    )
     config.addinivalue_line("filterwarnings", "default::pytest_spark.fixtures.SparkCheckWarning")
     config.pluginmanager.register(fixtures, "spark.fixtures")
     settings = resolve(config)
@@ -217,6 +223,12 @@ def pytest_itemcollected(item: pytest.Item) -> None:
         if mark.name in CATEGORIES:
             item.user_properties.append((CATEGORY_PROP, mark.name))
             return
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    session.config.stash[SERVING_VERDICT_KEY] = any(
+        item.get_closest_marker("spark_serving_verdict") for item in session.items
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -23,3 +23,6 @@ RESULTS_KEY: pytest.StashKey[ResultsRecorder] = pytest.StashKey()
 RUN_DIR_KEY: pytest.StashKey[Path] = pytest.StashKey()
 SERVING_KEY: pytest.StashKey[ServingInfo] = pytest.StashKey()
 MEASURE_KEY: pytest.StashKey[Measurements] = pytest.StashKey()
+# Whether a spark_serving_verdict check (test_cluster_serving) runs in this session: only
+# then may the checks that need the server skip when it is down (else they must fail).
+SERVING_VERDICT_KEY: pytest.StashKey[bool] = pytest.StashKey()

@@ -18,6 +18,7 @@ from pytest_spark.standup import ServingInfo
 pytestmark = pytest.mark.readiness
 
 
+@pytest.mark.spark_serving_verdict
 def test_cluster_serving(
     request: pytest.FixtureRequest,
     spark_api_state: ApiState,

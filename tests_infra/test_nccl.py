@@ -15,10 +15,12 @@ from pytest_spark.checks.nccl import (
 )
 from pytest_spark.codec import dump, load
 from pytest_spark.collective import CollectiveRun
-from pytest_spark.linkstate import fabric_ifs, node_link_facts
+from pytest_spark.fixtures import ServingState, not_serving_reason
+from pytest_spark.linkstate import fabric_ifs, node_link_facts, require_unless_twin_down
 from pytest_spark.measure import Measured, measure_once
 from pytest_spark.nccl_run import collective_run, container_env
 from pytest_spark.settings import Settings
+from pytest_spark.state import SERVING_VERDICT_KEY
 
 pytestmark = pytest.mark.nccl
 
@@ -41,10 +43,22 @@ def _allreduce(
 
 
 @pytest.fixture
-def allreduce(_allreduce: Measured[CollectiveRun | str], spark_check: SparkCheck) -> CollectiveRun:
+def allreduce(
+    request: pytest.FixtureRequest,
+    _allreduce: Measured[CollectiveRun | str],
+    spark_check: SparkCheck,
+    spark_settings: Settings,
+) -> CollectiveRun:
     spark_check.attach("measurement", _allreduce.record)
     run = _allreduce.value
     if isinstance(run, str):
+        if not spark_settings.launch and request.config.stash.get(SERVING_VERDICT_KEY, False):
+            # Attached: the benchmark runs in the serving containers; when the cluster is
+            # not serving (a rank's container gone), that is the root cause, not NCCL, and
+            # test_cluster_serving reports it.
+            serving: ServingState = request.getfixturevalue("spark_serving_state")
+            if serving.problem is not None:
+                pytest.skip(f"{not_serving_reason(serving.problem)}; all-reduce: {run}")
         pytest.fail(f"all-reduce could not run: {run}", pytrace=False)
     return run
 
@@ -96,12 +110,14 @@ def test_transport_is_rdma_on_the_fabric(
     ifs = fabric_ifs(spark_cluster)
     facts = node_link_facts(spark_cluster, spark_cluster.head)
     devs = [m.dev for m in facts.roce if m.netdev in ifs]
-    spark_check.require(
+    require_unless_twin_down(
+        spark_cluster,
         check_transport(
             allreduce.transports, fabric_devs=devs or None, fabric_ifs=ifs, where=_where(allreduce)
         )
         if devs
-        else check_transport(allreduce.transports, fabric_ifs=ifs, where=_where(allreduce))
+        else check_transport(allreduce.transports, fabric_ifs=ifs, where=_where(allreduce)),
+        spark_check,
     )
 
 
@@ -120,8 +136,10 @@ def test_nccl_ib_hca_lists_both_twins(
         )
     ifs = fabric_ifs(spark_cluster)
     devs = [m.dev for m in node_link_facts(spark_cluster, spark_node).roce if m.netdev in ifs]
-    spark_check.require(
+    require_unless_twin_down(
+        spark_cluster,
         check_ib_hca(
             env.get("NCCL_IB_HCA"), node=spark_node.name, **({"fabric_devs": devs} if devs else {})
-        )
+        ),
+        spark_check,
     )

@@ -24,6 +24,7 @@ from pytest_spark.checks.preflight import (
     check_serving_env,
 )
 from pytest_spark.facts.preflight import ClockSample, ModelListing, NodePreflight
+from pytest_spark.linkstate import require_unless_twin_down
 from pytest_spark.preflightstate import (
     address_owners,
     all_preflight,
@@ -148,7 +149,7 @@ def test_passwordless_ssh_head_to_workers(
         pytest.skip("no workers")
     try:
         addresses = list(spark_cluster.settings.launch_nodes or fabric_addresses(spark_cluster))
-    except NotServing as exc:
+    except (NotServing, RemoteError) as exc:
         pytest.skip(f"worker addresses for the launcher not known: {exc}")
     owners = address_owners(spark_cluster)
     workers = [a for a in addresses if owners.get(a) != spark_head.name]
@@ -184,8 +185,10 @@ def test_serving_env_matches_fabric(
     """Needs the serving containers (launched with --spark-launch, else attached to)."""
     ifs, devs, node_ifs = fabric_of(spark_cluster, spark_node)
     env = serving_env(spark_cluster, spark_node)
-    spark_check.require(
+    require_unless_twin_down(
+        spark_cluster,
         check_serving_env(
             spark_node.name, spark_cluster.settings.container, env, ifs, devs, node_ifs
-        )
+        ),
+        spark_check,
     )

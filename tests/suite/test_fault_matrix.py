@@ -1,0 +1,322 @@
+"""The fault matrix: the whole suite against sparksim once per fault, verdicts asserted from
+the JSON results. Generated from the table in docs/FAULT_MATRIX.md (the rules are there)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import REPO, SuiteRun, launch_args, run_suite, sim_fault  # type: ignore[import-not-found]
+from pytest_spark.simcontrol import SimCluster
+
+pytestmark = pytest.mark.sim
+MATRIX = REPO / "docs" / "FAULT_MATRIX.md"
+COLUMNS = ("fault", "inject", "run", "fails", "node", "says", "because")
+CATEGORIES = ("preflight", "link", "nccl", "readiness", "tool_calls", "reasoning", "throughput")
+TRIM = (
+    "--spark-threshold=nccl.max_bytes=4194304",
+    "--spark-threshold=throughput.concurrency=1;4",
+    "--spark-history=off",
+)
+# Where each run's per-category verdicts are written, to read when a row disagrees.
+OBSERVED = Path("/tmp/pytest-spark-fault-matrix")
+
+
+@dataclass(frozen=True)
+class Row:
+    fault: str
+    inject: tuple[tuple[str, ...], ...]  # spark-sim fault argv's
+    serve_args: str  # appended to the launch's serve args
+    run: str  # launch | serving
+    fails: tuple[str, ...]
+    may_fail: tuple[str, ...]  # a measured consequence that may or may not cross its floor
+    node: str | None
+    says: dict[str, str]  # category -> words one of its failures says ("*": every category)
+    because: str | None
+
+    @property
+    def id(self) -> str:
+        return re.sub(r"[^a-z0-9]+", "-", self.fault.lower()).strip("-")
+
+
+def _cell(text: str) -> str | None:
+    text = text.strip().strip("`").strip()
+    return None if text in ("", "-") else text
+
+
+def parse_matrix(text: str) -> list[Row]:
+    """The rows of the table under '## Matrix'; a malformed row is an error, not a skip."""
+    body = text.split("## Matrix", 1)[1]
+    lines = [line for line in body.splitlines() if line.startswith("|")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    if tuple(header) != COLUMNS:
+        raise ValueError(f"{MATRIX}: columns {header}, expected {list(COLUMNS)}")
+    rows = []
+    for line in lines[2:]:
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != len(COLUMNS):
+            raise ValueError(f"{MATRIX}: {len(cells)} cells in {line!r}")
+        values = dict(zip(COLUMNS, cells, strict=True))
+        inject, serve_args = [], ""
+        for part in (_cell(values["inject"]) or "").split(";"):
+            part = part.strip()
+            if part.startswith("+serve-args "):
+                serve_args = part.removeprefix("+serve-args ").strip()
+            elif part:
+                inject.append(tuple(shlex.split(part)))
+        words = (_cell(values["fails"]) or "").split()
+        fails = tuple(w for w in words if not w.endswith("?"))
+        may_fail = tuple(w.removesuffix("?") for w in words if w.endswith("?"))
+        unknown = set(fails + may_fail) - set(CATEGORIES)
+        if unknown or values["run"] not in ("launch", "serving"):
+            raise ValueError(f"{MATRIX}: bad row {line!r}")
+        rows.append(
+            Row(
+                fault=values["fault"],
+                inject=tuple(inject),
+                serve_args=serve_args,
+                run=values["run"],
+                fails=fails,
+                may_fail=may_fail,
+                node=_cell(values["node"]),
+                says=_says(_cell(values["says"]), fails + may_fail),
+                because=_cell(values["because"]),
+            )
+        )
+    return rows
+
+
+def _says(cell: str | None, fails: tuple[str, ...]) -> dict[str, str]:
+    """``words`` (every failing category) or ``cat: words / cat: words``."""
+    says: dict[str, str] = {}
+    for part in (cell or "").split(" / "):
+        category, sep, words = part.partition(": ")
+        if sep and category in CATEGORIES:
+            if category not in fails:
+                raise ValueError(f"{MATRIX}: says {category!r}, which is not in fails {fails}")
+            says[category] = words.strip()
+        elif part.strip():
+            says["*"] = part.strip()
+    return says
+
+
+ROWS = parse_matrix(MATRIX.read_text())
+
+
+def test_matrix_covers_every_fault_the_issue_lists() -> None:
+    """The table is the source of the test; a fault dropped from it is a failure here."""
+    kinds = {" ".join(a[:2]) if a[0] == "engine" else a[0] for r in ROWS for a in r.inject}
+    for must in (
+        "link-down",
+        "link-rate",
+        "mtu",
+        "unreachable",
+        "engine crash-oom",
+        "engine crash-free-memory",
+        "engine crash-nccl",
+        "engine hang-placement-group",
+        "engine hang-silent",
+        "worker-kill",
+        "nccl-socket",
+        "stale-container",
+        "engine think-in-content",
+        "engine tool-in-content",
+        "engine tool-args-unstreamed",
+        "engine slow-decode",
+        "engine http-5xx",
+        "engine malformed-sse",
+        "engine truncated-stream",
+        "engine invalid-json-body",
+    ):
+        assert must in kinds, must
+    assert any("--api-key" in r.serve_args for r in ROWS)
+    assert {r.run for r in ROWS if not r.fails and not r.inject} == {"launch", "serving"}
+
+
+def test_matrix_parser_rejects_what_it_cannot_hold_to() -> None:
+    head = "## Matrix\n\n| " + " | ".join(COLUMNS) + " |\n|---|---|---|---|---|---|---|\n"
+    good = "| x | engine http-5xx | serving | readiness tool_calls | - | tool_calls: 500 | 500 |\n"
+    (row,) = parse_matrix(head + good)
+    assert row.inject == (("engine", "http-5xx"),) and row.fails == ("readiness", "tool_calls")
+    assert row.says == {"tool_calls": "500"} and row.node is None and row.id == "x"
+    (row,) = parse_matrix(head + good.replace("tool_calls |", "tool_calls? |", 1))
+    assert row.fails == ("readiness",) and row.may_fail == ("tool_calls",)
+    for bad in (
+        "| x | - | serving | - | - | - |\n",  # a cell missing
+        "| x | - | somewhere | - | - | - | - |\n",  # unknown run
+        "| x | - | launch | links | - | - | - |\n",  # unknown category
+        "| x | - | launch | link | - | nccl: slow | - |\n",  # says for a category not failing
+        "| x | - | launch | link nccls? | - | - | - |\n",  # unknown optional category
+    ):
+        with pytest.raises(ValueError):
+            parse_matrix(head + bad)
+
+
+def _ssh(sim: SimCluster, node: str, command: str, timeout: float = 120) -> str:
+    proc = subprocess.run(
+        ["ssh", "-F", str(sim.ssh_config), node, command],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    return proc.stdout
+
+
+class Stack:
+    """A serving stack kept up across the `serving` rows, relaunched when a row killed it."""
+
+    def __init__(self, sim: SimCluster, tmp: Path) -> None:
+        self.sim, self.tmp, self.launches, self.up = sim, tmp, 0, False
+
+    def healthy(self) -> bool:
+        port = self.sim.info["launch"]["port"]
+        code = _ssh(
+            self.sim,
+            self.sim.head,
+            f"curl -s -o /dev/null -w '%{{http_code}}' -m 5 http://127.0.0.1:{port}/health",
+            timeout=30,
+        )
+        return code.strip() == "200"
+
+    def ensure(self) -> None:
+        if self.healthy():
+            return
+        self.stop()
+        self.launches += 1
+        run = run_suite(
+            self.tmp / f"keep{self.launches}",
+            str(REPO / "tests_e2e" / "test_readiness.py"),
+            "-k",
+            "cluster_serving",
+            *launch_args(self.sim),
+            "--spark-keep",
+            "--spark-history=off",
+            sim=self.sim,
+        )
+        assert run.ret == 0, run.output
+        self.up = True
+
+    def stop(self) -> None:
+        self.up = False
+        launch = self.sim.info["launch"]
+        fabric = ",".join(f"198.19.0.{i + 1}" for i in range(len(self.sim.info["nodes"])))
+        _ssh(self.sim, self.sim.head, f"{launch['script']} -n {fabric} stop")
+
+
+@pytest.fixture(scope="module")
+def stack(sim: SimCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    kept = Stack(sim, tmp_path_factory.mktemp("stack"))
+    try:
+        yield kept
+    finally:
+        kept.stop()
+        sim_fault(sim, "clear")
+
+
+def _serve_args(sim: SimCluster, row: Row) -> str:
+    base: str = sim.info["launch"]["serve_args"]
+    return f"{base} {row.serve_args}".strip()
+
+
+def run_row(sim: SimCluster, stack: Stack, row: Row, tmp_path: Path) -> SuiteRun:
+    sim_fault(sim, "clear")
+    if row.run == "serving":
+        stack.ensure()
+    elif stack.up:
+        stack.stop()
+    for argv in row.inject:
+        sim_fault(sim, *argv)
+    args = [str(REPO / "tests_infra"), str(REPO / "tests_e2e"), *TRIM]
+    container = sim.info["launch"]["container"]
+    args.append(f"--spark-model-dir={sim.info['launch']['model_dir']}")
+    if row.run == "launch":
+        args += [*launch_args(sim), f"--spark-serve-args={_serve_args(sim, row)}"]
+    else:
+        args += [f"--spark-serve-args={_serve_args(sim, row)}", f"--spark-container={container}"]
+    try:
+        return run_suite(tmp_path, *args, sim=sim, timeout=900)
+    finally:
+        sim_fault(sim, "clear")
+
+
+def summary(run: SuiteRun) -> dict[str, Any]:
+    """Per category: outcome counts, failure messages, skip reasons (for the observer)."""
+    out: dict[str, Any] = {"exit": run.ret}
+    for check in run.results["checks"]:
+        cat = out.setdefault(check["category"], {"outcomes": {}, "failed": [], "skipped": []})
+        cat["outcomes"][check["outcome"]] = cat["outcomes"].get(check["outcome"], 0) + 1
+        name = check["nodeid"].split("::", 1)[1]
+        if check["outcome"] in ("failed", "error"):
+            cat["failed"].append(f"{name}: {check['message'][:300]}")
+        elif check["outcome"] == "skipped":
+            cat["skipped"].append(f"{name}: {check['message'][:200]}")
+    return out
+
+
+BASELINE_SKIPS: dict[str, set[str]] = {}
+
+
+def _names(check: dict[str, Any]) -> str:
+    return f"{check.get('node') or ''} {check['message']}"
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
+def test_fault(sim: SimCluster, stack: Stack, row: Row, tmp_path: Path) -> None:
+    run = run_row(sim, stack, row, tmp_path)
+    OBSERVED.mkdir(exist_ok=True)
+    (OBSERVED / f"{row.id}.json").write_text(json.dumps(summary(run), indent=1))
+    checks = run.results["checks"]
+    assert checks, f"no JSON results:\n{run.output[-3000:]}"
+    assert len(checks) >= 60, f"the whole suite did not run:\n{run.output[-3000:]}"
+    crashed = [f"{c['nodeid']}: {c['crashed']}: {c['message']}" for c in checks if c["crashed"]]
+    assert not crashed, "checks died of an exception instead of a verdict:\n" + "\n".join(crashed)
+    if not row.fails:
+        bad = {c["nodeid"]: c["message"] for c in checks if c["outcome"] in ("failed", "error")}
+        assert not bad, bad
+        assert run.ret == 0, run.output[-3000:]
+        BASELINE_SKIPS[row.run] = {c["nodeid"] for c in checks if c["outcome"] == "skipped"}
+        return
+    assert run.ret == 1, run.output[-3000:]
+    for category in row.fails:
+        failed = [
+            c for c in checks if c["category"] == category and c["outcome"] in ("failed", "error")
+        ]
+        assert failed, f"{category}: nothing failed; {summary(run).get(category)}"
+        words = row.says.get(category) or row.says.get("*")
+        if words:
+            said = [c for c in failed if words.lower() in c["message"].lower()]
+            assert said, f"{category}: no failure says {words!r}: {[_names(c) for c in failed]}"
+    if row.node:
+        named = [
+            c
+            for c in checks
+            if c["category"] in row.fails and c["outcome"] in ("failed", "error")
+            if row.node in _names(c)
+        ]
+        assert named, f"no failure names {row.node}"
+    for category in row.may_fail:
+        words = row.says.get(category)
+        for check in checks:
+            if check["category"] == category and check["outcome"] in ("failed", "error"):
+                assert not words or words.lower() in check["message"].lower(), check
+    baseline = BASELINE_SKIPS.get(row.run, set())
+    for check in checks:
+        if check["category"] in row.fails or check["outcome"] == "passed":
+            continue
+        if check["category"] in row.may_fail and check["outcome"] == "failed":
+            continue
+        where = f"{check['nodeid']} ({check['outcome']}): {check['message'][:400]}"
+        assert check["outcome"] == "skipped", f"unrelated category not passing: {where}"
+        if check["nodeid"] in baseline:
+            continue
+        assert row.because and row.because.lower() in check["message"].lower(), (
+            f"skip does not point at the root cause {row.because!r}: {where}"
+        )
