@@ -9,7 +9,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-BUILTIN_PROFILES = ("dgx-spark-2node", "sim")
+BUILTIN_PROFILES = ("dgx-spark-2node", "sim", "sim-vllm-cpu")
 
 
 class ProfileError(ValueError):

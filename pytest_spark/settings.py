@@ -54,6 +54,18 @@ def _nodes(raw: str) -> int:
     return value
 
 
+SIM_ENGINES = ("emulator", "vllm-cpu")
+
+
+def _sim_engine(raw: str) -> str:
+    value = raw.strip().lower()
+    if value not in SIM_ENGINES:
+        raise ValueError(
+            f"must be one of {', '.join(SIM_ENGINES)} (vllm-cpu needs scripts/setup-vllm-cpu)"
+        )
+    return value
+
+
 def _host(raw: str) -> str:
     host = raw.strip()
     if not host or any(c.isspace() for c in host) or host.startswith("-"):
@@ -222,6 +234,14 @@ OPTIONS: tuple[Option, ...] = (
         ini_type="bool",
     ),
     Option("sim-nodes", _nodes, 2, "number of sparksim nodes with --spark-sim", "N"),
+    Option(
+        "sim-engine",
+        _sim_engine,
+        "emulator",
+        "what serves on sparksim: its vLLM emulator, or real vLLM on CPU with a small model "
+        "(vllm-cpu; profile sim-vllm-cpu)",
+        "emulator|vllm-cpu",
+    ),
     Option(
         "api-url",
         _url,
@@ -392,6 +412,8 @@ def resolve(config: pytest.Config, environ: Mapping[str, str] | None = None) -> 
     raw: dict[str, tuple[Any, str, bool]] = {}  # attr -> (value, source, needs parsing)
     for option in OPTIONS:
         cli_value = config.getoption(option.dest, default=None)
+        if isinstance(cli_value, list):  # a repeatable option given several times
+            cli_value = ",".join(cli_value)
         if cli_value is not None and cli_value is not False:
             raw[option.attr] = (cli_value, f"command line {option.cli}", not option.flag)
         elif env.get(option.env) not in (None, ""):
@@ -426,7 +448,8 @@ def resolve(config: pytest.Config, environ: Mapping[str, str] | None = None) -> 
             values[option.attr], sources[option.attr] = option.default, "default"
 
     if values["sim"] and sources["profile"] == "default":
-        values["profile"], sources["profile"] = "sim", "default for --spark-sim"
+        sim_profile = "sim-vllm-cpu" if values["sim_engine"] == "vllm-cpu" else "sim"
+        values["profile"], sources["profile"] = sim_profile, "default for --spark-sim"
     try:
         profile = load_profile(values["profile"]).with_overrides(values["threshold"])
     except ProfileError as exc:
@@ -442,6 +465,9 @@ def resolve(config: pytest.Config, environ: Mapping[str, str] | None = None) -> 
             sources[option.attr] = f"profile {profile.name}"
     secrets = frozenset(o.attr for o in OPTIONS if o.secret)
     return Settings(values, sources, profile, secrets)
+
+
+REPEATABLE = frozenset({"threshold"})
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -467,7 +493,8 @@ def add_options(parser: pytest.Parser) -> None:
         else:
             group.addoption(
                 option.cli,
-                action="store",
+                # --spark-threshold A=1 --spark-threshold B=2 means both, not the last one
+                action="append" if option.attr in REPEATABLE else "store",
                 default=None,
                 dest=option.dest,
                 metavar=option.metavar,

@@ -29,6 +29,7 @@ from pytest_spark.serving.stream import (
 )
 from pytest_spark.serving.tools import (
     ToolRequest,
+    auto_declined,
     check_auto_refused,
     check_tool_calls,
     compare_arguments,
@@ -62,6 +63,7 @@ __all__ = [
     "Turn",
     "assemble",
     "astream_chat",
+    "auto_declined",
     "check_auto_refused",
     "check_order",
     "check_reasoning",

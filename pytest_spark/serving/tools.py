@@ -156,6 +156,18 @@ def _call_problems(call: ToolCall, req: ToolRequest, turn: Turn) -> list[str]:
     return out
 
 
+def auto_declined(turn: Turn, req: ToolRequest) -> str | None:
+    """Why the model itself (not the parser) made no call under ``tool_choice=auto``: no
+    ``tool_calls`` and plain text with neither tool markup nor a JSON call in it. None
+    when the turn did call, or left a call in content (that is a parser failure)."""
+    if req.mode != "auto" or turn.tool_calls:
+        return None
+    content = turn.content
+    if markup_in(content) or _json_call_in(content, req.names):
+        return None
+    return f"the model answered in plain text with no tool markup (content {short(content)})"
+
+
 def check_tool_calls(turn: Turn, req: ToolRequest, *, server: str = "") -> Finding:
     """Every tool-call property of one turn; the message lists each one that broke."""
     problems: list[str] = []

