@@ -76,6 +76,26 @@ def test_profile_by_name_and_threshold_override(show: pytest.Pytester) -> None:
     result.stdout.fnmatch_lines(["PROFILE dgx-spark-2node 100 FROM default"])
 
 
+def test_threshold_option_repeats(pytester: pytest.Pytester) -> None:
+    """Given twice, both overrides hold (not only the last one)."""
+    pytester.makepyfile(
+        test_show="""
+from pytest_spark.state import SETTINGS_KEY
+
+def test_show(pytestconfig):
+    p = pytestconfig.stash[SETTINGS_KEY].profile
+    print("T", p["link.min_rate_gbps"], p["nccl.max_bytes"], p["throughput.concurrency"])
+"""
+    )
+    result = pytester.runpytest(
+        "-s",
+        "--spark-threshold=link.min_rate_gbps=100",
+        "--spark-threshold",
+        "nccl.max_bytes=4194304,throughput.concurrency=1;4",
+    )
+    result.stdout.fnmatch_lines(["*T 100 4194304 [[]1, 4[]]"])
+
+
 def test_profile_from_file_extends_builtin(show: pytest.Pytester) -> None:
     path = show.path / "lab.toml"
     path.write_text('name = "lab"\nextends = "dgx-spark-2node"\n[link]\nmin_rate_gbps = 100\n')
