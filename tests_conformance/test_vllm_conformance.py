@@ -40,6 +40,10 @@ RECORD_DIR = Path(os.environ.get("SPARK_CONFORMANCE_OUT", REPO / "out" / "confor
 # Shape differences that are the engine's, not the emulator's: path -> why, with versions.
 # Paths as shape_diff prints them ("choices[].message.tool_calls").
 VERSION_DEPENDENT: dict[str, str] = {}
+# Keys whose presence follows what the model wrote, not the wire format: vLLM 0.32.0 leaves
+# ``tool_calls`` out of a message when its parser found no call (SmolLM2 cut by max_tokens
+# inside its <tool_call>), and the emulator always calls. Compared when both have them.
+CONTENT_DEPENDENT = {"choices[].message.tool_calls"}
 
 WEATHER = {
     "type": "function",
@@ -277,7 +281,12 @@ def _record(name: str, method: str, path: str, body: Any, resp: httpx.Response) 
 
 
 def _allowed(diffs: list[str]) -> list[str]:
-    return [d for d in diffs if d.split(":")[0] not in VERSION_DEPENDENT]
+    return [
+        d
+        for d in diffs
+        if d.split(":")[0] not in VERSION_DEPENDENT
+        and not (d.split(":")[0] in CONTENT_DEPENDENT and " has it, " in d)
+    ]
 
 
 # ------------------------------------------------------------------ the checks
