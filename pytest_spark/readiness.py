@@ -165,6 +165,9 @@ def wait_ready(
     since = since or remote_now(cluster.head)
     cursors = {node.name: LogCursor(since) for node in cluster.nodes}
     missing_since: dict[str, float] = {}
+    # Nodes whose serving container has been seen: while launching, a container not yet
+    # seen is not yet started (the launcher starts the nodes one after another), not gone.
+    seen: set[str] = set()
     for node in cluster.nodes:
         watch.node_seen(node.name)
 
@@ -266,6 +269,8 @@ def wait_ready(
                     )
             else:
                 missing_since.pop(name, None)
+            if outcome.status != "missing":
+                seen.add(name)
             if outcome.health is not None:
                 head_health = outcome.health
         if head_health == "200":
@@ -275,7 +280,10 @@ def wait_ready(
             (name, o.status)
             for name, o in results.items()
             if isinstance(o, NodeProbe)
-            and (o.status == "missing" or o.status.startswith(("exited", "dead")))
+            and (
+                o.status.startswith(("exited", "dead"))
+                or (o.status == "missing" and (launcher_pid is None or name in seen))
+            )
         ]
         if head_health and head_health[0] == "5" and gone and watch.failure is None:
             name, status = gone[0]
