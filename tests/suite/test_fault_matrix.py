@@ -21,8 +21,14 @@ pytestmark = pytest.mark.sim
 MATRIX = REPO / "docs" / "FAULT_MATRIX.md"
 COLUMNS = ("fault", "inject", "run", "fails", "node", "says", "because")
 CATEGORIES = ("preflight", "link", "nccl", "readiness", "tool_calls", "reasoning", "throughput")
+# Shorter sweeps keep CI time down; every check still runs. The matrix is about where a
+# fault is reported, not about bandwidth floors (tests/suite/test_nccl_suite.py holds those
+# at the full sweep): at 4 MiB the sim's healthy busbw straddles 0.18 GB/s on a loaded
+# machine, so the floor is lowered below it (a one-twin or 100G link then passes or fails
+# by load: those rows mark nccl as `nccl?`).
 TRIM = (
     "--spark-threshold=nccl.max_bytes=4194304",
+    "--spark-threshold=nccl.min_busbw_gbps=0.1",
     "--spark-threshold=throughput.concurrency=1;4",
     "--spark-history=off",
 )
@@ -236,7 +242,10 @@ def run_row(sim: SimCluster, stack: Stack, row: Row, tmp_path: Path) -> SuiteRun
         sim_fault(sim, *argv)
     args = [str(REPO / "tests_infra"), str(REPO / "tests_e2e"), *TRIM]
     container = sim.info["launch"]["container"]
-    args.append(f"--spark-model-dir={sim.info['launch']['model_dir']}")
+    args += [
+        f"--spark-model-dir={sim.info['launch']['model_dir']}",
+        f"--spark-image={sim.info['launch']['image']}",
+    ]
     if row.run == "launch":
         args += [*launch_args(sim), f"--spark-serve-args={_serve_args(sim, row)}"]
     else:
