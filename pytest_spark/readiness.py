@@ -168,6 +168,9 @@ def wait_ready(
     # Nodes whose serving container has been seen: while launching, a container not yet
     # seen is not yet started (the launcher starts the nodes one after another), not gone.
     seen: set[str] = set()
+    # The head's probe found the launcher dead in an earlier poll (not this one: a worker's
+    # probe races the head's), so a container still missing will not come, on any node.
+    launcher_exited = False
     for node in cluster.nodes:
         watch.node_seen(node.name)
 
@@ -250,8 +253,10 @@ def wait_ready(
                 watch.container_exited(name, f"container {container} {outcome.status}", now)
             elif outcome.status == "missing":
                 missing_since.setdefault(name, now)
-                launcher_dead = outcome.launcher_alive is False or (
-                    launcher_pid is None and now - start > 5
+                launcher_dead = (
+                    outcome.launcher_alive is False
+                    or launcher_exited
+                    or (launcher_pid is None and now - start > 5)
                 )
                 if (launcher_dead or now - missing_since[name] > max(hang_timeout, 30)) and (
                     watch.failure is None
@@ -273,6 +278,9 @@ def wait_ready(
                 seen.add(name)
             if outcome.health is not None:
                 head_health = outcome.health
+        launcher_exited = launcher_exited or any(
+            isinstance(o, NodeProbe) and o.launcher_alive is False for o in results.values()
+        )
         if head_health == "200":
             watch.mark_ready(now)
             return watch
@@ -297,7 +305,10 @@ def wait_ready(
                 "why; restart the cluster",
                 watch.snapshot_tails(),
             )
-        if head_health and head_health[0] == "5" and watch.failure is None:
+        # While launching, a node not started yet is why the engine is not up: wait for it
+        # (the launcher dying, or the node staying missing, fails above).
+        starting = launcher_pid is not None and any(n.name not in seen for n in cluster.nodes)
+        if head_health and head_health[0] == "5" and watch.failure is None and not starting:
             watch.failure = StartupFailure(
                 "fatal",
                 cluster.head.name,
