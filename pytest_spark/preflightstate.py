@@ -87,6 +87,12 @@ def node_preflight(cluster: Cluster, node: Node) -> NodePreflight:
 
 
 def all_preflight(cluster: Cluster) -> dict[str, NodePreflight | RemoteError]:
+    cluster.connect()
+    if all(
+        cluster.unreachable(n) is not None or ("preflight-facts", n.name) in cluster
+        for n in cluster.nodes
+    ):  # every test asks: once all is cached, no thread per node each time
+        return {n.name: cluster.unreachable(n) or node_preflight(cluster, n) for n in cluster.nodes}
     return cluster.map(lambda node: node_preflight(cluster, node))
 
 

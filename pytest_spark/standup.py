@@ -176,13 +176,16 @@ def attach_precheck(cluster: Cluster, settings: Settings) -> None:
     if head.health == "200":
         return
     states = {cluster.head.name: head.status}
-    for node in cluster.workers:
-        if cluster.unreachable(node) is None:
-            probe = parse_probe(
-                node.run(probe_command(settings.container, "1s", None, None), timeout=15),
-                with_health=False,
-            )
-            states[node.name] = probe.status
+    reachable = [node for node in cluster.workers if cluster.unreachable(node) is None]
+    command = probe_command(settings.container, "1s", None, None)
+    # All workers at once (a serial loop grew with the node count); the first worker's
+    # error, in worker order, is raised as the loop raised it.
+    results = cluster.map(lambda node: node.run(command, timeout=15), reachable)
+    for node in reachable:
+        result = results[node.name]
+        if isinstance(result, RemoteError):
+            raise result
+        states[node.name] = parse_probe(result, with_health=False).status
     if all(status == "missing" or status.startswith("unknown") for status in states.values()):
         found = ", ".join(f"{n}: {s}" for n, s in states.items())
         raise NotServing(

@@ -34,6 +34,10 @@ from pytest_spark.remote.base import (
 )
 
 DEFAULT_KNOWN_HOSTS = ("~/.ssh/known_hosts",)
+# The channel's pipe wakes select() on output, EOF and close (paramiko closes every
+# channel when its transport dies), so this bound only sets how late the deadline and
+# transport checks may run; a short one cost CPU in every waiting thread (one per node).
+POLL_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -312,7 +316,7 @@ class SSHConnection:
                     raise CommandTimeout(self.name, command, limit, out.decode(errors="replace"))
                 if not self.transport_alive():
                     raise NodeUnreachable(self.name, f"connection lost while running: {command}")
-                select.select([chan], [], [], min(remaining, 0.02))
+                select.select([chan], [], [], min(remaining, POLL_S))
             rc = chan.recv_exit_status()
         finally:
             chan.close()

@@ -43,6 +43,16 @@ PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     ),
 )
 
+# One search for "does any pattern match" (each pattern's leading (?i) made scoped).
+_ANY_PATTERN = re.compile(
+    "|".join(
+        f"(?i:{p.pattern[4:]})" if p.pattern.startswith("(?i)") else f"(?:{p.pattern})"
+        for p, _ in PATTERNS
+    )
+)
+MEMO_MAX_LEN = 4096
+MEMO_MAX_ENTRIES = 50_000
+
 
 class Redactor:
     """Replaces known secret values (and what looks like a credential) in text."""
@@ -60,6 +70,9 @@ class Redactor:
                 quote(secret, safe=""),
             }
         self.secrets = sorted(forms, key=len, reverse=True)
+        # text() is pure for a given set of secrets and reports repeat the same strings
+        # (node names, keys, messages) in every test: remember short results.
+        self._memo: dict[str, str] = {}
 
     @classmethod
     def from_settings(cls, settings: Any, environ: dict[str, str] | None = None) -> Redactor:
@@ -72,11 +85,18 @@ class Redactor:
         return cls(secrets)
 
     def text(self, value: str) -> str:
+        done = self._memo.get(value)
+        if done is not None:
+            return done
+        original = value
         for secret in self.secrets:
             if secret in value:
                 value = value.replace(secret, REDACTED)
-        for pattern, repl in PATTERNS:
-            value = pattern.sub(repl, value)
+        if _ANY_PATTERN.search(value):  # no pattern matches: every sub() is a no-op
+            for pattern, repl in PATTERNS:
+                value = pattern.sub(repl, value)
+        if len(original) <= MEMO_MAX_LEN and len(self._memo) < MEMO_MAX_ENTRIES:
+            self._memo[original] = value
         return value
 
     def value(self, obj: Any) -> Any:
