@@ -287,20 +287,23 @@ PRIVATE_TMP = ("/tmp", "/var/tmp")
 def _private_tmp_steps(state_dir: Path, node: NodeSpec) -> list[str]:
     """A node of its own /tmp and /var/tmp (DIR/nodes/<name>/tmp, .../var-tmp) and /dev/shm
     (a tmpfs), as a real node has: what one node leaves there is not seen, nor cleaned up,
-    by another or by the host. The state dir, when it lies under one of them, is bound
-    back at its own path (the node's tools, keys, docker socket and logs live there)."""
+    by another or by the host. The state dir and the folders the serving containers mount
+    (torch, the engine's venv: a CI checkout may lie in /tmp), when they lie under one of
+    them, are bound back at their own paths (the node's tools, keys, docker socket and logs
+    live in the state dir; the node's dockerd resolves ``-v`` sources in the node)."""
     q = shlex.quote
     nd = node_dir(state_dir, node)
-    state = state_dir.resolve()
+    keep = [state_dir.resolve(), *(p.resolve() for p in _serving().container_sources(state_dir))]
     steps = []
     for path in PRIVATE_TMP:
         own = nd / path.strip("/").replace("/", "-")
         own.mkdir(mode=0o1777, exist_ok=True)
         os.chmod(own, 0o1777)
-        if state.is_relative_to(path):
-            inner = own / state.relative_to(path)
-            inner.mkdir(parents=True, exist_ok=True)
-            steps.append(f"mount --bind {q(str(state))} {q(str(inner))}")
+        for host in dict.fromkeys(keep):
+            if host.is_relative_to(path) and host.exists():
+                inner = own / host.relative_to(path)
+                inner.mkdir(parents=True, exist_ok=True)
+                steps.append(f"mount --bind {q(str(host))} {q(str(inner))}")
         steps.append(f"mount --rbind {q(str(own))} {q(path)}")
     steps.append("mount -t tmpfs -o mode=1777,nosuid,nodev sparksim-shm /dev/shm")
     return steps

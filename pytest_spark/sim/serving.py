@@ -105,6 +105,14 @@ def sshd_env(state_dir: Path, node: NodeSpec) -> dict[str, str]:
     }
 
 
+def container_sources(state_dir: Path) -> list[Path]:
+    """Host folders the serving containers mount (torch's site-packages, the engine's
+    venv, model and cache). The node's dockerd resolves them inside the node, so one that
+    lies under a node-private folder (/tmp: a CI checkout there) is bound back there."""
+    site = image.torch_site()
+    return [*([Path(site)] if site else []), *engines.host_dirs(state_dir)]
+
+
 def prepare_home(state_dir: Path, node: NodeSpec) -> Path:
     """The node's private /root, with mount points for the sim core's binds."""
     h = home(state_dir, node)

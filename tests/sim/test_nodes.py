@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -61,3 +63,39 @@ def test_fabric_twins_ping_with_jumbo_frames(sim: Any) -> None:
     for addr in ("198.19.0.2", "198.19.1.2"):
         proc = sim.ssh("spark-1", f"ping -c1 -W2 -M do -s 8972 {addr}")
         assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_container_sources_are_visible_inside_every_node(sim: Any, sparksim: Any) -> None:
+    """The node's dockerd resolves `docker run -v` sources inside the node, whose /tmp is
+    its own: torch's site-packages (a CI checkout in /tmp) must be bound back there."""
+    serving = importlib.import_module("sparksim_under_test.serving")
+    sources = serving.container_sources(Path(sim.state_dir))
+    assert sources, "no torch site-packages found for the sim's Python"
+    for node in ("spark-1", "spark-2"):
+        for src in sources:
+            assert sim.out(node, f"test -d {src} && echo yes").strip() == "yes", (node, src)
+
+
+def test_private_tmp_binds_back_sources_that_lie_under_it(
+    sparksim: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node_mod = importlib.import_module("sparksim_under_test.node")
+    serving = importlib.import_module("sparksim_under_test.serving")
+    topo = importlib.import_module("sparksim_under_test.topology").build(0, 2)
+    site = Path(tempfile.mkdtemp(prefix="site-", dir="/tmp"))
+    elsewhere = Path("/usr/lib")
+    monkeypatch.setattr(serving, "container_sources", lambda state_dir: [site, elsewhere])
+    state = tmp_path / "state"
+    (state / "nodes" / topo.nodes[0].name).mkdir(parents=True)
+    try:
+        steps = node_mod._private_tmp_steps(state, topo.nodes[0])
+    finally:
+        site.rmdir()
+    own_tmp = node_mod.node_dir(state, topo.nodes[0]) / "tmp"
+    inner = own_tmp / site.relative_to("/tmp")
+    assert f"mount --bind {site} {inner}" in steps
+    assert not any(str(elsewhere) in step for step in steps)  # not under a private folder
+    # bound back before the node's own /tmp covers the host's
+    assert steps.index(f"mount --bind {site} {inner}") < steps.index(
+        f"mount --rbind {own_tmp} /tmp"
+    )
