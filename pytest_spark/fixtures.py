@@ -206,6 +206,7 @@ def _progress_writer(config: pytest.Config) -> Callable[[StartupWatch, float], N
                 reporter.write(f"\r{line:<78}", flush=True)
             else:
                 reporter.write_line(line)
+                reporter.flush()  # live in a CI log too: a pipe is block-buffered
 
     return write
 
@@ -221,6 +222,7 @@ def _notice_writer(config: pytest.Config) -> Callable[[str], None]:
         with capman.global_and_fixture_disabled() if capman else contextlib.nullcontext():
             reporter.ensure_newline()
             reporter.write_line(f"pytest-dgx-spark: {text}", yellow=True)
+            reporter.flush()
 
     return write
 

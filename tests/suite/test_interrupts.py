@@ -89,6 +89,8 @@ def test_signal_during_readiness_stops_what_was_launched(
         if ("vLLM startup:" in line and "weights" in line) or time.monotonic() > deadline:
             break
     assert any("vLLM startup:" in line for line in seen), "".join(seen)
+    # The progress line reaches a pipe (a CI log) while the wait goes on, not at exit.
+    assert proc.poll() is None, "progress came only when pytest ended: not flushed"
     during = containers(slow_sim)
     assert all(during.values()), during  # launched on every node
     proc.send_signal(sig)
@@ -99,4 +101,5 @@ def test_signal_during_readiness_stops_what_was_launched(
     doc = json.loads(results.read_text())
     assert doc["exitstatus"] == 2
     assert doc["serving"]["launched"] is True and doc["serving"]["stopped"] is True
+    assert doc["serving"]["status"] == "launching", doc["serving"]  # caught mid-wait
     assert html.exists() and "INTERRUPTED" in html.read_text().upper()
