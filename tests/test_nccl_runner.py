@@ -7,6 +7,7 @@ import _thread
 import importlib.util
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import threading
@@ -319,12 +320,18 @@ def test_keyboard_interrupt_ends_the_run_everywhere(nodes: list[LocalNode], tmp_
         tmp_path,
         f"open({str(marker)!r}, 'w').write(args[args.index('--token') + 1])\ntime.sleep(300)",
     )
+    # Ctrl-C's handler even when this process inherited SIGINT ignored (started in the
+    # background, as some CI runners do): interrupt_main() then does nothing.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(3.0, _thread.interrupt_main)
     timer.start()
     started = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
-        run_allreduce(nodes, master_addr="127.0.0.1", launcher="python", python=py, timeout=120)
-    timer.cancel()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_allreduce(nodes, master_addr="127.0.0.1", launcher="python", python=py, timeout=120)
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGINT, previous)
     assert time.monotonic() - started < 60
     token = marker.read_text()
     assert processes_with(token) == []

@@ -52,7 +52,15 @@ def test_sigint_leaves_a_report(tmp_path: Path) -> None:
         "--spark-history=off",
     ]
     proc = subprocess.Popen(
-        argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        argv,
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        # Ctrl-C's default in the child: started in the background (`cmd &`, as some CI
+        # runners do), it would inherit SIGINT ignored and never see the signal.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         deadline = time.monotonic() + 60

@@ -30,6 +30,13 @@ def slow_sim(sim: SimCluster) -> Iterator[SimCluster]:
     sim_fault(sim, "clear")
 
 
+def default_sigint() -> None:
+    """In the child: Ctrl-C's default. A run started in the background (`cmd &` in a
+    script, as some CI runners do) inherits SIGINT ignored, and Python then installs no
+    KeyboardInterrupt handler: the signal this test sends would do nothing."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def containers(sim: SimCluster) -> dict[str, str]:
     out = {}
     for node in sim.info["nodes"]:
@@ -79,7 +86,13 @@ def test_signal_during_readiness_stops_what_was_launched(
     ]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SPARK_", "PYTEST_"))}
     proc = subprocess.Popen(
-        argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        argv,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        preexec_fn=default_sigint,
     )
     assert proc.stdout is not None
     seen = []
