@@ -94,6 +94,25 @@ def run_suite(
     return SuiteRun(proc.returncode, output, data)
 
 
+def node_ssh(sim: SimCluster, node: str, command: str, timeout: float = 60) -> str:
+    """``command``'s stdout on a sim node (its mgmt address), over the sim's ssh_config."""
+    proc = subprocess.run(
+        ["ssh", "-F", str(sim.ssh_config), "-o", "ConnectTimeout=5", node, command],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    return proc.stdout
+
+
+def serving_containers(sim: SimCluster, name: str = "vllm_node") -> dict[str, str]:
+    """Each node's running container ids named ``name`` ("" where none runs)."""
+    return {
+        n["name"]: node_ssh(sim, n["mgmt"], f"docker ps -q --filter name=^{name}$", 30).strip()
+        for n in sim.info["nodes"]
+    }
+
+
 def sim_fault(sim: SimCluster, *args: str) -> None:
     result = sim.cli("fault", *args)
     assert result.returncode == 0, result.stderr

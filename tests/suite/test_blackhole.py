@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, launch_args, sim_fault  # type: ignore[import-not-found]
+from conftest import REPO, launch_args, serving_containers, sim_fault  # type: ignore[import-not-found]
 from pytest_spark.readiness import PROBE_TIMEOUT_S
 from pytest_spark.remote.retry import for_connection
 from pytest_spark.simcontrol import SimCluster
@@ -121,18 +121,6 @@ def loading(line: str) -> bool:
     return "vLLM startup:" in line
 
 
-def containers(sim: SimCluster) -> dict[str, str]:
-    out = {}
-    for node in sim.info["nodes"]:
-        proc = subprocess.run(
-            ["ssh", "-F", str(sim.ssh_config), "-o", "ConnectTimeout=5", node["mgmt"],
-             "docker ps -q --filter name=^vllm_node$"],
-            capture_output=True, text=True, timeout=30,
-        )  # fmt: skip
-        out[node["name"]] = proc.stdout.strip()
-    return out
-
-
 def stop_serving(sim: SimCluster) -> None:
     """What the session could not stop itself (a cut head): stopped here, after the fault."""
     subprocess.run(
@@ -216,4 +204,4 @@ def test_blackholed_node_ends_the_session_within_budget(
         assert serving.get("stopped") is True, serving
     sim_fault(slow_sim, "clear")
     stop_serving(slow_sim)  # the head could not be told while it was cut
-    assert containers(slow_sim) == {n["name"]: "" for n in slow_sim.info["nodes"]}
+    assert serving_containers(slow_sim) == {n["name"]: "" for n in slow_sim.info["nodes"]}

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +13,14 @@ from typing import Any
 
 import pytest
 
-from conftest import REPO, SuiteRun, launch_args, run_suite, sim_fault  # type: ignore[import-not-found]
+from conftest import (  # type: ignore[import-not-found]
+    REPO,
+    SuiteRun,
+    launch_args,
+    node_ssh,
+    run_suite,
+    sim_fault,
+)
 from pytest_spark.simcontrol import SimCluster
 
 pytestmark = pytest.mark.sim
@@ -166,16 +172,6 @@ def test_matrix_parser_rejects_what_it_cannot_hold_to() -> None:
             parse_matrix(head + bad)
 
 
-def _ssh(sim: SimCluster, node: str, command: str, timeout: float = 120) -> str:
-    proc = subprocess.run(
-        ["ssh", "-F", str(sim.ssh_config), node, command],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    return proc.stdout
-
-
 class Stack:
     """A serving stack kept up across the `serving` rows, relaunched when a row killed it."""
 
@@ -184,7 +180,7 @@ class Stack:
 
     def healthy(self) -> bool:
         port = self.sim.info["launch"]["port"]
-        code = _ssh(
+        code = node_ssh(
             self.sim,
             self.sim.head,
             f"curl -s -o /dev/null -w '%{{http_code}}' -m 5 http://127.0.0.1:{port}/health",
@@ -214,7 +210,7 @@ class Stack:
         self.up = False
         launch = self.sim.info["launch"]
         fabric = ",".join(f"198.19.0.{i + 1}" for i in range(len(self.sim.info["nodes"])))
-        _ssh(self.sim, self.sim.head, f"{launch['script']} -n {fabric} stop")
+        node_ssh(self.sim, self.sim.head, f"{launch['script']} -n {fabric} stop")
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, sim_fault  # type: ignore[import-not-found]
+from conftest import REPO, serving_containers, sim_fault  # type: ignore[import-not-found]
 from pytest_spark.simcontrol import SimCluster
 
 pytestmark = pytest.mark.sim
@@ -35,25 +35,6 @@ def default_sigint() -> None:
     script, as some CI runners do) inherits SIGINT ignored, and Python then installs no
     KeyboardInterrupt handler: the signal this test sends would do nothing."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
-def containers(sim: SimCluster) -> dict[str, str]:
-    out = {}
-    for node in sim.info["nodes"]:
-        proc = subprocess.run(
-            [
-                "ssh",
-                "-F",
-                str(sim.ssh_config),
-                node["mgmt"],
-                "docker ps -q --filter name=^vllm_node$",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-        out[node["name"]] = proc.stdout.strip()
-    return out
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
@@ -104,13 +85,13 @@ def test_signal_during_readiness_stops_what_was_launched(
     assert any("vLLM startup:" in line for line in seen), "".join(seen)
     # The progress line reaches a pipe (a CI log) while the wait goes on, not at exit.
     assert proc.poll() is None, "progress came only when pytest ended: not flushed"
-    during = containers(slow_sim)
+    during = serving_containers(slow_sim)
     assert all(during.values()), during  # launched on every node
     proc.send_signal(sig)
     rest, _ = proc.communicate(timeout=180)
     output = "".join(seen) + rest
     assert proc.returncode == 2, output
-    assert containers(slow_sim) == {n["name"]: "" for n in slow_sim.info["nodes"]}, output
+    assert serving_containers(slow_sim) == {n["name"]: "" for n in slow_sim.info["nodes"]}, output
     doc = json.loads(results.read_text())
     assert doc["exitstatus"] == 2
     assert doc["serving"]["launched"] is True and doc["serving"]["stopped"] is True

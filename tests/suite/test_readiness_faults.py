@@ -10,7 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, SuiteRun, launch_args, run_suite, sim_fault  # type: ignore[import-not-found]
+from conftest import (  # type: ignore[import-not-found]
+    REPO,
+    SuiteRun,
+    launch_args,
+    run_suite,
+    serving_containers,
+    sim_fault,
+)
 from pytest_spark.simcontrol import SimCluster
 
 pytestmark = pytest.mark.sim
@@ -78,25 +85,6 @@ def assert_one_failure_the_rest_point_at_it(run: SuiteRun, headline: str) -> Non
         assert check["message"].endswith("(test_cluster_serving has the evidence)"), check
 
 
-def _containers(sim: SimCluster) -> list[str]:
-    out = []
-    for node in sim.info["nodes"]:
-        proc = subprocess.run(
-            [
-                "ssh",
-                "-F",
-                str(sim.ssh_config),
-                node["mgmt"],
-                "docker ps -q --filter name=^vllm_node$",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-        out.append(proc.stdout.strip())
-    return out
-
-
 def test_keep_then_attach_then_worker_death(sim: SimCluster, tmp_path: Path) -> None:
     sim_fault(sim, "clear")
     attach = [
@@ -108,7 +96,7 @@ def test_keep_then_attach_then_worker_death(sim: SimCluster, tmp_path: Path) -> 
     try:
         run, _ = launch_with(sim, tmp_path / "keep", "--spark-keep")
         assert run.ret == 0, run.output
-        assert all(_containers(sim)), "--spark-keep left nothing running"
+        assert all(serving_containers(sim).values()), "--spark-keep left nothing running"
         again = run_suite(tmp_path / "attach", *attach, sim=sim)
         assert again.ret == 0, again.output
         assert again.results["serving"]["launched"] is False
@@ -140,7 +128,7 @@ def test_keep_then_attach_then_worker_death(sim: SimCluster, tmp_path: Path) -> 
             timeout=120,
         )
         sim_fault(sim, "clear")
-    assert _containers(sim) == ["", ""]
+    assert list(serving_containers(sim).values()) == ["", ""]
 
 
 def test_attach_to_a_cluster_that_is_not_serving(sim: SimCluster, tmp_path: Path) -> None:

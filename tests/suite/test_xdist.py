@@ -15,6 +15,7 @@ from conftest import (  # type: ignore[import-not-found]
     SuiteRun,
     launch_args,
     run_suite,
+    serving_containers,
     sim_fault,
 )
 from pytest_spark.results import CATEGORIES
@@ -32,13 +33,6 @@ def ssh(sim: SimCluster, mgmt: str, command: str) -> str:
     )
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
-
-
-def serving_containers(sim: SimCluster, name: str) -> list[str]:
-    return [
-        ssh(sim, n["mgmt"], f"docker ps -q --filter name=^{name}$").strip()
-        for n in sim.info["nodes"]
-    ]
 
 
 def container_events(sim: SimCluster, name: str, since: int) -> list[list[str]]:
@@ -109,7 +103,7 @@ def test_xdist_same_verdicts_one_launch_one_measurement(sim: SimCluster, tmp_pat
             timeout=1200,
         )
         assert container_events(sim, name, since) == [["start", "die"]] * 2, workers
-        assert serving_containers(sim, name) == ["", ""], "not torn down"
+        assert list(serving_containers(sim, name).values()) == ["", ""], "not torn down"
         assert run.results["serving"]["stopped"] is True
         ids = measurement_ids(run)
         assert {k: len(v) for k, v in ids.items()} == dict.fromkeys(MEASUREMENTS, 1), (
