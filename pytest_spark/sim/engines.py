@@ -141,7 +141,13 @@ def dtype(cpuinfo: str | None = None) -> str:
 def serve_args(state_dir: Path) -> str | None:
     """The ``vllm serve`` line of the engine, or None for the emulator's reference one.
     ``--enforce-eager``: torch.compile on CPU needs a C++ compiler in the image and takes
-    minutes on 2 cores; eager starts in about a minute."""
+    minutes on 2 cores; eager starts in about a minute. ``--tool-strict-level parameter``
+    (vLLM >= 0.32): under ``required`` and named ``tool_choice`` vLLM pins the tool-call
+    envelope, and the arguments' JSON schema only for tools marked ``strict`` unless this
+    floor is set; a 135M model left free writes the tool's definition into ``arguments``
+    (recorded in fixtures/vllm/vllm-0.32.0-cpu/tools_required.txt). A production server
+    with a model that follows schemas needs no such flag, and the suite's requests stay as
+    clients send them (no ``strict``)."""
     data = current(state_dir)
     if data.get("engine") != "vllm-cpu":
         return None
@@ -149,5 +155,6 @@ def serve_args(state_dir: Path) -> str | None:
     return (
         f"vllm serve {MODELS_MOUNT}/{model} --served-model-name {SERVED_NAME} "
         f"--dtype {dtype()} --max-model-len {MAX_MODEL_LEN} --host 0.0.0.0 --port 8000 "
-        "--enforce-eager --enable-auto-tool-choice --tool-call-parser hermes"
+        "--enforce-eager --enable-auto-tool-choice --tool-call-parser hermes "
+        "--tool-strict-level parameter"
     )

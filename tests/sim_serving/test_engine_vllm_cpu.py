@@ -97,6 +97,7 @@ def test_node_setup_carries_the_engine(tmp_path: Path, setup_info: dict[str, str
         assert hints is not None
         assert hints["engine"] == "vllm-cpu"
         assert "--tool-call-parser hermes" in hints["serve_args"]
+        assert "--tool-strict-level parameter" in hints["serve_args"]
 
 
 def _shim(etc: Path, *args: str, venv: Path | None = None) -> subprocess.CompletedProcess[str]:
