@@ -31,7 +31,7 @@ import secrets
 import shlex
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol
 
 from pytest_spark.bench import script_text
@@ -121,6 +121,7 @@ class CollectiveRun:
     duration_s: float
     notes: tuple[str, ...] = ()
     cleanup_errors: tuple[str, ...] = field(default=())
+    nodes: tuple[str, ...] = ()  # every node's name, rank order (mpirun: one output, N ranks)
 
     @property
     def ok(self) -> bool:
@@ -140,12 +141,28 @@ class CollectiveRun:
         return self.timed_out or said_so
 
     @property
+    def rank_nodes(self) -> dict[tuple[str, int], str]:
+        """(hostname, pid) as NCCL prints them (``spark-2:26:26 [0] NCCL INFO``) -> the
+        node's name in the suite (``spark-worker-1``), from the ``#  Rank N Pid P on HOST``
+        lines and which node ran rank N."""
+        node_of = dict(enumerate(self.nodes)) or {r.rank: r.node for r in self.ranks}
+        found: dict[tuple[str, int], str] = {}
+        for rank in self.ranks:
+            for dev in rank.parsed.devices if rank.parsed else ():
+                if dev.rank in node_of:
+                    found.setdefault((dev.host, dev.pid), node_of[dev.rank])
+        return found
+
+    @property
     def transports(self) -> tuple[NetTransport, ...]:
-        """Every ``NET/IB`` / ``NET/Socket`` choice printed by any rank."""
+        """Every ``NET/IB`` / ``NET/Socket`` choice printed by any rank, its ``host`` the
+        node's name in the suite where known (the line keeps the hostname)."""
+        names = self.rank_nodes
         seen: dict[str, NetTransport] = {}
         for rank in self.ranks:
             for t in rank.parsed.transports if rank.parsed else ():
-                seen.setdefault(t.line, t)
+                name = names.get((t.host, t.pid), t.host)
+                seen.setdefault(t.line, replace(t, host=name))
         return tuple(seen.values())
 
     def log_lines(self, limit: int = 40) -> dict[str, list[str]]:
@@ -556,6 +573,7 @@ def run_allreduce(
         launcher=plan.launcher, token=job.token, world_size=len(nodes), ranks=tuple(ranks),
         result=ranks[0].parsed if ranks else None, timed_out=timed_out,
         duration_s=time.monotonic() - started, notes=plan.notes, cleanup_errors=tuple(cleanup),
+        nodes=tuple(n.name for n in nodes),
     )  # fmt: skip
 
 

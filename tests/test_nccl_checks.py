@@ -298,3 +298,32 @@ def test_check_collective_unreadable_output() -> None:
     run = CollectiveRun("python", "tok", 1, ranks, None, False, 1.0)
     first = check_collective(run, SPARK)[0]
     assert first.level == "fail" and "could not be read (bad)" in first.message
+
+
+def test_one_twin_reading_names_the_node_whose_nccl_uses_one_twin() -> None:
+    out = fixture("all_reduce_one_twin.txt")
+    finding = check_busbw(out, SPARK, transports=out.transports)
+    assert finding.level == "fail"
+    assert "one twin only on spark-1, spark-2: check NCCL_IB_HCA lists both" in finding.message
+    assert "NET/IB : Using [0]rocep1s0f1:1/RoCE" in finding.evidence["NCCL transport lines"]
+
+
+def test_one_twin_figure_with_both_twins_in_use_is_not_called_a_missing_twin() -> None:
+    """Every rank's NCCL on both twins: the figure is a slow link, not a missing twin."""
+    both = fixture("all_reduce_sweep_healthy.txt").transports
+    finding = check_busbw(output_with_busbw(13.5), SPARK, transports=both)
+    assert finding.level == "fail"
+    assert "one twin only" not in finding.message
+    assert (
+        "but every rank's NCCL uses both twins (rocep1s0f1,roceP2p1s0f1), so not a missing "
+        "twin: a link negotiated at 100G" in finding.message
+    )
+
+
+def test_a_low_gloo_figure_mentions_the_cpu() -> None:
+    gloo = fixture("gloo_lo_rank0.txt")
+    assert gloo.backend == "gloo"
+    low = check_busbw(gloo, SIM.with_overrides({"nccl.min_busbw_gbps": "1000000"}))
+    assert low.level == "fail" and "gloo, which reduces on the CPU" in low.message
+    nccl = check_busbw(output_with_busbw(13.5), SPARK)
+    assert "reduces on the CPU" not in nccl.message

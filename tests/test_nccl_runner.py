@@ -383,7 +383,11 @@ def test_nccl_tests_through_mpirun(nodes: list[LocalNode], tmp_path: Path) -> No
     assert run.launcher == "nccl-tests" and run.ok
     assert len(run.ranks) == 1 and "-H 192.168.200.12:1,192.168.200.13:1" in run.ranks[0].command
     assert run.result is not None and len(run.result.rows) == 28
-    assert {t.host for t in run.transports} == {"spark-1", "spark-2"}
+    # NCCL prints hostnames (spark-1, spark-2); the findings name the nodes as the suite
+    # does, from the "#  Rank N Pid P on HOST" lines and the order mpirun gave the ranks
+    assert run.nodes == ("spark-head", "spark-worker-1")
+    assert sorted(t.host for t in run.transports) == ["spark-head", "spark-worker-1"]
+    assert all(t.line.startswith(("spark-1:", "spark-2:")) for t in run.transports)
     assert dirs_with(run.token) == []
 
 
@@ -415,5 +419,7 @@ def test_real_two_rank_run_through_the_runner(nodes: list[LocalNode]) -> None:
     assert [r.size_bytes for r in run.result.rows] == [1 << 20, 2 << 20]
     assert all(r.busbw_gbps > 0 for r in run.result.rows)
     assert len(run.transports) == 2 and all(t.predicted for t in run.transports)
+    # both ranks run on this one host: the pid tells them apart
+    assert sorted(t.host for t in run.transports) == sorted(n.name for n in nodes)
     assert all("GLOO_SOCKET_IFNAME=lo" in r.command for r in run.ranks)
     assert dirs_with(run.token) == [] and processes_with(run.token) == []

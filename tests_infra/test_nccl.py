@@ -97,7 +97,22 @@ def test_allreduce_busbw(
 ) -> None:
     result = _result(allreduce)
     spark_check.attach("busbw_series", busbw_series(result).to_dict())
-    spark_check.require(check_busbw(result, spark_cluster.profile, where=_where(allreduce)))
+    devs = _fabric_devs(spark_cluster)
+    spark_check.require(
+        check_busbw(
+            result,
+            spark_cluster.profile,
+            where=_where(allreduce),
+            transports=allreduce.transports,
+            **({"fabric_devs": devs} if devs else {}),
+        )
+    )
+
+
+def _fabric_devs(cluster: Cluster) -> list[str]:
+    """The RDMA devices of the fabric twins, as the head's link probe found them."""
+    ifs = fabric_ifs(cluster)
+    return [m.dev for m in node_link_facts(cluster, cluster.head).roce if m.netdev in ifs]
 
 
 def test_allreduce_values_correct(allreduce: CollectiveRun, spark_check: SparkCheck) -> None:
@@ -108,8 +123,7 @@ def test_transport_is_rdma_on_the_fabric(
     allreduce: CollectiveRun, spark_check: SparkCheck, spark_cluster: Cluster
 ) -> None:
     ifs = fabric_ifs(spark_cluster)
-    facts = node_link_facts(spark_cluster, spark_cluster.head)
-    devs = [m.dev for m in facts.roce if m.netdev in ifs]
+    devs = _fabric_devs(spark_cluster)
     require_unless_twin_down(
         spark_cluster,
         check_transport(

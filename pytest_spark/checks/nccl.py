@@ -120,8 +120,58 @@ def busbw_series(output: NcclOutput) -> BusbwSeries:
 # ------------------------------------------------------------------------------ checks
 
 
-def check_busbw(output: NcclOutput, profile: Any, *, where: str = "cluster") -> Finding:
-    """Large-message busbw >= ``nccl.min_busbw_gbps``; a low figure gets its likely cause."""
+def _twins_in_use(
+    transports: Sequence[NetTransport], fabric_devs: Sequence[str]
+) -> tuple[list[str], list[str]]:
+    """(nodes whose NCCL uses every fabric device, nodes using fewer or NET/Socket)."""
+    both: list[str] = []
+    fewer: list[str] = []
+    for t in transports:
+        full = t.kind == "IB" and all(d in t.devices for d in fabric_devs)
+        (both if full else fewer).append(t.host)
+    return sorted(set(both)), sorted(set(fewer))
+
+
+def _one_twin_reading(
+    one_twin: float, transports: Sequence[NetTransport], fabric_devs: Sequence[str]
+) -> str:
+    """What a figure near the one-twin one means, given which devices each rank used."""
+    figure = f"About the one-twin figure (~{_fig(one_twin)} GB/s)"
+    both, fewer = _twins_in_use(transports, fabric_devs)
+    devs = ",".join(fabric_devs)
+    predicted = (
+        " (predicted from the NCCL_* env and HCA state)"
+        if any(t.predicted for t in transports)
+        else ""
+    )
+    if fewer:
+        return (
+            f"{figure}: one twin only on {', '.join(fewer)}{predicted}: check NCCL_IB_HCA "
+            f"lists both {devs} and both are Up (ibdev2netdev)."
+        )
+    if both:
+        return (
+            f"{figure}, but every rank's NCCL uses both twins ({devs}){predicted}, so not a "
+            "missing twin: a link negotiated at 100G (ethtool: Speed 100000Mb/s) gives the "
+            "same figure; then check MTU >= 4200 on both twins and other traffic on the fabric."
+        )
+    return (
+        f"{figure}: one twin only: check NCCL_IB_HCA lists both {devs} and both are Up "
+        "(ibdev2netdev). A link negotiated at 100G (ethtool: Speed 100000Mb/s) gives the "
+        "same figure."
+    )
+
+
+def check_busbw(
+    output: NcclOutput,
+    profile: Any,
+    *,
+    where: str = "cluster",
+    transports: Sequence[NetTransport] = (),
+    fabric_devs: Sequence[str] = FABRIC_DEVS,
+) -> Finding:
+    """Large-message busbw >= ``nccl.min_busbw_gbps``; a low figure gets its likely cause,
+    read against the transport each rank chose (``transports``) where known."""
     minimum = float(profile["nccl.min_busbw_gbps"])
     row = output.largest
     if row is None:
@@ -157,12 +207,7 @@ def check_busbw(output: NcclOutput, profile: Any, *, where: str = "cluster") -> 
             "(ibdev2netdev), and the container needs libibverbs and /dev/infiniband."
         )
     elif one_twin and ONE_TWIN_BAND[0] <= busbw / float(one_twin) <= ONE_TWIN_BAND[1]:
-        why = (
-            f"About the one-twin figure (~{_fig(float(one_twin))} GB/s): one twin only: "
-            f"check NCCL_IB_HCA lists both {','.join(FABRIC_DEVS)} and both are Up "
-            "(ibdev2netdev). A link negotiated at 100G (ethtool: Speed 100000Mb/s) gives "
-            "the same figure."
-        )
+        why = _one_twin_reading(float(one_twin), transports, fabric_devs)
     else:
         sigs = []
         if one_twin:
@@ -175,13 +220,21 @@ def check_busbw(output: NcclOutput, profile: Any, *, where: str = "cluster") -> 
             + ": check link rate (ethtool), MTU >= 4200 on both twins, other traffic on "
             "the fabric, and that the largest size reaches steady state (-e 1G)."
         )
+    if output.backend == "gloo":
+        why += (
+            " This run measured with gloo, which reduces on the CPU: a busy CPU on any node "
+            "lowers the figure too."
+        )
+    evidence = {"busbw series": _series_text(output)}
+    if transports:
+        evidence["NCCL transport lines"] = "\n".join(t.line for t in transports)
     return Finding.failed(
         busbw,
         minimum,
         "GB/s",
         node=where,
         message=f"{head}, expected >= {_fig(minimum)} GB/s. {why}",
-        evidence={"busbw series": _series_text(output)},
+        evidence=evidence,
     )
 
 
