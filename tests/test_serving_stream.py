@@ -15,7 +15,16 @@ from typing import Any
 import httpx
 import pytest
 
-from pytest_spark.serving import ServingError, SSEDecoder, astream_chat, post_json, stream_chat
+from pytest_spark.api import ApiEndpoint
+from pytest_spark.serving import (
+    ServingClient,
+    ServingError,
+    SSEDecoder,
+    TurnCache,
+    astream_chat,
+    post_json,
+    stream_chat,
+)
 
 KEY = "sk-very-secret-key"
 CHUNK = {
@@ -35,6 +44,18 @@ class QuietServer(ThreadingHTTPServer):
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         pass  # the client hung up on purpose (stall, timeout tests)
+
+
+CHAT_SEEN: list[str] = []
+CHAT_REPLY = {
+    "id": "c1",
+    "object": "chat.completion",
+    "model": "m",
+    "choices": [
+        {"index": 0, "message": {"role": "assistant", "content": "42"}, "finish_reason": "stop"}
+    ],
+    "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+}
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -71,7 +92,7 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def do_POST(self) -> None:
-        self.rfile.read(int(self.headers.get("content-length", 0)))
+        request = self.rfile.read(int(self.headers.get("content-length", 0)))
         path = self.path
         if path == "/ok":
             self._head()
@@ -123,6 +144,12 @@ class Handler(BaseHTTPRequestHandler):
             self._body(200, '{"choices": []}')
         elif path == "/html":
             self._body(200, "<html>gateway</html>", "text/html")
+        elif path == "/v1/chat/completions":  # TurnCache: counts what reaches the server
+            CHAT_SEEN.append(json.loads(request)["messages"][-1]["content"])
+            if CHAT_SEEN[-1] == "fail":
+                self._body(500, '{"error":{"message":"boom","type":"x","code":500}}')
+            else:
+                self._body(200, json.dumps(CHAT_REPLY))
         else:
             self._body(404, "{}")
 
@@ -272,3 +299,20 @@ def test_decoder_framing_rules() -> None:
     assert dec.feed("data: caf\u00e9".encode()[:-1]) == []
     assert dec.feed("data: caf\u00e9".encode()[-1:] + b"\n\n") == ["caf\u00e9"]
     assert dec.feed(b"data: tail") == [] and dec.pending == "data: tail"
+
+
+def test_turn_cache_sends_each_request_once_and_keeps_its_error(server: str) -> None:
+    client = ServingClient(ApiEndpoint(server, "m"), timeout=5, idle_timeout=5)
+    cache = TurnCache(client)
+    CHAT_SEEN.clear()
+    try:
+        first = cache.turn("ask", lambda: client.body("ask"), False)
+        again = cache.turn("ask", lambda: client.body("ask"), False)
+        assert first is again and first.content == "42"
+        for _ in range(2):
+            with pytest.raises(ServingError) as info:
+                cache.turn("fail", lambda: client.body("fail"), False)
+            assert "500" in info.value.message
+        assert CHAT_SEEN == ["ask", "fail"], "one request per key, also when it failed"
+    finally:
+        client.close()

@@ -24,6 +24,7 @@ from pytest_spark.serving import (
     ServingError,
     ToolRequest,
     Turn,
+    TurnCache,
     check_auto_refused,
     check_order,
     check_reasoning,
@@ -62,7 +63,7 @@ class ReasoningTurns:
         self.max_tokens = int(profile.get("reasoning.max_tokens", 2048))
         self.cut_tokens = int(profile.get("reasoning.truncate_tokens", 8))
         self.profile = profile.name
-        self.cache: dict[tuple[str, bool], Turn | ServingError] = {}
+        self.cache = TurnCache(client)
 
     def body(self, kind: str) -> dict[str, Any]:
         params: dict[str, Any] = {"temperature": 0, "seed": SEED, "max_tokens": self.max_tokens}
@@ -77,16 +78,7 @@ class ReasoningTurns:
         return self.client.body(question, **params)
 
     def turn(self, kind: str, streamed: bool) -> Turn:
-        key = (kind, streamed)
-        if key not in self.cache:
-            try:
-                self.cache[key] = self.client.turn(self.body(kind), streamed)
-            except ServingError as exc:
-                self.cache[key] = exc
-        got = self.cache[key]
-        if isinstance(got, ServingError):
-            raise got
-        return got
+        return self.cache.turn((kind, streamed), lambda: self.body(kind), streamed)
 
 
 @pytest.fixture(scope="module")

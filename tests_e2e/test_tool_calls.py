@@ -21,6 +21,7 @@ from pytest_spark.serving import (
     ServingError,
     ToolRequest,
     Turn,
+    TurnCache,
     auto_declined,
     check_auto_refused,
     check_tool_calls,
@@ -81,7 +82,7 @@ class ToolTurns:
         # auto a plain-text answer is then the model's choice, skipped with the reason.
         self.auto_emits_calls = bool(profile.get("tool_calls.auto_emits_calls", True))
         self.profile = profile.name
-        self.cache: dict[tuple[str, bool, bool], Turn | ServingError] = {}
+        self.cache = TurnCache(client)
 
     def request(self, mode: str, streamed: bool, parallel: bool = False) -> ToolRequest:
         names = ("get_weather", "get_weather") if parallel else ("get_weather",)
@@ -108,15 +109,7 @@ class ToolTurns:
 
     def turn(self, mode: str, streamed: bool, parallel: bool = False) -> Turn:
         key = (mode, streamed, parallel)
-        if key not in self.cache:
-            try:
-                self.cache[key] = self.client.turn(self.body(mode, parallel), streamed)
-            except ServingError as exc:
-                self.cache[key] = exc
-        got = self.cache[key]
-        if isinstance(got, ServingError):
-            raise got
-        return got
+        return self.cache.turn(key, lambda: self.body(mode, parallel), streamed)
 
 
 @pytest.fixture(scope="module")

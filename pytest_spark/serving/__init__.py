@@ -5,7 +5,7 @@ into ``Finding``s with raw evidence; ``stream`` reads SSE exactly and bounds eve
 in time; ``load`` is the concurrency-sweep load client.
 """
 
-from pytest_spark.serving.client import ServingClient
+from pytest_spark.serving.client import ServingClient, TurnCache
 from pytest_spark.serving.evidence import Exchange, redact_headers
 from pytest_spark.serving.load import LevelResult, LoadClient, LoadSpec, SweepResult, run_sweep
 from pytest_spark.serving.reasoning import (
@@ -61,6 +61,7 @@ __all__ = [
     "ToolCall",
     "ToolRequest",
     "Turn",
+    "TurnCache",
     "assemble",
     "astream_chat",
     "auto_declined",

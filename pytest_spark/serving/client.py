@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import httpx
@@ -61,3 +62,24 @@ class ServingClient:
 
     def close(self) -> None:
         self._http.close()
+
+
+class TurnCache:
+    """Sends each distinct request once and keeps its answer, or the ``ServingError`` it
+    raised, under a key: the checks that read one turn (a streamed answer compared with
+    the plain one, several verdicts on one reply) share a single request."""
+
+    def __init__(self, client: ServingClient) -> None:
+        self.client = client
+        self._turns: dict[Hashable, Turn | ServingError] = {}
+
+    def turn(self, key: Hashable, body: Callable[[], dict[str, Any]], streamed: bool) -> Turn:
+        if key not in self._turns:
+            try:
+                self._turns[key] = self.client.turn(body(), streamed)
+            except ServingError as exc:
+                self._turns[key] = exc
+        got = self._turns[key]
+        if isinstance(got, ServingError):
+            raise got
+        return got
