@@ -13,7 +13,9 @@ attached to a serving cluster, as an operator runs it against one already up. Wh
 
 All N sim nodes share this machine's CPUs (a real cluster has a CPU per node), so the
 figures at 8 nodes include the simulator's own work (its per-node tools, 8 sshds, gloo
-ranks) contending for the same cores.
+ranks) contending for the same cores. Each run therefore also prints the CPU time the
+whole machine spent (all processes, /proc/stat) and how much of its cores that is: near
+100 % the run is bound by the machine's cores, not by the suite's waits.
 
     sudo .venv/bin/python benchmarks/scale.py [--nodes 2 4 8] [--repeat K]
         [--compare-with OTHER_CHECKOUT] [-- pytest args]
@@ -58,6 +60,14 @@ def _pytest(
     return time.monotonic() - t0, proc
 
 
+def machine_cpu_s() -> float:
+    """CPU seconds every core of this machine has spent busy so far (/proc/stat)."""
+    with open("/proc/stat") as stat:
+        fields = [int(v) for v in stat.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
 def _last(proc: subprocess.CompletedProcess[str]) -> str:
     lines = proc.stdout.strip().splitlines()
     return lines[-1].strip("= ") if lines else f"exit {proc.returncode}, no output"
@@ -98,14 +108,21 @@ def measure(n: int, repeat: int, checkouts: list[Path], extra: list[str]) -> lis
         f"--spark-serve-args={launch['serve_args']}",
     ]
     times: list[list[float]] = [[] for _ in checkouts]
+    cores = os.cpu_count() or 1
     try:
         _serve(sim)
         for _ in range(repeat):
             for i, checkout in enumerate(checkouts):
                 tests = str(checkout / "tests_infra")
+                busy = machine_cpu_s()
                 seconds, proc = _pytest(sim, tests, *serve, *extra, checkout=checkout)
+                busy = machine_cpu_s() - busy
                 times[i].append(seconds)
-                print(f"  {n} nodes, {checkout}: {seconds:.1f} s ({_last(proc)})", flush=True)
+                print(
+                    f"  {n} nodes, {checkout}: {seconds:.1f} s ({_last(proc)}); machine CPU "
+                    f"{busy:.1f} s, {busy / seconds / cores:.0%} of {cores} cores",
+                    flush=True,
+                )
         return times
     finally:
         sim.down()
