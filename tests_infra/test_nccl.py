@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 
 from pytest_spark import Cluster, Node, SparkCheck
 from pytest_spark.checks.nccl import (
+    FABRIC_DEVS,
     busbw_series,
     check_busbw,
     check_ib_hca,
@@ -97,22 +100,23 @@ def test_allreduce_busbw(
 ) -> None:
     result = _result(allreduce)
     spark_check.attach("busbw_series", busbw_series(result).to_dict())
-    devs = _fabric_devs(spark_cluster)
     spark_check.require(
         check_busbw(
             result,
             spark_cluster.profile,
             where=_where(allreduce),
             transports=allreduce.transports,
-            **({"fabric_devs": devs} if devs else {}),
+            fabric_devs=_fabric_devs(spark_cluster, spark_cluster.head),
         )
     )
 
 
-def _fabric_devs(cluster: Cluster) -> list[str]:
-    """The RDMA devices of the fabric twins, as the head's link probe found them."""
+def _fabric_devs(cluster: Cluster, node: Node) -> Sequence[str]:
+    """The RDMA devices of the node's fabric twins, as its link probe found them (the
+    reference ones when it found none)."""
     ifs = fabric_ifs(cluster)
-    return [m.dev for m in node_link_facts(cluster, cluster.head).roce if m.netdev in ifs]
+    devs = [m.dev for m in node_link_facts(cluster, node).roce if m.netdev in ifs]
+    return devs or FABRIC_DEVS
 
 
 def test_allreduce_values_correct(allreduce: CollectiveRun, spark_check: SparkCheck) -> None:
@@ -122,15 +126,14 @@ def test_allreduce_values_correct(allreduce: CollectiveRun, spark_check: SparkCh
 def test_transport_is_rdma_on_the_fabric(
     allreduce: CollectiveRun, spark_check: SparkCheck, spark_cluster: Cluster
 ) -> None:
-    ifs = fabric_ifs(spark_cluster)
-    devs = _fabric_devs(spark_cluster)
     require_unless_twin_down(
         spark_cluster,
         check_transport(
-            allreduce.transports, fabric_devs=devs or None, fabric_ifs=ifs, where=_where(allreduce)
-        )
-        if devs
-        else check_transport(allreduce.transports, fabric_ifs=ifs, where=_where(allreduce)),
+            allreduce.transports,
+            fabric_devs=_fabric_devs(spark_cluster, spark_cluster.head),
+            fabric_ifs=fabric_ifs(spark_cluster),
+            where=_where(allreduce),
+        ),
         spark_check,
     )
 
@@ -148,12 +151,12 @@ def test_nccl_ib_hca_lists_both_twins(
             f"no serving container {spark_settings.container!r} on {spark_node.name}: "
             "its NCCL_IB_HCA cannot be read"
         )
-    ifs = fabric_ifs(spark_cluster)
-    devs = [m.dev for m in node_link_facts(spark_cluster, spark_node).roce if m.netdev in ifs]
     require_unless_twin_down(
         spark_cluster,
         check_ib_hca(
-            env.get("NCCL_IB_HCA"), node=spark_node.name, **({"fabric_devs": devs} if devs else {})
+            env.get("NCCL_IB_HCA"),
+            node=spark_node.name,
+            fabric_devs=_fabric_devs(spark_cluster, spark_node),
         ),
         spark_check,
     )
