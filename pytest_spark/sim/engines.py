@@ -144,8 +144,8 @@ def serve_args(state_dir: Path) -> str | None:
     minutes on 2 cores; eager starts in about a minute. ``--tool-strict-level parameter``
     (vLLM >= 0.32): under ``required`` and named ``tool_choice`` vLLM pins the tool-call
     envelope, and the arguments' JSON schema only for tools marked ``strict`` unless this
-    floor is set; a 135M model left free writes the tool's definition into ``arguments``
-    (recorded in fixtures/vllm/vllm-0.32.0-cpu/tools_required.txt). A production server
+    floor is set; a 135M model left free writes free text into ``arguments`` and runs out
+    of tokens (recorded in fixtures/vllm/vllm-0.32.0-cpu/tools_required.txt). A production server
     with a model that follows schemas needs no such flag, and the suite's requests stay as
     clients send them (no ``strict``)."""
     data = current(state_dir)

