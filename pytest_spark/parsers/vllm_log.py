@@ -3,7 +3,8 @@
 Pure: lines in, events out. Accepts the line shapes of several vLLM versions (e.g.
 ``Starting vLLM API server 0 on URL`` and 0.32's ``Starting vLLM server on URL``) and the
 process prefixes ``(APIServer pid=N)``, ``(EngineCore_DP0 pid=N)``,
-``(RayWorkerWrapper pid=N, ip=...)``, ``(Worker pid=N)``.
+``(RayWorkerWrapper pid=N, ip=...)``, ``(Worker pid=N)``. Recorded real lines, and where
+each wording comes from, are in ``fixtures/vllm_logs/README.md``.
 """
 
 from __future__ import annotations
@@ -24,14 +25,30 @@ SHARDS = re.compile(
     r"Loading safetensors checkpoint shards:\s*(?P<pct>\d+)% Completed \| (?P<k>\d+)/(?P<n>\d+)"
     r" \[(?P<elapsed>[\d:]+)<(?P<eta>[\d:?]+)"
 )
-GRAPHS = re.compile(
-    r"Capturing CUDA graphs[^:]*:\s*(?P<pct>\d+)%.*?\|\s*(?P<k>\d+)/(?P<n>\d+)"
-    r"(?: \[(?P<elapsed>[\d:]+)<(?P<eta>[\d:?]+))?"
+# fastsafetensors (--load-format fastsafetensors) loads the files in groups of one per rank,
+# so N is ceil(files / world size), not the number of shards.
+FASTSAFETENSORS = re.compile(
+    r"Loading safetensors using Fastsafetensor loader:\s*(?P<pct>\d+)% Completed \| "
+    r"(?P<k>\d+)/(?P<n>\d+) \[(?P<elapsed>[\d:]+)<(?P<eta>[\d:?]+)"
 )
-WEIGHTS_START = re.compile(r"Starting to load model |Loading model weights|Loading weights with")
+# "Capturing CUDA graphs (decode, FULL): 35%|###| 12/35" (V1) and, up to vLLM 0.10,
+# "Capturing CUDA graph shapes: 100%|#####| 35/35" (the bar is missing where stderr is no tty).
+GRAPHS = re.compile(
+    r"Capturing CUDA graph(?:s| shapes)[^:]*:\s*(?P<pct>\d+)%(?:\|[^|]*\|)?\s*"
+    r"(?P<k>\d+)/(?P<n>\d+)(?: \[(?P<elapsed>[\d:]+)<(?P<eta>[\d:?]+))?"
+)
+WEIGHTS_START = re.compile(
+    r"Starting to load model |Loading model weights(?! took)|Loading weights with"
+)
 CPU_WARMUP = re.compile(r"Warming up model for the compilation")  # CPU: torch.compile
-WEIGHTS_TOOK = re.compile(r"Loading weights took (?P<s>[\d.]+) seconds")
-MODEL_TOOK = re.compile(r"Model loading took (?P<gib>[\d.]+) GiB memory and (?P<s>[\d.]+) seconds")
+# "Loading weights took S seconds"; before V1 (<= 0.7) "Loading model weights took X GB".
+WEIGHTS_TOOK = re.compile(
+    r"Loading weights took (?P<s>[\d.]+) seconds|Loading model weights took (?P<gb>[\d.]+) GB"
+)
+# "Model loading took X GiB memory and S seconds"; vLLM <= 0.10: "X GiB and S seconds".
+MODEL_TOOK = re.compile(
+    r"Model loading took (?P<gib>[\d.]+) GiB(?: memory)? and (?P<s>[\d.]+) seconds"
+)
 KV_MEMORY = re.compile(r"Available KV cache memory: (?P<gib>[\d.]+) GiB")
 KV_SIZE = re.compile(r"(?:GPU|CPU) KV cache size: (?P<tokens>[\d,]+) tokens")
 GRAPHS_DONE = re.compile(r"Graph capturing finished in (?P<s>[\d.]+) secs")
@@ -66,6 +83,16 @@ FATAL = (
     ("nccl-watchdog", re.compile(r"Watchdog caught collective operation timeout")),
     ("nccl-error", re.compile(r"NCCL Error|NCCL error|ncclInternalError|ncclSystemError")),
     ("ray-actor-died", re.compile(r"ray\.exceptions\.RayActorError|The actor died unexpectedly")),
+    # torch.distributed rendezvous of the --nnodes/--node-rank ranks (no Ray): the store on
+    # --master-addr:--master-port never saw every rank (TCPStore / c10d / torchelastic).
+    (
+        "rendezvous-timeout",
+        re.compile(
+            r"DistStoreError: (?:wait timeout after \d+ ?ms|Timed out after \d+ seconds "
+            r"waiting for clients)|RendezvousTimeoutError|The client socket has timed out "
+            r"after \d+ ?ms while trying to connect to"
+        ),
+    ),
     ("engine-dead", re.compile(r"EngineDeadError")),
     ("engine-init-failed", re.compile(r"RuntimeError: Engine core initialization failed")),
 )
@@ -77,18 +104,22 @@ HANG = (
             r"(?P<s>\d+) seconds"
         ),
     ),
-    (
-        "tp-exceeds-gpus",
-        re.compile(
-            r"Tensor parallel size \(\d+\) exceeds available GPUs "
-            r"\(\d+\)"
-        ),
-    ),
 )
+# Printed by every healthy multi-node start: never a hang or a failure by itself.
 BENIGN = (
-    re.compile(
-        r"Custom allreduce is disabled because this process group spans "
-        r"across nodes"
+    (
+        "custom-allreduce-disabled",
+        re.compile(r"Custom allreduce is disabled because this process group spans across nodes"),
+    ),
+    # ray_utils.py compares the world size with the GPUs of the *local* node (one on a
+    # Spark), in each wording vLLM has used or proposed (vllm-project/vllm#31005).
+    (
+        "local-gpus-below-world-size",
+        re.compile(
+            r"(?:Tensor parallel size|World size|Total GPU requirement|Required GPU count|"
+            r"Parallelism world size) \([^)]*\) exceeds "
+            r"(?:available|locally visible|locally available) GPUs \(\d+\)"
+        ),
     ),
 )
 
@@ -107,13 +138,16 @@ REMEDIATION = {
     "containers on every node (run with --nccl-debug INFO)",
     "ray-actor-died": "a Ray worker died (the worker node's container crashed or was killed): "
     "check `docker logs` on the worker and `ray status` on the head",
+    "rendezvous-timeout": "the ranks did not all reach the master address/port (torch."
+    "distributed rendezvous, no Ray): check --master-addr/--master-port (the head's fabric "
+    "address, the port open and free on the head), the fabric link between the nodes, and "
+    "that every worker runs its headless rank (`vllm serve ... --headless --node-rank R`, "
+    "same --nnodes) and has not crashed; restart all ranks together",
     "engine-dead": "the engine died: read the worker's log for the first error",
     "engine-init-failed": "engine initialisation failed: the root cause is in the lines above",
     "placement-group": "Ray cannot place the TP group: a node's GPU is not registered with Ray "
     "(worker container down or not joined): `ray status` must show every "
     "node and GPU",
-    "tp-exceeds-gpus": "Ray sees fewer GPUs than --tensor-parallel-size: the worker node has "
-    "not joined the Ray cluster",
 }
 
 
@@ -140,7 +174,7 @@ def split_prefix(raw: str) -> LogLine:
 class Event:
     """What one line means: a phase change, progress, a fatal or hang signature."""
 
-    kind: str  # phase | progress | fatal | hang | fact
+    kind: str  # phase | progress | fatal | hang | fact | benign
     name: str
     line: str
     value: dict[str, str] = field(default_factory=dict)
@@ -150,8 +184,9 @@ def classify(raw: str) -> list[Event]:
     """All events in one log line (usually zero or one)."""
     line = split_prefix(raw)
     text = line.text
-    if any(p.search(text) for p in BENIGN):
-        return []
+    for name, pattern in BENIGN:
+        if pattern.search(text):
+            return [Event("benign", name, raw.rstrip("\n"))]
     for name, pattern in FATAL:
         if pattern.search(text):
             return [Event("fatal", name, raw.rstrip("\n"))]
@@ -163,9 +198,11 @@ def classify(raw: str) -> list[Event]:
     for kind, name, pattern in (
         ("phase", "weights", WEIGHTS_START),
         ("progress", "weights", SHARDS),
+        ("progress", "weights", FASTSAFETENSORS),
         ("progress", "graphs", GRAPHS),
         ("phase", "kv", WEIGHTS_TOOK),
         ("phase", "graphs", CPU_WARMUP),
+        ("phase", "kv", MODEL_TOOK),
         ("fact", "model_loading", MODEL_TOOK),
         ("fact", "kv_memory", KV_MEMORY),
         ("fact", "kv_size", KV_SIZE),
