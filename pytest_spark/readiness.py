@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import shlex
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -106,31 +107,54 @@ def parse_probe(result: CommandResult, with_health: bool = True) -> NodeProbe:
         status = f"unknown: {state[:200]}"
     if status == "missing" or status.startswith("unknown"):
         logs = ""  # docker's own "No such container" error, not the container's log
-    lines: list[str] = []
-    for raw in logs.splitlines():
-        lines.extend(seg for seg in raw.split("\r") if seg.strip())
-    return NodeProbe(health, status, lines, alive, sections.get("launcher", ""))
+    return NodeProbe(health, status, split_segments(logs), alive, sections.get("launcher", ""))
+
+
+def split_segments(logs: str) -> list[str]:
+    """``docker logs --timestamps`` lines -> one entry per ``\\r`` segment (a tqdm bar redraws
+    with ``\\r`` inside one line), each carrying its line's timestamp, so that the cursor can
+    tell a segment it already fed from a new one."""
+    out: list[str] = []
+    for raw in logs.split("\n"):  # not splitlines(): it splits at "\r" too
+        ts, sep, text = raw.partition(" ")
+        if not _is_timestamp(ts):
+            ts, sep, text = "", "", raw
+        out.extend(f"{ts}{sep}{seg}" for seg in text.split("\r") if seg.strip())
+    return out
+
+
+def _is_timestamp(word: str) -> bool:
+    return len(word) >= 20 and word[:4].isdigit() and word[4] == "-" and "T" in word
 
 
 @dataclass
 class LogCursor:
-    """Remembers the last docker log timestamp seen on a node, to fetch only new lines."""
+    """Remembers the last docker log timestamp seen on a node, to fetch only new lines.
+
+    ``docker logs --since TS`` returns the lines stamped TS again on the next poll, so the
+    entries at the newest timestamp are counted (a tqdm line's ``\\r`` segments share its
+    stamp, and may repeat): one is fresh only past the count already fed. The cursor so
+    re-feeds nothing, and a progress bar that stops moving is silence."""
 
     since: str
-    seen_at_since: set[str] = field(default_factory=set)
+    seen_at_since: Counter[str] = field(default_factory=Counter)
 
     def new_lines(self, lines: list[str]) -> list[str]:
         fresh: list[str] = []
+        polled: Counter[str] = Counter()
         for line in lines:
             ts, _, text = line.partition(" ")
-            if not ts[:4].isdigit():  # a \r continuation of a tqdm line: no timestamp
+            if not _is_timestamp(ts):  # not docker's: nothing to order it by
                 fresh.append(line)
                 continue
-            if ts < self.since or (ts == self.since and line in self.seen_at_since):
+            if ts < self.since:
                 continue
             if ts > self.since:
-                self.since, self.seen_at_since = ts, set()
-            self.seen_at_since.add(line)
+                self.since, self.seen_at_since, polled = ts, Counter(), Counter()
+            polled[line] += 1
+            if polled[line] <= self.seen_at_since[line]:
+                continue
+            self.seen_at_since[line] = polled[line]
             fresh.append(text)
         return fresh
 
