@@ -20,6 +20,10 @@ ORDER = [
     r"\[api_utils\.py:347\]  ▄▄ ▄█ █     █     █ ▀▄▀ █  version 0\.32\.0",
     r"\[api_utils\.py:286\] non-default args: \{'model_tag': '/models/Qwen3\.5-122B-A10B-FP8'",
     r"Initializing a V1 LLM engine \(v0\.32\.0\)",
+    r"^\(EngineCore_DP0 pid=\d+\) WARNING .*\[ray_utils\.py:557\] Tensor parallel size \(2\) "
+    r"exceeds available GPUs \(1\)\. This may result in Ray placement group allocation "
+    r"failures\.",
+    r"Connecting to existing Ray cluster at address",
     r"Custom allreduce is disabled because this process group spans across nodes\.",
     r"Loading safetensors checkpoint shards:   0% Completed \| 0/4 \[00:00<\?, \?it/s\]",
     r"Loading safetensors checkpoint shards:  50% Completed \| 2/4 "
@@ -108,6 +112,44 @@ def test_log_lines_in_order_with_real_prefixes(emu_factory: Any) -> None:
             assert re.match(PREFIX, line) or re.match(r"^\(\w+ pid=\d+(, ip=[\d.]+)?\) ", line), (
                 line
             )
+
+
+LOCAL_GPUS = "exceeds available GPUs"
+ALLREDUCE = "Custom allreduce is disabled because this process group spans across nodes."
+
+
+def test_local_gpu_warning_only_on_the_ray_path_and_allreduce_only_multi_node(
+    emu_factory: Any,
+) -> None:
+    """vLLM warns about the local GPU count in ray_utils (Ray only) and disables custom
+    allreduce when the group spans nodes (any multi-node backend); one GPU prints neither."""
+    single = emu_factory(["--served-model-name", "qwen"]).text()
+    assert "Application startup complete." in single
+    assert LOCAL_GPUS not in single and ALLREDUCE not in single
+    mp = emu_factory(
+        ["--served-model-name", "qwen", "--tensor-parallel-size", "2"],
+        model="/models/Qwen3.5-122B-A10B-FP8",
+    ).text()
+    assert "Application startup complete." in mp
+    assert LOCAL_GPUS not in mp and ALLREDUCE in mp
+    old = emu_factory(
+        [
+            "--served-model-name",
+            "qwen",
+            "--tensor-parallel-size",
+            "2",
+            "--distributed-executor-backend",
+            "ray",
+        ],
+        {"SPARKSIM_EMU_VERSION": "0.11.0"},
+        model="/models/Qwen3.5-122B-A10B-FP8",
+    ).text()
+    assert re.search(
+        r"WARNING .*\[ray_utils\.py:337\] Tensor parallel size \(2\) exceeds available GPUs "
+        r"\(1\)\. .* ensure your Ray cluster has 2 GPUs available\.$",
+        old,
+        re.M,
+    )
 
 
 def test_single_gpu_prefixes_and_older_wording(emu_factory: Any) -> None:

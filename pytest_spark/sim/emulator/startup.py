@@ -186,6 +186,18 @@ class Startup:
     def placement_group(self) -> None:
         e, knobs = self.e, self.e.knobs
         if e.args.uses_ray:
+            # initialize_ray_cluster compares the world size with the GPUs of this node (one
+            # on a Spark), so every healthy multi-node Ray start warns; 2026 builds still
+            # use this wording (the rewording PRs for vllm#31005 were not merged).
+            world = e.args.world_size
+            self.core(
+                "ray_utils.py:557" if self.new_style else "ray_utils.py:337",
+                f"Tensor parallel size ({world}) exceeds available GPUs (1). This may result "
+                "in Ray placement group allocation failures. Consider reducing "
+                f"tensor_parallel_size to 1 or less, or ensure your Ray cluster has {world} "
+                "GPUs available.",
+                "WARNING",
+            )
             stamp = time.strftime("%Y-%m-%d %H:%M:%S") + f",{int(time.time() % 1 * 1000):03d}"
             e.log.raw(
                 f"{e.engine_prefix} {stamp}\tINFO worker.py:1771 -- Connecting to existing Ray "
