@@ -61,8 +61,9 @@ class StartupWatch:
     tails: dict[str, deque[str]] = field(default_factory=dict)
     failure: StartupFailure | None = None
     last_activity: float = 0.0
-    hang_since: dict[str, float] = field(default_factory=dict)
-    hang_line: dict[str, str] = field(default_factory=dict)
+    # (node, signature) -> when the wait began, for hangs not yet resolved
+    hang_since: dict[tuple[str, str], float] = field(default_factory=dict)
+    hang_line: dict[tuple[str, str], str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.phases.append(Phase("start", self.started))
@@ -108,23 +109,12 @@ class StartupWatch:
                 "fatal", node, name, line, REMEDIATION[name], self.snapshot_tails()
             )
         elif kind == "hang":
-            self.hang_since.setdefault(node + name, now)
-            self.hang_line[node + name] = line
-            # Only a wait that outlasts the budget is a hang: the line repeats while Ray
-            # places the group, and a slow worker join is normal.
-            if self.failure is None and (
-                now - self.hang_since[node + name] >= self.placement_timeout
-                or float(value.get("s", 0)) >= self.placement_timeout
-            ):
-                self.failure = StartupFailure(
-                    "hang",
-                    node,
-                    f"{name} (waiting {int(float(value.get('s', 0)))} s)",
-                    line,
-                    REMEDIATION[name],
-                    self.snapshot_tails(),
-                )
-        elif kind == "progress":
+            self.hang_since.setdefault((node, name), now - float(value.get("s", 0)))
+            self.hang_line[(node, name)] = line
+            self._check_hangs(now)
+        elif kind in ("phase", "progress"):
+            self.hang_since.clear()  # the start moves on: the group has formed
+        if kind == "progress":
             self._advance(name, now)
             self.progress[name] = (int(value["k"]), int(value["n"]), value.get("eta", "?"))
         elif kind == "phase":
@@ -134,6 +124,22 @@ class StartupWatch:
                 self._advance("graphs", now)
             for key, val in value.items():
                 self.facts[key if name == "version" else f"{name}.{key}"] = val
+
+    def _check_hangs(self, now: float) -> None:
+        """A hang signature still pending after ``placement_timeout`` (counted from when the
+        wait began, which the line tells) fails; vLLM prints the wait at growing intervals,
+        so the budget is checked on every poll, not only when the line repeats. Only a wait
+        that outlasts the budget is a hang: Ray waits while a worker joins, which is normal."""
+        for (node, name), since in self.hang_since.items():
+            if self.failure is None and now - since >= self.placement_timeout:
+                self.failure = StartupFailure(
+                    "hang",
+                    node,
+                    f"{name} (waiting {now - since:.0f} s)",
+                    self.hang_line[(node, name)],
+                    REMEDIATION[name],
+                    self.snapshot_tails(),
+                )
 
     def container_exited(self, node: str, status: str, now: float) -> None:
         if self.failure is None:
@@ -148,7 +154,9 @@ class StartupWatch:
             )
 
     def check_stall(self, now: float) -> None:
-        """No log line from any node for ``hang_timeout`` while loading: a silent hang."""
+        """No log line from any node for ``hang_timeout`` while loading: a silent hang; a
+        placement group still not formed after ``placement_timeout``: a hang."""
+        self._check_hangs(now)
         if (
             self.failure is None
             and not self.ready

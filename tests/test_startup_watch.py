@@ -240,6 +240,36 @@ def test_placement_group_wait_is_a_hang_after_its_budget() -> None:
     assert "ray status" in watch.failure.message()
 
 
+PG_WAIT = (
+    "(EngineCore_DP0 pid=1) INFO [ray_utils.py:300] Waiting for creating a placement group of "
+    "specs for {} seconds. specs=[{{'GPU': 1.0}}, {{'GPU': 1.0}}]"
+)
+
+
+def test_placement_group_not_formed_is_a_hang_at_the_budget_between_its_lines() -> None:
+    """vLLM prints the wait after 10, 30, 70, 150 s...: the budget (60 s here) runs out
+    between two lines, and the watch calls the hang then, not at the next line."""
+    watch = StartupWatch(hang_timeout=300, placement_timeout=60, started=0.0)
+    watch.feed("spark-head", [PG_WAIT.format(10)], 12.0)
+    watch.feed("spark-head", [PG_WAIT.format(30)], 32.0)
+    watch.check_stall(61.0)
+    assert watch.failure is None
+    watch.check_stall(62.0)
+    assert watch.failure is not None and watch.failure.kind == "hang"
+    assert watch.failure.signature == "placement-group (waiting 60 s)"
+    assert "Waiting for creating a placement group of specs for 30 seconds" in (
+        watch.failure.message()
+    )
+
+
+def test_a_placement_group_that_formed_is_no_longer_a_pending_hang() -> None:
+    watch = StartupWatch(hang_timeout=300, placement_timeout=60, started=0.0)
+    watch.feed("spark-head", [PG_WAIT.format(10)], 10.0)
+    watch.feed("spark-worker-1", [LOADING], 15.0)
+    watch.check_stall(200.0)
+    assert watch.failure is None
+
+
 def test_silence_while_loading_is_a_stall() -> None:
     watch = StartupWatch(hang_timeout=20, placement_timeout=30, started=0.0)
     watch.feed(
