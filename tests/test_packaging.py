@@ -1,0 +1,83 @@
+"""The wheel carries the suite (tests_infra/, tests_e2e/) inside the package, and no
+top-level tests_* package; pyproject's explicit package list misses no package."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+
+import pytest
+from setuptools import find_namespace_packages
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def build_wheel(out: Path) -> Path:
+    """``pip wheel --no-deps`` of a copy of the working tree (tracked and untracked, not
+    ignored), so the checkout's build/ and egg-info stay untouched; offline."""
+    src = out / "src"
+    files = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard", "-z"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split("\0")
+    for name in filter(None, files):
+        if (REPO / name).is_file():
+            (src / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, src / name)  # with its mode: the sim image's tools
+    dist = out / "dist"
+    subprocess.run(
+        [
+            *(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation"),
+            *("-w", str(dist), str(src)),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    (wheel,) = dist.glob("pytest_dgx_spark-*.whl")
+    return wheel
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_wheel(tmp_path_factory.mktemp("wheel"))
+
+
+def test_package_list_covers_every_package() -> None:
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(config["packages"])
+    found = {
+        name
+        for name in find_namespace_packages(str(REPO), include=["pytest_spark*"])
+        if "__pycache__" not in name
+    }
+    assert found - listed == set(), "add these to [tool.setuptools] packages"
+    assert config["package-dir"] == {
+        "pytest_spark.suite.tests_infra": "tests_infra",
+        "pytest_spark.suite.tests_e2e": "tests_e2e",
+    }
+
+
+@pytest.mark.slow
+def test_wheel_carries_the_suite_and_no_top_level_tests(wheel: Path) -> None:
+    names = zipfile.ZipFile(wheel).namelist()
+    for folder in ("tests_infra", "tests_e2e"):
+        shipped = {
+            n.split("/", 3)[3] for n in names if n.startswith(f"pytest_spark/suite/{folder}/")
+        }
+        in_checkout = {
+            str(p.relative_to(REPO / folder))
+            for p in (REPO / folder).rglob("*.py")
+            if "__pycache__" not in p.parts
+        }
+        assert shipped == in_checkout, folder
+    assert not [n for n in names if n.split("/")[0].startswith("tests")]
+    for data in ("sim/launcher/launch-cluster.sh", "sim/launcher/image/vllm", "profiles/sim.toml"):
+        assert f"pytest_spark/{data}" in names
