@@ -100,7 +100,7 @@ def pytest_configure(config: pytest.Config) -> None:
         config.invocation_params.dir, config.getini("python_files"), config.getini("norecursedirs")
     ):
         # No paths, no testpaths, no test files here: run the suite that came with the package.
-        suite = suite_paths()
+        suite = suite_paths(config.rootpath)
         if suite:
             config.args[:] = [str(path) for path in suite]
             config.stash[SUITE_KEY] = suite
@@ -275,9 +275,13 @@ def _nothing_collected(config: pytest.Config) -> str:
     if suite is not None:
         where = f"the installed suite at {', '.join(map(str, suite))} holds no tests"
         fix = "reinstall pytest-dgx-spark (its wheel carries tests_infra/ and tests_e2e/)"
-    elif not suite_paths():
+    elif not suite_paths(config.rootpath):
         where = f"no tests in {looked}, and this pytest-dgx-spark install carries no suite"
-        fix = "reinstall pytest-dgx-spark, or name the files that hold your checks"
+        fix = (
+            "install pytest-dgx-spark from its wheel or checkout (pip install PATH; an "
+            "editable install runs the suite only inside its checkout), or name the files "
+            "that hold your checks"
+        )
     else:
         where = f"no tests in {looked}"
         fix = (

@@ -18,16 +18,14 @@ SUITE_DIRS = ("tests_infra", "tests_e2e")
 PACKAGE = Path(__file__).resolve().parent
 
 
-def suite_paths(package: Path = PACKAGE) -> list[Path]:
-    """The paths to collect for the whole suite ([] when neither layout is there)."""
+def suite_paths(rootpath: Path, package: Path = PACKAGE) -> list[Path]:
+    """The paths to collect for the whole suite ([] when there is none to run)."""
     bundled = package / "suite"
     if all((bundled / name).is_dir() for name in SUITE_DIRS):
         return [bundled]  # the wheel: one initial path, so node ids keep tests_infra/...
-    checkout = package.parent
-    if (checkout / "pyproject.toml").is_file() and all(
-        (checkout / name).is_dir() for name in SUITE_DIRS
-    ):
-        return [checkout / name for name in SUITE_DIRS]  # under the checkout's rootdir
+    checkout = package.parent  # an editable install: the checkout, when pytest runs in it
+    if rootpath == checkout and all((checkout / name).is_dir() for name in SUITE_DIRS):
+        return [checkout / name for name in SUITE_DIRS]  # node ids relative to the rootdir
     return []
 
 

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from setuptools import find_namespace_packages
 
+from pytest_spark.suitedir import SUITE_DIRS, holds_tests, suite_paths
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -81,3 +83,47 @@ def test_wheel_carries_the_suite_and_no_top_level_tests(wheel: Path) -> None:
     assert not [n for n in names if n.split("/")[0].startswith("tests")]
     for data in ("sim/launcher/launch-cluster.sh", "sim/launcher/image/vllm", "profiles/sim.toml"):
         assert f"pytest_spark/{data}" in names
+
+
+def test_suite_paths_wheel_and_checkout_layouts(tmp_path: Path) -> None:
+    wheel_pkg = tmp_path / "site" / "pytest_spark"
+    for name in SUITE_DIRS:
+        (wheel_pkg / "suite" / name).mkdir(parents=True)
+    assert suite_paths(tmp_path / "anywhere", wheel_pkg) == [wheel_pkg / "suite"]
+    checkout = tmp_path / "checkout"
+    (checkout / "pytest_spark").mkdir(parents=True)
+    for name in SUITE_DIRS:
+        (checkout / name).mkdir()
+    package = checkout / "pytest_spark"
+    assert suite_paths(checkout, package) == [checkout / name for name in SUITE_DIRS]
+    # An editable install run outside its checkout: the checkout's own conftest.py and
+    # self-tests are not the suite, so there is none to run.
+    assert suite_paths(tmp_path / "elsewhere", package) == []
+
+
+def test_holds_tests_follows_pytests_rules(tmp_path: Path) -> None:
+    files, norecurse = ["test_*.py", "*_test.py"], ["build", ".*", "node_modules"]
+    (tmp_path / "build").mkdir()
+    (tmp_path / "build" / "test_x.py").write_text("")
+    (tmp_path / ".hidden").mkdir()
+    (tmp_path / ".hidden" / "test_y.py").write_text("")
+    (tmp_path / "env").mkdir()
+    (tmp_path / "env" / "pyvenv.cfg").write_text("")
+    (tmp_path / "env" / "test_z.py").write_text("")
+    (tmp_path / "notes.py").write_text("")
+    assert not holds_tests(tmp_path, files, norecurse)
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "cluster_test.py").write_text("")
+    assert holds_tests(tmp_path, files, norecurse)
+
+
+def test_nothing_collected_with_a_cluster_asked_for_says_why(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("SPARK_HEAD", "SPARK_API_URL", "SPARK_SIM", "PYTEST_ADDOPTS"):
+        monkeypatch.delenv(name, raising=False)
+    result = pytester.runpytest("--spark-api-url=http://127.0.0.1:9")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        [f"*a cluster was asked for but no checks were collected: no tests in {pytester.path}*"]
+    )
