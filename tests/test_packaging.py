@@ -3,6 +3,7 @@ top-level tests_* package; pyproject's explicit package list misses no package."
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -127,3 +128,29 @@ def test_nothing_collected_with_a_cluster_asked_for_says_why(
     result.stderr.fnmatch_lines(
         [f"*a cluster was asked for but no checks were collected: no tests in {pytester.path}*"]
     )
+
+
+def _collected(*args: str) -> list[str]:
+    """Node ids ``pytest --collect-only`` lists in the checkout (nothing is contacted)."""
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q"),
+            *("--spark-head=198.18.250.1", *args),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith(("SPARK_", "PYTEST_"))},
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return [line for line in proc.stdout.splitlines() if "::" in line]
+
+
+@pytest.mark.slow
+def test_checkout_collects_the_suite_once_and_selects_as_before() -> None:
+    ids = _collected()
+    assert len(ids) == len(set(ids))
+    assert {i.split("/")[0] for i in ids} == set(SUITE_DIRS)
+    link = _collected("tests_infra/test_link.py")
+    assert link and all(i.startswith("tests_infra/test_link.py::") for i in link)
+    assert _collected("-m", "link") == link
