@@ -49,7 +49,7 @@ SIM_INFO = "spark_sim_cluster_json"
 RUN_DIR = "spark_run_dir"
 SIGTERM_KEY = pytest.StashKey[Any]()
 SUITE_KEY = pytest.StashKey[list[Path]]()  # the installed suite, when collection went there
-COLLECTED_KEY = pytest.StashKey[int]()
+COLLECTED_KEY = pytest.StashKey[int]()  # items collected, before -m/-k deselect
 API_FIXTURES = {"spark_api", "spark_api_state"}
 NODE_FIXTURES = {"spark_node", "_spark_node", "host"}
 CLUSTER_FIXTURES = NODE_FIXTURES | {
@@ -250,6 +250,7 @@ def pytest_itemcollected(item: pytest.Item) -> None:
     its module's)."""
     if not _active(item.config):
         return
+    item.config.stash[COLLECTED_KEY] = item.config.stash.get(COLLECTED_KEY, 0) + 1
     for mark in item.iter_markers():
         if mark.name in CATEGORIES:
             item.user_properties.append((CATEGORY_PROP, mark.name))
@@ -321,11 +322,9 @@ class InactiveGuard:
             raise _cluster_usage_error(needy)
 
 
-@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if not _active(config):
         return
-    config.stash[COLLECTED_KEY] = len(items)  # before -m/-k deselect
     settings = config.stash[SETTINGS_KEY]
     if settings.head:
         return
