@@ -16,7 +16,13 @@ from pytest_spark.cluster import Cluster, node_names
 from pytest_spark.measure import Measurements
 from pytest_spark.report import register as register_reports
 from pytest_spark.results import CATEGORIES, CATEGORY_PROP, ResultsRecorder
-from pytest_spark.settings import Settings, add_options, resolve
+from pytest_spark.settings import (
+    Settings,
+    add_options,
+    asked_for,
+    refuse_spaced_paths,
+    resolve,
+)
 from pytest_spark.simcontrol import sim_attach, sim_up
 from pytest_spark.standup import stop_if_launched
 from pytest_spark.state import (
@@ -28,6 +34,7 @@ from pytest_spark.state import (
     SETTINGS_KEY,
     SIM_KEY,
 )
+from pytest_spark.suitedir import holds_tests, suite_paths
 
 MARKERS = {
     "preflight": "node fitness before serving (docker, GPU, disk, model dir, clocks, env)",
@@ -41,6 +48,8 @@ MARKERS = {
 SIM_INFO = "spark_sim_cluster_json"
 RUN_DIR = "spark_run_dir"
 SIGTERM_KEY = pytest.StashKey[Any]()
+SUITE_KEY = pytest.StashKey[list[Path]]()  # the installed suite, when collection went there
+COLLECTED_KEY = pytest.StashKey[int]()  # items collected, before -m/-k deselect
 API_FIXTURES = {"spark_api", "spark_api_state"}
 NODE_FIXTURES = {"spark_node", "_spark_node", "host"}
 CLUSTER_FIXTURES = NODE_FIXTURES | {
@@ -52,6 +61,8 @@ CLUSTER_FIXTURES = NODE_FIXTURES | {
     "spark_serving",
     "spark_serving_state",
 }
+# The fixtures the plugin provides (testinfra's ``host`` is not ours when inactive).
+SPARK_FIXTURES = (CLUSTER_FIXTURES - {"host"}) | API_FIXTURES | {"spark_settings", "spark_check"}
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
@@ -66,8 +77,15 @@ def _is_worker(config: pytest.Config) -> bool:
     return hasattr(config, "workerinput")
 
 
+def _active(config: pytest.Config) -> bool:
+    return SETTINGS_KEY in config.stash
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
+    refuse_spaced_paths(config)  # before anything is collected or contacted
+    # The suite's markers are declared even when inactive, so that collecting the suite
+    # without a cluster ends in the usage error below, not in unknown-marker errors.
     for name in CATEGORIES:
         config.addinivalue_line("markers", f"{name}: {MARKERS[name]}")
     config.addinivalue_line(
@@ -75,6 +93,17 @@ def pytest_configure(config: pytest.Config) -> None:
         "spark_serving_verdict: this check fails when the cluster is not serving; while it "
         "runs, the checks that need the server skip naming the root cause",
     )
+    if asked_for(config) is None:  # installed, not asked for: a good neighbour
+        config.pluginmanager.register(InactiveGuard(), "spark.inactive")
+        return
+    if config.args_source == pytest.Config.ArgsSource.INVOCATION_DIR and not holds_tests(
+        config.invocation_params.dir, config.getini("python_files"), config.getini("norecursedirs")
+    ):
+        # No paths, no testpaths, no test files here: run the suite that came with the package.
+        suite = suite_paths(config.rootpath)
+        if suite:
+            config.args[:] = [str(path) for path in suite]
+            config.stash[SUITE_KEY] = suite
     config.addinivalue_line("filterwarnings", "default::pytest_spark.fixtures.SparkCheckWarning")
     config.pluginmanager.register(fixtures, "spark.fixtures")
     settings = resolve(config)
@@ -201,7 +230,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     names = set(metafunc.fixturenames)
-    if not names & CLUSTER_FIXTURES:
+    if not names & CLUSTER_FIXTURES or not _active(metafunc.config):
         return
     settings = metafunc.config.stash[SETTINGS_KEY]
     if not settings.head:
@@ -219,6 +248,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 def pytest_itemcollected(item: pytest.Item) -> None:
     """The check's category is its closest category marker (a test's own mark wins over
     its module's)."""
+    if not _active(item.config):
+        return
+    item.config.stash[COLLECTED_KEY] = item.config.stash.get(COLLECTED_KEY, 0) + 1
     for mark in item.iter_markers():
         if mark.name in CATEGORIES:
             item.user_properties.append((CATEGORY_PROP, mark.name))
@@ -226,12 +258,73 @@ def pytest_itemcollected(item: pytest.Item) -> None:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    session.config.stash[SERVING_VERDICT_KEY] = any(
+    config = session.config
+    if not _active(config):
+        return
+    config.stash[SERVING_VERDICT_KEY] = any(
         item.get_closest_marker("spark_serving_verdict") for item in session.items
+    )
+    if config.stash.get(COLLECTED_KEY, 0) == 0 and not session.testsfailed:
+        raise pytest.UsageError(_nothing_collected(config))
+
+
+def _nothing_collected(config: pytest.Config) -> str:
+    """Asked to check a cluster, pytest found no checks: say where it looked, and how to
+    point it at the suite (never a silent "no tests ran")."""
+    looked = ", ".join(config.args) or str(config.invocation_params.dir)
+    suite = config.stash.get(SUITE_KEY, None)
+    if suite is not None:
+        where = f"the installed suite at {', '.join(map(str, suite))} holds no tests"
+        fix = "reinstall pytest-dgx-spark (its wheel carries tests_infra/ and tests_e2e/)"
+    elif not suite_paths(config.rootpath):
+        where = f"no tests in {looked}, and this pytest-dgx-spark install carries no suite"
+        fix = (
+            "install pytest-dgx-spark from its wheel or checkout (pip install PATH; an "
+            "editable install runs the suite only inside its checkout), or name the files "
+            "that hold your checks"
+        )
+    else:
+        where = f"no tests in {looked}"
+        fix = (
+            "run pytest with no paths to run the installed suite (tests_infra/, tests_e2e/), "
+            "or name the files or directories that hold your checks"
+        )
+    return f"pytest-dgx-spark: a cluster was asked for but no checks were collected: {where}. {fix}"
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    suite = config.stash.get(SUITE_KEY, None)
+    if suite is None:
+        return None
+    return (
+        f"pytest-dgx-spark: no paths given: running the installed suite "
+        f"({', '.join(map(str, suite))}); name paths to run other checks"
     )
 
 
+def _cluster_usage_error(needy: list[pytest.Item]) -> pytest.UsageError:
+    return pytest.UsageError(
+        "these tests check a cluster: give --spark-head=HOST (the head node's management "
+        "address or ssh_config alias), --spark-api-url=URL for the serving checks alone, "
+        "or --spark-sim to run them against the embedded simulated cluster "
+        f"({len(needy)} tests need it, e.g. {needy[0].nodeid})"
+    )
+
+
+class InactiveGuard:
+    """Registered instead of everything else when the plugin is not asked for: tests that
+    use the plugin's fixtures get a usage error saying how to ask for it; every other
+    test runs exactly as without the plugin."""
+
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        needy = [i for i in items if set(getattr(i, "fixturenames", ())) & SPARK_FIXTURES]
+        if needy:
+            raise _cluster_usage_error(needy)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not _active(config):
+        return
     settings = config.stash[SETTINGS_KEY]
     if settings.head:
         return
@@ -246,9 +339,4 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     needy = cluster_tests + [i for i in items if set(getattr(i, "fixturenames", ())) & API_FIXTURES]
     if needy:
-        raise pytest.UsageError(
-            "these tests check a cluster: give --spark-head HOST (the head node's management "
-            "address or ssh_config alias), --spark-api-url URL for the serving checks alone, "
-            "or --spark-sim to run them against the embedded simulated cluster "
-            f"({len(needy)} tests need it, e.g. {needy[0].nodeid})"
-        )
+        raise _cluster_usage_error(needy)

@@ -6,7 +6,9 @@ Precedence: command line > environment > ini file > threshold profile > built-in
 
 from __future__ import annotations
 
+import itertools
 import os
+import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -501,3 +503,77 @@ def add_options(parser: pytest.Parser) -> None:
                 help=help_text,
             )
         parser.addini(option.ini, help=option.help, type=option.ini_type, default=None)  # type: ignore[arg-type]
+
+
+ACTIVATING = ("head", "api_url", "sim")  # what the suite needs to check anything
+
+
+def asked_for(config: pytest.Config, environ: Mapping[str, str] | None = None) -> str | None:
+    """Why the plugin is active, or None: installed but not asked for, it stays out of the
+    way of other suites (testinfra's ``host``, ``--hosts=...``). Asked for means any
+    ``--spark-*`` option on the command line, or ``--spark-head``, ``--spark-api-url`` or
+    ``--spark-sim`` through their environment or ini twins. Only those three are read
+    here, so a stray ``SPARK_*`` variable of another option changes nothing."""
+    env = os.environ if environ is None else environ
+    for option in OPTIONS:
+        if config.getoption(option.dest, default=None) not in (None, False):
+            return f"command line {option.cli}"
+    for attr in ACTIVATING:
+        option = OPTIONS_BY_ATTR[attr]
+        raw = env.get(option.env, "")
+        if raw:
+            if not option.flag:
+                return f"environment {option.env}"
+            try:
+                if _bool(raw):
+                    return f"environment {option.env}"
+            except ValueError as exc:
+                raise SettingsError(
+                    f"Invalid value {raw!r} for {option.ini} from environment {option.env}: {exc}"
+                ) from None
+        ini_value = config.getini(option.ini)
+        if ini_value is True or (not option.flag and ini_value not in (None, "", [])):
+            return f"{option.ini} in {_ini_name(config)}"
+    return None
+
+
+def spaced_path_values(args: list[str], cwd: Path) -> list[tuple[str, str]]:
+    """``(option, value)`` for each ``--spark-<noun> VALUE`` (space, not ``=``) whose value
+    names an existing file or directory. pytest decides its rootdir and ini file before
+    any plugin's options exist: it reads such a value as a test path, as it reads every
+    token not starting with ``-`` that exists on disk (``198.18.0.11`` does not, so it is
+    harmless). The rootdir then follows that path instead of the working directory."""
+    takes_value = {option.cli for option in OPTIONS if not option.flag}
+    found: list[tuple[str, str]] = []
+    for option, value in itertools.pairwise(args):
+        if option == "--":
+            break
+        if option not in takes_value or value.startswith("-"):
+            continue
+        path = Path(value.split("::", 1)[0])
+        try:
+            exists = (path if path.is_absolute() else cwd / path).exists()
+        except OSError:
+            exists = False
+        if exists:
+            found.append((option, value))
+    return found
+
+
+def refuse_spaced_paths(config: pytest.Config, environ: Mapping[str, str] | None = None) -> None:
+    """Fail at start-up, before anything is collected or contacted, when a ``--spark-*``
+    value was written with a space and pytest took it for a test path."""
+    env = os.environ if environ is None else environ
+    args = shlex.split(env.get("PYTEST_ADDOPTS", "")) + list(config.invocation_params.args)
+    found = spaced_path_values(args, config.invocation_params.dir)
+    if not found:
+        return
+    shown = ", ".join(f"{option} {value}" for option, value in found)
+    fixed = " ".join(f"{option}={value}" for option, value in found)
+    raise SettingsError(
+        f"{shown}: pytest took the value for a test path (it picks its rootdir and ini file "
+        "from the paths on the command line before the plugin's options exist, so they "
+        f"follow that path: rootdir {config.rootpath}, ini file {config.inipath or 'none'}; "
+        "the project's testpaths may be lost and the wrong tests collected). "
+        f"Write the value with '=': {fixed}"
+    )

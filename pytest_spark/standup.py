@@ -64,7 +64,7 @@ def fabric_addresses(cluster: Cluster) -> tuple[str, ...]:
 def launch_spec(settings: Settings, cluster: Cluster) -> LaunchSpec:
     if not settings.serve_args:
         raise NotServing(
-            "--spark-launch needs --spark-serve-args 'vllm serve MODEL ...' (the "
+            "--spark-launch needs --spark-serve-args='vllm serve MODEL ...' (the "
             "command the launcher runs in the head container)"
         )
     nodes = settings.launch_nodes or fabric_addresses(cluster)

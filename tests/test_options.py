@@ -16,7 +16,10 @@ def test_show(pytestconfig):
 
 
 @pytest.fixture
-def show(pytester: pytest.Pytester) -> pytest.Pytester:
+def show(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    # Settings are resolved only when the plugin is asked for; the API URL asks for it
+    # without naming nodes, and test_show contacts nothing.
+    monkeypatch.setenv("SPARK_API_URL", "http://127.0.0.1:9")
     pytester.makepyfile(test_show=SHOW)
     return pytester
 
@@ -121,7 +124,7 @@ def test_cluster_tests_without_head_are_a_usage_error(pytester: pytest.Pytester)
     pytester.makepyfile("def test_x(spark_node):\n    pass\n")
     result = pytester.runpytest()
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*give --spark-head HOST*--spark-sim*"])
+    result.stderr.fnmatch_lines(["*give --spark-head=HOST*--spark-sim*"])
 
 
 def test_unrelated_tests_run_without_head(pytester: pytest.Pytester) -> None:

@@ -191,13 +191,14 @@ def test_history_off_and_custom_dir(pytester: pytest.Pytester) -> None:
         (
             [],
             "",
-            {"SPARK_COMPARE_FAIL": "speed:5%"},
+            # the API URL asks for the plugin: otherwise it resolves nothing
+            {"SPARK_COMPARE_FAIL": "speed:5%", "SPARK_API_URL": "http://127.0.0.1:9"},
             "*Invalid value 'speed:5%' for "
             "spark_compare_fail from environment SPARK_COMPARE_FAIL: unknown metric 'speed'*",
         ),
         (
             [],
-            "spark_compare_fail = busbw:lots\n",
+            "spark_api_url = http://127.0.0.1:9\nspark_compare_fail = busbw:lots\n",
             {},
             "*Invalid value 'busbw:lots' for "
             "spark_compare_fail from spark_compare_fail in tox.ini: "
