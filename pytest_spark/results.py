@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import time
@@ -66,7 +65,6 @@ class ResultsRecorder:
         self.started = datetime.now(UTC)
         self._t0 = time.monotonic()
         self.checks: dict[str, dict[str, Any]] = {}
-        self.session: dict[str, Any] = {}
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(
@@ -120,25 +118,55 @@ class ResultsRecorder:
             }
 
     def document(self) -> dict[str, Any]:
+        """The document as far as the checks that have reported so far make it."""
         return {
             "version": 1,
             "started": self.started.isoformat(),
             "duration_s": round(time.monotonic() - self._t0, 3),
             "cluster": self.cluster_info,
             "checks": list(self.checks.values()),
-            **self.session,
         }
 
+    def serving(self) -> dict[str, Any] | None:
+        """What the session's launch or attach wrote (``serving.json``), if it got there."""
+        path = self.run_dir / "serving.json" if self.run_dir else None
+        if path is None or not path.exists():
+            return None
+        try:
+            value = json.loads(path.read_text())
+        except ValueError:
+            return None
+        return value if isinstance(value, dict) else None
+
     @pytest.hookimpl(trylast=True)
-    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
-        doc = self.document()
-        doc["exitstatus"] = int(exitstatus)
-        serving = self.run_dir / "serving.json" if self.run_dir else None
-        if serving is not None and serving.exists():
-            with contextlib.suppress(ValueError):
-                doc["serving"] = json.loads(serving.read_text())
-        handled = self.config.hook.pytest_spark_results(config=self.config, results=doc)
-        if handled is None and self.path is not None:
+    def pytest_spark_generate_results(
+        self,
+        config: pytest.Config,
+        checks: list[dict[str, Any]],
+        cluster: dict[str, Any],
+        serving: dict[str, Any] | None,
+        exitstatus: int,
+    ) -> dict[str, Any]:
+        """The built-in document; trylast, so that a conftest's implementation replaces it."""
+        doc = {**self.document(), "cluster": cluster, "checks": checks, "exitstatus": exitstatus}
+        if serving is not None:
+            doc["serving"] = serving
+        return doc
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        hook = self.config.hook
+        # session.exitstatus, not the hook's argument: it includes what other
+        # sessionfinish hooks made of it (a regression fails the session).
+        doc = hook.pytest_spark_generate_results(
+            config=self.config,
+            checks=list(self.checks.values()),
+            cluster=self.cluster_info,
+            serving=self.serving(),
+            exitstatus=int(session.exitstatus),
+        )
+        hook.pytest_spark_update_results(config=self.config, results=doc)
+        if self.path is not None:
             write_json(self.path, doc)
 
 

@@ -11,8 +11,7 @@ with the deltas, the JSON results carry ``report.compare.regressions`` and the J
 
 from __future__ import annotations
 
-import contextlib
-import json
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cached_property
@@ -36,7 +35,7 @@ from pytest_spark.report.plots import Plot, all_plots
 from pytest_spark.report.redact import Redactor
 from pytest_spark.report.summary import VerdictTable, outcome_counts, verdict_table
 from pytest_spark.settings import SettingsError
-from pytest_spark.state import RESULTS_KEY, RUN_DIR_KEY, SIM_KEY
+from pytest_spark.state import RESULTS_KEY, SIM_KEY
 
 INTERRUPTED = int(pytest.ExitCode.INTERRUPTED)
 
@@ -107,7 +106,6 @@ class ReportPlugin:
         self.redactor = redactor
         self.state: ReportState | None = None
         self.error: str | None = None
-        self.session: pytest.Session | None = None
         root = settings.history
         if root is not None and not root.is_absolute():
             root = config.invocation_params.dir / root
@@ -127,13 +125,10 @@ class ReportPlugin:
         if recorder is None:
             return {"version": 1, "cluster": {}, "checks": []}
         doc = recorder.document()
-        run_dir = self.config.stash.get(RUN_DIR_KEY, None)
-        serving = run_dir / "serving.json" if run_dir else None
-        if serving is not None and serving.exists():
-            with contextlib.suppress(ValueError):
-                doc["serving"] = json.loads(serving.read_text())
-        result: dict[str, Any] = doc
-        return result
+        serving = recorder.serving()
+        if serving is not None:
+            doc["serving"] = serving
+        return doc
 
     def _check_named_run(self) -> None:
         ref = self.settings.compare
@@ -159,7 +154,6 @@ class ReportPlugin:
     # -- end of session -------------------------------------------------------------------
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
-        self.session = session
         try:
             self.state = self._build(int(exitstatus))
         except Exception as exc:  # the report must not take the session down
@@ -251,17 +245,24 @@ class ReportPlugin:
             xml.add_global_property(name, value)
 
     # -- outputs ---------------------------------------------------------------------------
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_spark_results(self, config: pytest.Config, results: dict[str, Any]) -> object | None:
-        """Redact the JSON results in place and add the report's figures and comparison."""
+    @pytest.hookimpl(wrapper=True)
+    def pytest_spark_update_results(
+        self, config: pytest.Config, results: dict[str, Any]
+    ) -> Generator[None, list[None], list[None]]:
+        """Around every other implementation: redact the JSON results in place and add the
+        report's figures and comparison before they run, redact again after (what they
+        added is redacted too)."""
+        self._redact(results)
+        if self.state is not None and self.state.active:
+            results["report"] = self.state.to_json()
+        outcome = yield
+        self._redact(results)
+        return outcome
+
+    def _redact(self, results: dict[str, Any]) -> None:
         clean = self.redactor.value(results)
         results.clear()
         results.update(clean)
-        if self.session is not None:
-            results["exitstatus"] = int(self.session.exitstatus)
-        if self.state is not None and self.state.active:
-            results["report"] = self.state.to_json()
-        return None
 
     def pytest_terminal_summary(
         self, terminalreporter: Any, exitstatus: int, config: pytest.Config
