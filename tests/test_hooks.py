@@ -262,3 +262,26 @@ def test_cluster_ready_not_called_when_no_test_uses_the_cluster(
     )
     result.assert_outcomes(passed=1)
     assert not (pytester.path / "ready.json").exists()
+
+
+def test_hooks_known_but_not_called_when_the_plugin_is_not_asked_for(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A conftest implementing the hooks works in a run that asks nothing of the plugin
+    (the specs are always registered); the plugin stays inert and calls none of them."""
+    for name in ("SPARK_HEAD", "SPARK_API_URL", "SPARK_SIM"):
+        monkeypatch.delenv(name, raising=False)
+    pytester.makeconftest(
+        SEES_GENERATE
+        + """
+def pytest_spark_update_results(config, results):
+    (config.rootpath / "updated").write_text("")
+
+def pytest_spark_cluster_ready(cluster):
+    (cluster.settings.results.parent / "ready").write_text("")
+"""
+    )
+    pytester.makepyfile(test_plain="def test_plain():\n    pass\n")
+    result = pytester.runpytest()
+    result.assert_outcomes(passed=1)
+    assert not [n for n in ("seen.json", "updated", "ready") if (pytester.path / n).exists()]
