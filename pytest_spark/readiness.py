@@ -268,9 +268,25 @@ def wait_ready(
         )
         return parse_probe(node.run(cmd, timeout=PROBE_TIMEOUT_S), is_head)
 
+    poll_start: dict[str, StartupFailure | None] = {"failure": None}
+
+    def may_blame(name: str) -> bool:
+        """No verdict yet, or only one from another node's log in this very poll: a rank
+        found dead is the root cause of what its peers then print (NCCL errors, engine
+        death), so it wins over them."""
+        failure = watch.failure
+        return failure is None or (
+            failure is not poll_start["failure"]
+            and failure.kind == "fatal"
+            and failure.node != name
+        )
+
     def rank_dead(name: str, signature: str, remediation: str) -> None:
+        peer = watch.failure
         tails = watch.snapshot_tails()
         tail = tails.get(name, [])
+        if peer is not None and peer.line:
+            remediation += f". {peer.node} then logged: {peer.line.strip()[:300]}"
         watch.failure = StartupFailure(
             "fatal",
             name,
@@ -323,6 +339,7 @@ def wait_ready(
         results = cluster.map(probe, due)
         now = clock()
         head_health = None
+        poll_start["failure"] = watch.failure
         for name, outcome in results.items():
             node = cluster.node(name)
             if isinstance(outcome, RemoteError):
@@ -381,7 +398,7 @@ def wait_ready(
                 else:
                     idle_since.setdefault(name, now)
                 idle = now - idle_since.get(name, now)
-                if watch.failure is None and lost_kinds:
+                if lost_kinds and may_blame(name):
                     what = " and ".join(f"`{PROCESS_NAMES[k]}`" for k in sorted(lost_kinds))
                     rank_dead(
                         name,
@@ -392,9 +409,9 @@ def wait_ready(
                         "(launch-cluster.sh stop, then launch again)",
                     )
                 elif (
-                    watch.failure is None
-                    and not kinds
+                    not kinds
                     and (launcher_exited or (launcher_pid is None and idle > MISSING_LIMIT_S))
+                    and may_blame(name)
                 ):
                     rank_dead(
                         name,
@@ -427,6 +444,18 @@ def wait_ready(
                 or (o.status == "missing" and (launcher_pid is None or name in seen))
             )
         ]
+        # Attached: a container that runs (sleep infinity) with nothing serving in it while
+        # /health answers 5xx is the dead rank (launching, it may wait for its docker exec).
+        empty = [n for n in idle_since if n not in retrying] if launcher_pid is None else []
+        if head_health and head_health[0] == "5" and empty and not gone and may_blame(empty[0]):
+            rank_dead(
+                empty[0],
+                f"no vllm or ray process in the running container {container!r}; /health "
+                f"answers {head_health}",
+                f"the rank on {empty[0]} is gone (its container stays up: it runs `sleep "
+                "infinity`), so the engine is dead: its log tail below says why; restart the "
+                "cluster",
+            )
         if head_health and head_health[0] == "5" and gone and watch.failure is None:
             name, status = gone[0]
             watch.failure = StartupFailure(

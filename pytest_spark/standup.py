@@ -35,6 +35,7 @@ from pytest_spark.startup import StartupWatch
 
 STATE = "serving.json"
 STOP_TIMEOUT_S = 120.0  # the launcher's stop (docker stop on every node through the head)
+DEFAULT_CONTAINER = "vllm_node"  # launch-cluster.sh's default --name
 
 
 class NotServing(Exception):
@@ -135,19 +136,21 @@ def refuse_running(cluster: Cluster, container: str) -> None:
 
 
 def apply_dotenv(cluster: Cluster, settings: Settings, launcher: Launcher) -> Launcher:
-    """The launcher's ``.env`` wins over its flags: use its CONTAINER_NAME (or fail when
-    --spark-container names another one), and check LOCAL_IP and ETH_IF."""
+    """The launcher's ``.env`` wins over some of its flags. Its CONTAINER_NAME wins over
+    ``--name vllm_node`` (the script's default name, even when given): the watch then uses
+    it, or fails when --spark-container was set to vllm_node on purpose. LOCAL_IP (the
+    head's address, always wins) and ETH_IF (used as no --eth-if is given) are checked."""
     env = launcher.dotenv()
     where = f"{cluster.head.name}: {launcher.spec.script}'s .env"
     name = env.get("CONTAINER_NAME")
     spec = launcher.spec
-    if name and name != spec.container:
+    if name and name != spec.container and spec.container == DEFAULT_CONTAINER:
         if settings.source("container") != "default":
             raise NotServing(
                 f"{where} sets CONTAINER_NAME={name}, but --spark-container is "
                 f"{spec.container!r} ({settings.source('container')}): the launcher names "
-                "its containers after the .env. Give the same name to both, or remove it "
-                "from the .env"
+                f"its containers after the .env when --name is {DEFAULT_CONTAINER}. Give the "
+                "same name to both, or remove it from the .env"
             )
         spec = replace(spec, container=name)
     local_ip = env.get("LOCAL_IP")
@@ -229,7 +232,9 @@ def ensure_serving(
                     launch_log=launcher.spec.log_path,
                 )
                 write_json(state_path, doc)
-                log_path = launcher.spec.log_path
+                # Ray mode: the head's vLLM output is the launcher's stdout. Without Ray the
+                # head writes to its container log, which the launcher only echoes.
+                log_path = launcher.spec.log_path if mode == "ray" else None
             else:
                 head = attach_precheck(cluster, settings)
                 if mode is None and head.processes:

@@ -194,6 +194,13 @@ def test_dotenv_container_name_against_an_explicit_one_is_a_clear_error() -> Non
     )
 
 
+def test_dotenv_container_name_loses_to_a_name_other_than_the_default() -> None:
+    # the script's rule: CONTAINER_NAME wins only over --name vllm_node
+    cluster = FakeCluster(dotenv_head("CONTAINER_NAME=team_vllm\n"))
+    launcher = Launcher(cluster.head, spec(container="mine"))
+    assert apply_dotenv(cluster, fake_settings(container="mine"), launcher) is launcher
+
+
 def test_dotenv_local_ip_and_eth_if_are_checked() -> None:
     cluster = FakeCluster(dotenv_head("LOCAL_IP=10.9.9.9\n"))
     with pytest.raises(NotServing, match=r"LOCAL_IP=10\.9\.9\.9, not among the launcher's nodes"):

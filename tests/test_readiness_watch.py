@@ -511,3 +511,31 @@ def test_only_the_nodes_the_launcher_keeps_are_expected(clock: Clock) -> None:
     assert done.ready
     assert cluster.conn(WORKER).commands == []
     assert WORKER not in done.tails
+
+
+def test_attach_health_5xx_with_a_container_where_nothing_serves_names_it(clock: Clock) -> None:
+    cluster = FakeCluster([State(health="503")], [State(procs=())])
+    failed = fails(cluster, clock, launcher_pid=None)
+    assert failed.failure.node == WORKER
+    assert str(failed).startswith(
+        f"vLLM failed to start on {WORKER}: no vllm or ray process in the running container "
+        f"{CONTAINER!r}; /health answers 503"
+    ), str(failed)
+    assert rounds(clock) == 0
+
+
+NCCL_AFTER = (
+    "(Worker_TP0 pid=89) [rank0]:[E1201 09:25:21 ProcessGroupNCCL.cpp:2057] Process group "
+    "watchdog thread terminated with exception: NCCL error: remote process exited or there "
+    "was a network error"
+)
+
+
+def test_a_dead_rank_wins_over_what_its_peer_then_logs(clock: Clock) -> None:
+    # attached: the worker's rank died; the head's log says NCCL error, /health says 503
+    head = [State(health="503", logs=(NCCL_AFTER,))]
+    failed = fails(FakeCluster(head, [State(procs=())]), clock, launcher_pid=None)
+    assert failed.failure.node == WORKER, str(failed)
+    message = str(failed)
+    assert "no vllm or ray process in the running container" in message
+    assert f"{HEAD} then logged: {NCCL_AFTER[:60]}" in message
