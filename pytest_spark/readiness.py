@@ -45,6 +45,9 @@ VLLM_PROCESS = re.compile(r"\bvllm serve\b|VLLM::")
 RAY_PROCESS = re.compile(r"\bray start\b|\braylet\b|ray::")
 SERVER_PROCESS = re.compile(f"{VLLM_PROCESS.pattern}|{RAY_PROCESS.pattern}")
 PROCESS_NAMES = {"vllm": "vllm serve", "ray": "ray"}
+# Log signatures that a rank dying elsewhere makes its peers print: a dead rank found in the
+# same poll is the root cause. (A CUDA OOM or a watchdog timeout is a cause of its own.)
+CONSEQUENCES = frozenset({"nccl-error", "ray-actor-died", "engine-dead", "engine-init-failed"})
 MISSING_LIMIT_S = 30.0  # a container still missing this long (at least hang_timeout) is gone
 
 
@@ -279,6 +282,7 @@ def wait_ready(
             failure is not poll_start["failure"]
             and failure.kind == "fatal"
             and failure.node != name
+            and failure.signature in CONSEQUENCES
         )
 
     def rank_dead(name: str, signature: str, remediation: str) -> None:
@@ -360,6 +364,12 @@ def wait_ready(
                     seg for raw in complete.splitlines() for seg in raw.split("\r") if seg.strip()
                 ]
                 watch.feed(launcher_name, lines, now)
+        # Every node's lines first, then what the containers and processes say: a rank found
+        # dead then wins over what its peers print because of it, never over a root cause
+        # that a log shows in the same poll.
+        for name, outcome in results.items():
+            if isinstance(outcome, RemoteError):
+                continue
             if outcome.status.startswith(("exited", "dead")):
                 watch.container_exited(name, f"container {container} {outcome.status}", now)
             elif outcome.status == "missing":

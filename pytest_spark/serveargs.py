@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import dataclass
 
@@ -41,6 +42,7 @@ class ServeArgs:
         return self.served_names[0] if self.served_names else self.model
 
 
+RAY_PROCESS = re.compile(r"\bray start\b|\braylet\b|\bgcs_server\b")
 SHORT = {
     "-tp": "--tensor-parallel-size",
     "-pp": "--pipeline-parallel-size",
@@ -109,11 +111,18 @@ def parse_serve_args(command: str) -> ServeArgs:
 
 
 def mode_of_processes(processes: list[str]) -> str | None:
-    """``ray`` or ``no-ray`` from a container's process lines (``docker top`` args)."""
-    for line in processes:
-        if "ray start" in line or "raylet" in line:
-            return "ray"
+    """``ray`` or ``no-ray`` from a container's process lines (``docker top`` args): Ray
+    mode runs ``ray start``/``raylet`` in every container, so a ``vllm serve`` with no Ray
+    process beside it is a no-Ray rank."""
+    if any(RAY_PROCESS.search(line) for line in processes):
+        return "ray"
+    modes = set()
     for line in processes:
         if "vllm serve" in line:
-            return parse_serve_args(line[line.index("vllm serve") :]).mode
-    return None
+            try:
+                modes.add(parse_serve_args(line[line.index("vllm serve") :]).mode)
+            except ValueError:  # a cut or shell-quoted line
+                modes.add(None)
+    if "ray" in modes:
+        return "ray"
+    return "no-ray" if modes else None

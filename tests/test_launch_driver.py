@@ -57,7 +57,10 @@ def test_mode_from_the_containers_processes() -> None:
     headless = ["77 python3 /usr/local/bin/vllm serve /models/m --nnodes 2 --headless"]
     assert mode_of_processes(ray) == "ray"
     assert mode_of_processes(headless) == "no-ray"
-    assert mode_of_processes(["9 python3 /usr/local/bin/vllm serve /models/m"]) is None
+    # no Ray process beside vllm serve: Ray mode always has ray start/raylet in the container
+    assert mode_of_processes(["9 python3 /usr/local/bin/vllm serve /models/m"]) == "no-ray"
+    assert mode_of_processes(["9 bash -c vllm serve /models/m 'cut"]) == "no-ray"
+    assert mode_of_processes(["1 sleep infinity"]) is None
     assert mode_of_processes([]) is None
 
 

@@ -539,3 +539,11 @@ def test_a_dead_rank_wins_over_what_its_peer_then_logs(clock: Clock) -> None:
     message = str(failed)
     assert "no vllm or ray process in the running container" in message
     assert f"{HEAD} then logged: {NCCL_AFTER[:60]}" in message
+
+
+def test_a_root_cause_in_a_log_wins_over_the_rank_it_killed(clock: Clock) -> None:
+    # the head's engine ran out of memory; the worker's headless rank exits with it
+    head = [State(), State(logs=(OOM,))]
+    worker = [State(procs=(HEADLESS,)), State(procs=())]
+    failed = fails(FakeCluster(head, worker), clock)
+    assert failed.failure.node == HEAD and failed.failure.signature == "cuda-oom", str(failed)
