@@ -356,13 +356,12 @@ def wait_ready(
             watch.feed(name, cursor.new_lines(outcome.lines), now)
             if outcome.launcher_output:
                 # The launcher's own output (vLLM's log when `exec` runs in the foreground).
+                # Fed up to the last line end or tqdm redraw (\r): a bar that redraws shows
+                # each step; the unfinished rest is read again on the next poll.
                 text = outcome.launcher_output
-                offset["bytes"] += len(text.encode())
-                complete, _, _rest = text.rpartition("\n")
-                offset["bytes"] -= len(_rest.encode())
-                lines = [
-                    seg for raw in complete.splitlines() for seg in raw.split("\r") if seg.strip()
-                ]
+                end = max(text.rfind("\n"), text.rfind("\r")) + 1
+                offset["bytes"] += len(text[:end].encode())
+                lines = [seg for seg in re.split(r"[\r\n]", text[:end]) if seg.strip()]
                 watch.feed(launcher_name, lines, now)
         # Every node's lines first, then what the containers and processes say: a rank found
         # dead then wins over what its peers print because of it, never over a root cause

@@ -29,6 +29,7 @@ from pytest_spark.startup import StartupWatch
 CONTAINER = "vllm_node"
 PORT = 8000
 PID = 4242
+LAUNCH_LOG = "/tmp/pytest-spark-launch-0123.log"
 SINCE = "2026-11-29T20:00:00.000000000Z"
 HEAD, WORKER = "spark-head", "spark-worker-1"
 # docker's answers for a container that does not exist (inspect, then logs).
@@ -65,6 +66,7 @@ class State:
     alive: bool = True
     started: str = STARTED  # .State.StartedAt
     procs: tuple[str, ...] = (SERVE,)  # docker top's lines (PID ARGS) of a running container
+    launcher: str = ""  # the launcher's log file so far (the head's vLLM output, Ray mode)
 
 
 MISSING = State(status="missing")
@@ -137,6 +139,11 @@ class FakeConn:
             running = state.status == "running"
             top = ["PID COMMAND", *state.procs] if running else []
             out += f"{SEP} procs\n" + "".join(f"{line}\n" for line in top)
+        offset = re.search(r"echo \S+ launcher; tail -c \+(\d+) (\S+) ", command)
+        if offset is not None:
+            assert offset.group(2) == LAUNCH_LOG
+            data = state.launcher.encode()[int(offset.group(1)) - 1 :]
+            out += f"{SEP} launcher\n" + data.decode()
         if f"echo {SEP} alive" in command:
             assert f"ps -o stat= -p {PID}" in command
             out += f"{SEP} alive\n{'alive' if state.alive else 'dead'}\n"
@@ -547,3 +554,19 @@ def test_a_root_cause_in_a_log_wins_over_the_rank_it_killed(clock: Clock) -> Non
     worker = [State(procs=(HEADLESS,)), State(procs=())]
     failed = fails(FakeCluster(head, worker), clock)
     assert failed.failure.node == HEAD and failed.failure.signature == "cuda-oom", str(failed)
+
+
+# -- the head's vLLM output in the launcher's log (Ray mode) ------------------------------
+def test_a_progress_bar_in_the_launcher_log_shows_each_redraw(clock: Clock) -> None:
+    bar = "Loading safetensors checkpoint shards:  {}% Completed | {}/9 [00:13<00:11,  2.87s/it]"
+    log = LOADING + "\n" + bar.format(11, 1) + "\r"
+    steps = [log, log + bar.format(22, 2) + "\r", log + bar.format(22, 2) + "\r" + bar[:20]]
+    head = [State(launcher=text) for text in steps] + [State(health="200", launcher=steps[-1])]
+    shards: list[str] = []
+
+    def seen(w: StartupWatch, now: float) -> None:
+        shards.append(w.status_line(now).split("shards ")[-1].split()[0])
+
+    done = watch(FakeCluster(head, [State()]), clock, launcher_log_path=LAUNCH_LOG, progress=seen)
+    assert shards[:3] == ["1/9", "2/9", "2/9"]  # each redraw as it comes, the cut tail not yet
+    assert list(done.tails[f"{HEAD} (launcher)"]) == [LOADING, bar.format(11, 1), bar.format(22, 2)]
