@@ -27,7 +27,7 @@ import re
 import shlex
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pytest_spark.cluster import Cluster, Node
 from pytest_spark.remote.base import CommandResult, RemoteError
@@ -285,12 +285,17 @@ def wait_ready(
             and failure.signature in CONSEQUENCES
         )
 
-    def rank_dead(name: str, signature: str, remediation: str) -> None:
+    def peer_note() -> str:
+        """What the verdict being overridden had found (a peer's consequence line)."""
         peer = watch.failure
+        if peer is None or not peer.line:
+            return ""
+        return f". {peer.node} then logged: {peer.line.strip()[:300]}"
+
+    def rank_dead(name: str, signature: str, remediation: str) -> None:
+        remediation += peer_note()
         tails = watch.snapshot_tails()
         tail = tails.get(name, [])
-        if peer is not None and peer.line:
-            remediation += f". {peer.node} then logged: {peer.line.strip()[:300]}"
         watch.failure = StartupFailure(
             "fatal",
             name,
@@ -370,7 +375,13 @@ def wait_ready(
             if isinstance(outcome, RemoteError):
                 continue
             if outcome.status.startswith(("exited", "dead")):
-                watch.container_exited(name, f"container {container} {outcome.status}", now)
+                if may_blame(name):
+                    note = peer_note()
+                    watch.failure = None
+                    watch.container_exited(name, f"container {container} {outcome.status}", now)
+                    if note and watch.failure is not None:
+                        failure = watch.failure
+                        watch.failure = replace(failure, remediation=failure.remediation + note)
             elif outcome.status == "missing":
                 missing_since.setdefault(name, now)
                 launcher_dead = (
@@ -379,7 +390,7 @@ def wait_ready(
                     or (launcher_pid is None and now - start > 5)
                 )
                 waited = now - missing_since[name]
-                if (launcher_dead or waited > missing_limit) and watch.failure is None:
+                if (launcher_dead or waited > missing_limit) and may_blame(name):
                     log = launcher_log() if launcher_log else ""
                     why = (
                         "the launcher has exited"
@@ -465,7 +476,7 @@ def wait_ready(
                 "infinity`), so the engine is dead: its log tail below says why; restart the "
                 "cluster",
             )
-        if head_health and head_health[0] == "5" and gone and watch.failure is None:
+        if head_health and head_health[0] == "5" and gone and may_blame(gone[0][0]):
             name, status = gone[0]
             watch.failure = StartupFailure(
                 "exited",
@@ -474,7 +485,7 @@ def wait_ready(
                 "",
                 f"the TP rank on {name} is gone, so the engine is dead: "
                 f"`docker logs` on {name} (if the container is kept) and the head's log say "
-                "why; restart the cluster",
+                f"why; restart the cluster{peer_note()}",
                 watch.snapshot_tails(),
             )
         # While launching, a node not started yet is why the engine is not up: wait for it

@@ -570,3 +570,14 @@ def test_a_progress_bar_in_the_launcher_log_shows_each_redraw(clock: Clock) -> N
     done = watch(FakeCluster(head, [State()]), clock, launcher_log_path=LAUNCH_LOG, progress=seen)
     assert shards[:3] == ["1/9", "2/9", "2/9"]  # each redraw as it comes, the cut tail not yet
     assert list(done.tails[f"{HEAD} (launcher)"]) == [LOADING, bar.format(11, 1), bar.format(22, 2)]
+
+
+@pytest.mark.parametrize("worker", [MISSING, State(status="exited", code=137)])
+def test_a_gone_container_wins_over_what_its_peer_then_logs(clock: Clock, worker: State) -> None:
+    # attached after `worker-kill`: the head's log already says NCCL error, /health 503
+    head = [State(health="503", logs=(NCCL_AFTER,))]
+    failed = fails(FakeCluster(head, [worker]), clock, launcher_pid=None)
+    assert failed.failure.kind == "exited" and failed.failure.node == WORKER, str(failed)
+    assert str(failed).startswith(f"serving container exited on {WORKER}: container {CONTAINER}")
+    assert f"{HEAD} then logged: {NCCL_AFTER[:60]}" in str(failed)
+    assert rounds(clock) == 0

@@ -40,22 +40,25 @@ def launch_with(sim: SimCluster, tmp_path: Path, *extra: str) -> tuple[SuiteRun,
 
 
 @pytest.mark.parametrize(
-    ("fault", "signature", "words"),
+    ("fault", "signature", "words", "mode"),
     [
-        ("crash-oom", "cuda-oom", "CUDA out of memory"),
-        ("crash-free-memory", "free-memory", "Free memory on device"),
-        ("crash-nccl", "nccl", "NCCL"),
-        ("hang-placement-group", "placement-group", "ray status"),
-        ("hang-silent", "no log progress", "stalled"),
+        ("crash-oom", "cuda-oom", "CUDA out of memory", "off"),
+        ("crash-oom", "cuda-oom", "CUDA out of memory", "on"),
+        ("crash-free-memory", "free-memory", "Free memory on device", "auto"),
+        ("crash-nccl", "nccl", "NCCL", "auto"),
+        ("hang-placement-group", "placement-group", "ray status", "on"),  # Ray's own
+        ("hang-silent", "no log progress", "stalled", "off"),
+        ("hang-silent", "no log progress", "stalled", "on"),
     ],
 )
 def test_load_failure_fails_fast_with_evidence(
-    sim: SimCluster, tmp_path: Path, fault: str, signature: str, words: str
+    sim: SimCluster, tmp_path: Path, fault: str, signature: str, words: str, mode: str
 ) -> None:
+    """Each load failure, with Ray (--spark-ray=on: the launcher gets --ray) and without."""
     sim_fault(sim, "clear")
     sim_fault(sim, "engine", fault)
     try:
-        run, seconds = launch_with(sim, tmp_path)
+        run, seconds = launch_with(sim, tmp_path, f"--spark-ray={mode}")
     finally:
         sim_fault(sim, "clear")
     assert run.ret == 1, run.output
