@@ -120,12 +120,11 @@ def refuse_running(cluster: Cluster, container: str) -> None:
     command = f"docker inspect -f '{{{{.State.Status}}}}' {shlex.quote(container)} 2>/dev/null"
     reachable = [node for node in cluster.nodes if cluster.unreachable(node) is None]
     results = cluster.map(lambda node: node.run(command, timeout=15), reachable)
-    running = [
-        node.name
-        for node in reachable
-        if not isinstance(results[node.name], RemoteError)
-        and results[node.name].stdout.strip() == "running"  # type: ignore[union-attr]
-    ]
+    running = []
+    for node in reachable:
+        result = results[node.name]
+        if not isinstance(result, RemoteError) and result.stdout.strip() == "running":
+            running.append(node.name)
     if running:
         raise NotServing(
             f"--spark-launch: container {container!r} is already running on "
