@@ -85,6 +85,7 @@ def test_image_tarball_holds_python_the_emulator_and_the_shims(
         "usr/local/bin/vllm",
         "usr/local/bin/ray",
         "etc/passwd",
+        "root/.bashrc",
         f"{py['stdlib']}/os.py",
         py["zip"],
     ):
