@@ -175,13 +175,14 @@ def run_suite(sim: Sim, tmp_path: Path) -> Any:
     subprocess, from the checkout, reading the verdicts from its JSON results."""
     runs = iter(range(1000))
 
-    def run(*args: str, timeout: float = 600) -> SuiteRun:
+    def run(*args: str, timeout: float = 600, workers: bool = True) -> SuiteRun:
         results = tmp_path / f"results-{next(runs)}.json"
+        nodes = [f"--spark-workers={sim.worker['mgmt']}"] if workers else []
         argv = [
             sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rfEs",
             f"--spark-results={results}", "--rootdir", str(REPO),
             "-c", str(REPO / "pyproject.toml"),
-            f"--spark-head={sim.head['mgmt']}", f"--spark-workers={sim.worker['mgmt']}",
+            f"--spark-head={sim.head['mgmt']}", *nodes,
             f"--spark-ssh-config={sim.cluster['ssh_config']}", "--spark-profile=sim", *args,
         ]  # fmt: skip
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SPARK_", "PYTEST_"))}
