@@ -29,7 +29,9 @@ PHASES = ["start", "weights", "kv", "graphs", "api", "ready"]
 def compose_run(sim: Any) -> str:
     """The operator's `docker run` of a one-node (TP=1) engine container on the head."""
     serve = shlex.split(sim.cluster["launch"]["serve_args"])
-    serve = [a for a in serve if a != "--distributed-executor-backend"]
+    if "--distributed-executor-backend" in serve:  # one node: no distributed backend
+        at = serve.index("--distributed-executor-backend")
+        del serve[at : at + 2]
     for flag, value in (("--tensor-parallel-size", "1"), ("--gpu-memory-utilization", "0.99")):
         serve[serve.index(flag) + 1] = value
     ip = sim.fabric_ip(sim.head["name"])

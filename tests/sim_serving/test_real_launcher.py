@@ -82,7 +82,9 @@ class Real:
 
     def serve_args(self, mode: str) -> list[str]:
         args = shlex.split(self.sim.cluster["launch"]["serve_args"])
-        args = [a for a in args if a != "--distributed-executor-backend"]
+        if "--distributed-executor-backend" in args:  # the launcher's to add, not the engine's
+            at = args.index("--distributed-executor-backend")
+            del args[at : at + 2]
         if mode == "ray" and not HAS_RAY_FLAG:  # the old script never adds the backend
             args += ["--distributed-executor-backend", "ray"]
         return args
