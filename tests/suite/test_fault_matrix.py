@@ -7,7 +7,7 @@ import json
 import re
 import shlex
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,8 @@ TRIM = (
 )
 # Where each run's per-category verdicts are written, to read when a row disagrees.
 OBSERVED = Path("/tmp/pytest-spark-fault-matrix")
+RUNS = ("launch", "serving", "restart")
+PHASES = ["start", "weights", "kv", "graphs", "api", "ready"]
 
 
 @dataclass(frozen=True)
@@ -47,16 +49,18 @@ class Row:
     fault: str
     inject: tuple[tuple[str, ...], ...]  # spark-sim fault argv's
     serve_args: str  # appended to the launch's serve args
-    run: str  # launch | serving
+    run: str  # launch | serving | restart
     fails: tuple[str, ...]
     may_fail: tuple[str, ...]  # a measured consequence that may or may not cross its floor
     node: str | None
     says: dict[str, str]  # category -> words one of its failures says ("*": every category)
     because: str | None
+    mode: str = "ray"  # launch rows: --spark-ray=on (ray) or off (no-ray, issue #17)
 
     @property
     def id(self) -> str:
-        return re.sub(r"[^a-z0-9]+", "-", self.fault.lower()).strip("-")
+        name = re.sub(r"[^a-z0-9]+", "-", self.fault.lower()).strip("-")
+        return name if self.mode == "ray" else f"{name}-{self.mode}"
 
 
 def _cell(text: str) -> str | None:
@@ -88,7 +92,7 @@ def parse_matrix(text: str) -> list[Row]:
         fails = tuple(w for w in words if not w.endswith("?"))
         may_fail = tuple(w.removesuffix("?") for w in words if w.endswith("?"))
         unknown = set(fails + may_fail) - set(CATEGORIES)
-        if unknown or values["run"] not in ("launch", "serving"):
+        if unknown or values["run"] not in RUNS:
             raise ValueError(f"{MATRIX}: bad row {line!r}")
         rows.append(
             Row(
@@ -123,6 +127,22 @@ def _says(cell: str | None, fails: tuple[str, ...]) -> dict[str, str]:
 ROWS = parse_matrix(MATRIX.read_text())
 
 
+def _readiness_launch_row(row: Row) -> bool:
+    """A launch row whose fault is the startup's (healthy, load crashes and hangs, the API
+    key): these run in both modes. A placement group exists only with Ray."""
+    return (
+        row.run == "launch"
+        and set(row.fails) <= {"readiness"}
+        and all(argv[0] == "engine" for argv in row.inject)
+        and "placement" not in row.fault
+    )
+
+
+# Every row as the table says (launch rows with Ray), then the readiness launch rows
+# again without Ray (the real launcher's default: --nnodes ranks, no `ray status`).
+CASES = ROWS + [replace(row, mode="no-ray") for row in ROWS if _readiness_launch_row(row)]
+
+
 def test_matrix_covers_every_fault_the_issue_lists() -> None:
     """The table is the source of the test; a fault dropped from it is a failure here."""
     kinds = {" ".join(a[:2]) if a[0] == "engine" else a[0] for r in ROWS for a in r.inject}
@@ -150,7 +170,7 @@ def test_matrix_covers_every_fault_the_issue_lists() -> None:
     ):
         assert must in kinds, must
     assert any("--api-key" in r.serve_args for r in ROWS)
-    assert {r.run for r in ROWS if not r.fails and not r.inject} == {"launch", "serving"}
+    assert {r.run for r in ROWS if not r.fails and not r.inject} == set(RUNS)
 
 
 def test_matrix_parser_rejects_what_it_cannot_hold_to() -> None:
@@ -228,6 +248,40 @@ def _serve_args(sim: SimCluster, row: Row) -> str:
     return f"{base} {row.serve_args}".strip()
 
 
+def compose_serve_args(sim: SimCluster) -> str:
+    """One Spark serving alone (TP=1): the 122B checkpoint leaves KV room only at 0.99."""
+    serve = shlex.split(sim.info["launch"]["serve_args"])
+    if "--distributed-executor-backend" in serve:
+        at = serve.index("--distributed-executor-backend")
+        del serve[at : at + 2]
+    for flag, value in (("--tensor-parallel-size", "1"), ("--gpu-memory-utilization", "0.99")):
+        serve[serve.index(flag) + 1] = value
+    return shlex.join(serve)
+
+
+def restart_compose(sim: SimCluster, container: str) -> None:
+    """An operator-run engine container on the head (`docker run --restart unless-stopped
+    ... vllm serve`, as with docker compose), healthy once, then `docker restart`ed: its
+    `docker logs` keeps the first start's lines while the engine loads again (~20 s)."""
+    ip = sim.info["nodes"][0]["fabric"][0]["addr"]
+    docker = [
+        "docker", "run", "-d", "--restart", "unless-stopped", "--name", container,
+        "--network", "host", "--ipc=host", "--gpus", "all", "--privileged",
+        "-e", f"VLLM_HOST_IP={ip}", "-e", "SPARKSIM_EMU_TIME_SCALE=0.025",
+    ]  # fmt: skip
+    run = f"{shlex.join(docker)} $VLLM_SPARK_EXTRA_DOCKER_ARGS vllm-node:latest"
+    port = sim.info["launch"]["port"]
+    health = f"curl -s -o /dev/null -w '%{{http_code}}' -m 2 http://127.0.0.1:{port}/health"
+    node_ssh(
+        sim,
+        sim.head,
+        f"{run} {compose_serve_args(sim)} >/dev/null && "
+        f'for i in $(seq 240); do [ "$({health})" = 200 ] && break; sleep 0.5; done && '
+        f"docker restart {container}",
+        timeout=180,
+    )
+
+
 def run_row(sim: SimCluster, stack: Stack, row: Row, tmp_path: Path) -> SuiteRun:
     sim_fault(sim, "clear")
     if row.run == "serving":
@@ -242,14 +296,20 @@ def run_row(sim: SimCluster, stack: Stack, row: Row, tmp_path: Path) -> SuiteRun
         f"--spark-model-dir={sim.info['launch']['model_dir']}",
         f"--spark-image={sim.info['launch']['image']}",
     ]
-    if row.run == "launch":
+    if row.run == "restart":
+        restart_compose(sim, container)
+        args += [f"--spark-serve-args={compose_serve_args(sim)}", f"--spark-container={container}"]
+    elif row.run == "launch":
         args += [*launch_args(sim), f"--spark-serve-args={_serve_args(sim, row)}"]
+        args.append(f"--spark-ray={'on' if row.mode == 'ray' else 'off'}")  # the launcher's mode
     else:
         args += [f"--spark-serve-args={_serve_args(sim, row)}", f"--spark-container={container}"]
     try:
         return run_suite(tmp_path, *args, sim=sim, timeout=900)
     finally:
         sim_fault(sim, "clear")
+        if row.run == "restart":
+            node_ssh(sim, sim.head, f"docker rm -f {container}")
 
 
 def summary(run: SuiteRun) -> dict[str, Any]:
@@ -273,7 +333,7 @@ def _names(check: dict[str, Any]) -> str:
     return f"{check.get('node') or ''} {check['message']}"
 
 
-@pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
+@pytest.mark.parametrize("row", CASES, ids=[r.id for r in CASES])
 def test_fault(sim: SimCluster, stack: Stack, row: Row, tmp_path: Path) -> None:
     run = run_row(sim, stack, row, tmp_path)
     OBSERVED.mkdir(exist_ok=True)
@@ -287,7 +347,12 @@ def test_fault(sim: SimCluster, stack: Stack, row: Row, tmp_path: Path) -> None:
         bad = {c["nodeid"]: c["message"] for c in checks if c["outcome"] in ("failed", "error")}
         assert not bad, bad
         assert run.ret == 0, run.output[-3000:]
-        BASELINE_SKIPS[row.run] = {c["nodeid"] for c in checks if c["outcome"] == "skipped"}
+        if row.run == "restart":  # this start's load, watched: not the old ready line
+            serving = run.results["serving"]
+            assert [p["phase"] for p in serving["timeline"]] == PHASES, serving
+            assert serving["ready_s"] > 3, serving
+        skipped = {c["nodeid"] for c in checks if c["outcome"] == "skipped"}
+        BASELINE_SKIPS[f"{row.run}/{row.mode}"] = skipped
         return
     assert run.ret == 1, run.output[-3000:]
     for category in row.fails:
@@ -312,7 +377,7 @@ def test_fault(sim: SimCluster, stack: Stack, row: Row, tmp_path: Path) -> None:
         for check in checks:
             if check["category"] == category and check["outcome"] in ("failed", "error"):
                 assert not words or words.lower() in check["message"].lower(), check
-    baseline = BASELINE_SKIPS.get(row.run, set())
+    baseline = BASELINE_SKIPS.get(f"{row.run}/{row.mode}", set())
     for check in checks:
         if check["category"] in row.fails or check["outcome"] == "passed":
             continue
