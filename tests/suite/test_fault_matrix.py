@@ -40,8 +40,6 @@ TRIM = (
 )
 # Where each run's per-category verdicts are written, to read when a row disagrees.
 OBSERVED = Path("/tmp/pytest-spark-fault-matrix")
-RUNS = ("launch", "serving", "restart")
-PHASES = ["start", "weights", "kv", "graphs", "api", "ready"]
 
 
 @dataclass(frozen=True)
@@ -49,7 +47,7 @@ class Row:
     fault: str
     inject: tuple[tuple[str, ...], ...]  # spark-sim fault argv's
     serve_args: str  # appended to the launch's serve args
-    run: str  # launch | serving | restart
+    run: str  # launch | serving
     fails: tuple[str, ...]
     may_fail: tuple[str, ...]  # a measured consequence that may or may not cross its floor
     node: str | None
@@ -92,7 +90,7 @@ def parse_matrix(text: str) -> list[Row]:
         fails = tuple(w for w in words if not w.endswith("?"))
         may_fail = tuple(w.removesuffix("?") for w in words if w.endswith("?"))
         unknown = set(fails + may_fail) - set(CATEGORIES)
-        if unknown or values["run"] not in RUNS:
+        if unknown or values["run"] not in ("launch", "serving"):
             raise ValueError(f"{MATRIX}: bad row {line!r}")
         rows.append(
             Row(
@@ -170,7 +168,7 @@ def test_matrix_covers_every_fault_the_issue_lists() -> None:
     ):
         assert must in kinds, must
     assert any("--api-key" in r.serve_args for r in ROWS)
-    assert {r.run for r in ROWS if not r.fails and not r.inject} == set(RUNS)
+    assert {r.run for r in ROWS if not r.fails and not r.inject} == {"launch", "serving"}
 
 
 def test_matrix_parser_rejects_what_it_cannot_hold_to() -> None:
@@ -248,40 +246,6 @@ def _serve_args(sim: SimCluster, row: Row) -> str:
     return f"{base} {row.serve_args}".strip()
 
 
-def compose_serve_args(sim: SimCluster) -> str:
-    """One Spark serving alone (TP=1): the 122B checkpoint leaves KV room only at 0.99."""
-    serve = shlex.split(sim.info["launch"]["serve_args"])
-    if "--distributed-executor-backend" in serve:
-        at = serve.index("--distributed-executor-backend")
-        del serve[at : at + 2]
-    for flag, value in (("--tensor-parallel-size", "1"), ("--gpu-memory-utilization", "0.99")):
-        serve[serve.index(flag) + 1] = value
-    return shlex.join(serve)
-
-
-def restart_compose(sim: SimCluster, container: str) -> None:
-    """An operator-run engine container on the head (`docker run --restart unless-stopped
-    ... vllm serve`, as with docker compose), healthy once, then `docker restart`ed: its
-    `docker logs` keeps the first start's lines while the engine loads again (~20 s)."""
-    ip = sim.info["nodes"][0]["fabric"][0]["addr"]
-    docker = [
-        "docker", "run", "-d", "--restart", "unless-stopped", "--name", container,
-        "--network", "host", "--ipc=host", "--gpus", "all", "--privileged",
-        "-e", f"VLLM_HOST_IP={ip}", "-e", "SPARKSIM_EMU_TIME_SCALE=0.025",
-    ]  # fmt: skip
-    run = f"{shlex.join(docker)} $VLLM_SPARK_EXTRA_DOCKER_ARGS vllm-node:latest"
-    port = sim.info["launch"]["port"]
-    health = f"curl -s -o /dev/null -w '%{{http_code}}' -m 2 http://127.0.0.1:{port}/health"
-    node_ssh(
-        sim,
-        sim.head,
-        f"{run} {compose_serve_args(sim)} >/dev/null && "
-        f'for i in $(seq 240); do [ "$({health})" = 200 ] && break; sleep 0.5; done && '
-        f"docker restart {container}",
-        timeout=180,
-    )
-
-
 def run_row(sim: SimCluster, stack: Stack, row: Row, tmp_path: Path) -> SuiteRun:
     sim_fault(sim, "clear")
     if row.run == "serving":
@@ -296,10 +260,7 @@ def run_row(sim: SimCluster, stack: Stack, row: Row, tmp_path: Path) -> SuiteRun
         f"--spark-model-dir={sim.info['launch']['model_dir']}",
         f"--spark-image={sim.info['launch']['image']}",
     ]
-    if row.run == "restart":
-        restart_compose(sim, container)
-        args += [f"--spark-serve-args={compose_serve_args(sim)}", f"--spark-container={container}"]
-    elif row.run == "launch":
+    if row.run == "launch":
         args += [*launch_args(sim), f"--spark-serve-args={_serve_args(sim, row)}"]
         args.append(f"--spark-ray={'on' if row.mode == 'ray' else 'off'}")  # the launcher's mode
     else:
@@ -308,8 +269,6 @@ def run_row(sim: SimCluster, stack: Stack, row: Row, tmp_path: Path) -> SuiteRun
         return run_suite(tmp_path, *args, sim=sim, timeout=900)
     finally:
         sim_fault(sim, "clear")
-        if row.run == "restart":
-            node_ssh(sim, sim.head, f"docker rm -f {container}")
 
 
 def summary(run: SuiteRun) -> dict[str, Any]:
@@ -347,10 +306,6 @@ def test_fault(sim: SimCluster, stack: Stack, row: Row, tmp_path: Path) -> None:
         bad = {c["nodeid"]: c["message"] for c in checks if c["outcome"] in ("failed", "error")}
         assert not bad, bad
         assert run.ret == 0, run.output[-3000:]
-        if row.run == "restart":  # this start's load, watched: not the old ready line
-            serving = run.results["serving"]
-            assert [p["phase"] for p in serving["timeline"]] == PHASES, serving
-            assert serving["ready_s"] > 3, serving
         skipped = {c["nodeid"] for c in checks if c["outcome"] == "skipped"}
         BASELINE_SKIPS[f"{row.run}/{row.mode}"] = skipped
         return
