@@ -12,7 +12,14 @@ import pytest
 
 from pytest_spark import settings as settings_mod
 from pytest_spark.cluster import Cluster, Node
-from pytest_spark.launch import Launcher, LaunchSpec, dotenv_path, parse_dotenv, shell_path
+from pytest_spark.launch import (
+    Launcher,
+    LaunchError,
+    LaunchSpec,
+    dotenv_path,
+    parse_dotenv,
+    shell_path,
+)
 from pytest_spark.remote.base import CommandResult
 from pytest_spark.serveargs import mode_of_processes, parse_serve_args
 from pytest_spark.standup import (
@@ -237,3 +244,20 @@ def test_only_the_nodes_tp_pp_dp_keeps_are_watched() -> None:
     ]
     four = fake_settings(serve_args="vllm serve m -tp 2 -pp 2")
     assert len(serving_nodes(cluster, four)) == 3  # never more than there are
+
+
+def test_a_missing_script_names_the_path_it_tried() -> None:
+    def absent(command: str) -> tuple[int, str, str]:
+        assert command == (
+            'test -x "$HOME"/spark-vllm-docker/launch-cluster.sh || '
+            'test -f "$HOME"/spark-vllm-docker/launch-cluster.sh'
+        )
+        return 1, "", ""
+
+    cluster = FakeCluster(absent)
+    with pytest.raises(LaunchError) as info:
+        Launcher(cluster.head, spec()).preflight()
+    assert str(info.value).startswith(
+        "spark-head: launch script ~/spark-vllm-docker/launch-cluster.sh not found on the head"
+    )
+    assert "--spark-launch-script" in str(info.value)
