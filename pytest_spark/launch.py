@@ -7,6 +7,7 @@ the real script on real Sparks and the one sparksim installs."""
 
 from __future__ import annotations
 
+import posixpath
 import shlex
 from dataclasses import dataclass
 
@@ -18,6 +19,38 @@ class LaunchError(Exception):
     """The launcher could not be started or answered with an error."""
 
 
+def shell_path(path: str) -> str:
+    """A path for the head's shell: quoted, with a leading ``~/`` left to expand there."""
+    if path == "~" or path.startswith("~/"):
+        rest = path[2:]
+        return '"$HOME"' + (f"/{shlex.quote(rest)}" if rest else "")
+    return shlex.quote(path)
+
+
+def dotenv_path(script: str) -> str:
+    """The ``.env`` the launcher reads: beside the script."""
+    return posixpath.join(posixpath.dirname(script) or ".", ".env")
+
+
+def parse_dotenv(text: str) -> dict[str, str]:
+    """``KEY=VALUE`` lines of a launcher ``.env`` (comments, ``export``, quotes allowed)."""
+    values: dict[str, str] = {}
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, eq, value = line.removeprefix("export ").partition("=")
+        if not eq or not key.strip().isidentifier():
+            continue
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        elif " #" in value:
+            value = value.split(" #", 1)[0].rstrip()
+        values[key.strip()] = value
+    return values
+
+
 @dataclass(frozen=True)
 class LaunchSpec:
     script: str
@@ -27,28 +60,33 @@ class LaunchSpec:
     serve_args: tuple[str, ...]
     nccl_debug: str | None = None
     log_path: str = "/tmp/pytest-spark-launch.log"
+    ray: bool = False  # Ray mode: --ray; without it the launcher runs no Ray (its default)
 
     def base(self) -> list[str]:
-        argv = [self.script, "-n", ",".join(self.nodes), "--name", self.container]
+        argv = ["-n", ",".join(self.nodes), "--name", self.container]
         if self.image:
             argv += ["-t", self.image]
         if self.nccl_debug:
             argv += ["--nccl-debug", self.nccl_debug]
+        if self.ray:
+            argv += ["--ray"]
         return argv
+
+    def _command(self, *args: str) -> str:
+        return f"{shell_path(self.script)} {shlex.join([*self.base(), *args])}"
 
     def start_command(self) -> str:
         """Backgrounded with setsid/nohup and no tty, so the SSH call returns at once."""
-        argv = [*self.base(), "exec", *self.serve_args]
         return (
-            f"setsid nohup {shlex.join(argv)} >{shlex.quote(self.log_path)} 2>&1 "
-            f"</dev/null & echo $!"
+            f"setsid nohup {self._command('exec', *self.serve_args)} "
+            f">{shlex.quote(self.log_path)} 2>&1 </dev/null & echo $!"
         )
 
     def stop_command(self) -> str:
-        return shlex.join([*self.base(), "stop"])
+        return self._command("stop")
 
     def status_command(self) -> str:
-        return shlex.join([*self.base(), "status"])
+        return self._command("status")
 
 
 class Launcher:
@@ -60,13 +98,20 @@ class Launcher:
         self.pid: int | None = None
 
     def preflight(self) -> None:
-        script = shlex.quote(self.spec.script)
+        script = shell_path(self.spec.script)
         result = self.head.run(f"test -x {script} || test -f {script}", timeout=15)
         if not result.ok:
             raise LaunchError(
                 f"{self.head.name}: launch script {self.spec.script} not found on the head; "
-                "set --spark-launch-script to its path there"
+                "clone eugr/spark-vllm-docker there (git clone ... ~/spark-vllm-docker) or "
+                "set --spark-launch-script to its path"
             )
+
+    def dotenv(self) -> dict[str, str]:
+        """The launcher's ``.env`` beside the script (empty when there is none)."""
+        path = shell_path(dotenv_path(self.spec.script))
+        result = self.head.run(f"cat {path} 2>/dev/null; true", timeout=15)
+        return parse_dotenv(result.stdout)
 
     def start(self) -> int:
         self.preflight()

@@ -127,6 +127,7 @@ def pytest_configure(config: pytest.Config) -> None:
                 "port": launch["port"],
                 "serve_args": launch["serve_args"],
                 "model_dir": launch.get("model_dir"),
+                "ray": {"ray": "on", "no-ray": "off"}.get(launch.get("mode", "")),
             }
             settings = settings.replace(
                 **{

@@ -10,15 +10,25 @@ A node whose probe fails (connection lost, probe timed out) is retried with expo
 backoff (``remote/retry.py``: attempts and total bounded by the connect timeout), each
 retry announced through ``notify``; the other nodes go on being polled meanwhile. A node
 that answers again within the window costs nothing; one that does not is reported with
-the last error and what to check. Silence while a node is being retried is not a hang."""
+the last error and what to check. Silence while a node is being retried is not a hang.
+
+Each node's log is read from its serving container's own start (``.State.StartedAt``, the
+node's own clock), never from another node's clock or an earlier start of the container:
+a ``docker start``ed container keeps its previous run's output in ``docker logs``.
+
+The real launcher's containers run ``sleep infinity`` and get vLLM (and Ray) through
+``docker exec``, so a crashed server leaves its container running: the probe also lists
+the container's serving processes (``docker top``), and a node whose server was seen and
+is gone while its container still runs is a dead rank."""
 
 from __future__ import annotations
 
+import re
 import shlex
 import time
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 
 from pytest_spark.cluster import Cluster, Node
 from pytest_spark.remote.base import CommandResult, RemoteError
@@ -28,6 +38,18 @@ from pytest_spark.startup import StartupFailure, StartupWatch
 SEP = "__PYTEST_SPARK_PROBE__"
 POLL_S = 0.5
 PROBE_TIMEOUT_S = 15.0
+# ``since`` meaning "from this container's current start" (its .State.StartedAt).
+SINCE_START = "start"
+# Serving processes in a container, as ``docker top`` lists them: the API server and
+# headless ranks (``vllm serve``, vLLM's ``VLLM::`` process titles) and Ray's.
+VLLM_PROCESS = re.compile(r"\bvllm serve\b|VLLM::")
+RAY_PROCESS = re.compile(r"\bray start\b|\braylet\b|ray::")
+SERVER_PROCESS = re.compile(f"{VLLM_PROCESS.pattern}|{RAY_PROCESS.pattern}")
+PROCESS_NAMES = {"vllm": "vllm serve", "ray": "ray"}
+# Log signatures that a rank dying elsewhere makes its peers print: a dead rank found in the
+# same poll is the root cause. (A CUDA OOM or a watchdog timeout is a cause of its own.)
+CONSEQUENCES = frozenset({"nccl-error", "ray-actor-died", "engine-dead", "engine-init-failed"})
+MISSING_LIMIT_S = 30.0  # a container still missing this long (at least hang_timeout) is gone
 
 
 class StartupFailed(Exception):
@@ -44,6 +66,30 @@ class NodeProbe:
     lines: list[str]
     launcher_alive: bool | None = None
     launcher_output: str = ""
+    started_at: str | None = None  # the container's .State.StartedAt, fixed width
+    processes: list[str] | None = None  # serving processes (docker top), when asked
+
+    @property
+    def kinds(self) -> set[str]:
+        """What serves in the container: ``vllm`` (the API server or a headless rank),
+        ``ray`` (Ray's processes: in Ray mode vLLM's ranks run under them)."""
+        found = set()
+        for line in self.processes or ():
+            if VLLM_PROCESS.search(line):
+                found.add("vllm")
+            if RAY_PROCESS.search(line):
+                found.add("ray")
+        return found
+
+
+def fixed_ts(stamp: str) -> str:
+    """An RFC 3339 UTC time with nine fractional digits, as ``docker logs --timestamps``
+    prints it, so it compares as text with the log's stamps (``docker inspect`` trims
+    trailing zeros: ``20:00:00Z`` would sort after ``20:00:00.5…Z``)."""
+    if not stamp.endswith("Z") or "T" not in stamp:
+        return stamp
+    whole, _, frac = stamp[:-1].partition(".")
+    return f"{whole}.{(frac + '0' * 9)[:9]}Z"
 
 
 def probe_command(
@@ -53,9 +99,12 @@ def probe_command(
     launcher_pid: int | None,
     launcher_log: str | None = None,
     log_offset: int = 0,
+    processes: bool = False,
 ) -> str:
-    """One round trip: [health], container state, new container log lines, [new launcher
-    output], [launcher alive]. Sections are marked ``SEP name``."""
+    """One round trip: [health], container state and start time, new container log lines
+    (``since`` a log time of this node, or ``SINCE_START``: from the container's current
+    start), [serving processes], [new launcher output], [launcher alive]. Sections are
+    marked ``SEP name``."""
     c = shlex.quote(container)
     parts = []
     if port is not None:
@@ -65,13 +114,19 @@ def probe_command(
             " else echo nocurl; fi; echo"
         )
     parts.append(
-        f"echo {SEP} state; docker inspect -f '{{{{.State.Status}}}} "
-        f"{{{{.State.ExitCode}}}}' {c} 2>&1 | grep . | head -n 1"
+        f"echo {SEP} state; st=$(docker inspect -f '{{{{.State.Status}}}} "
+        f"{{{{.State.ExitCode}}}} {{{{.State.StartedAt}}}}' {c} 2>&1 | grep . | head -n 1);"
+        ' echo "$st"'
     )
+    since_arg = '"${st##* }"' if since == SINCE_START else shlex.quote(since)
     parts.append(
-        f"echo {SEP} logs; docker logs --timestamps --since {shlex.quote(since)} {c} "
-        "2>&1 | tail -n 2000"
+        f"echo {SEP} logs; docker logs --timestamps --since {since_arg} {c} 2>&1 | tail -n 2000"
     )
+    if processes:
+        parts.append(
+            f'echo {SEP} procs; case "$st" in running*) docker top {c} -eo pid,args '
+            "2>/dev/null | grep -E 'vllm|VLLM::|ray' | cut -c1-1000 | head -n 50;; esac"
+        )
     if launcher_log is not None:
         parts.append(
             f"echo {SEP} launcher; tail -c +{int(log_offset) + 1} "
@@ -96,18 +151,34 @@ def parse_probe(result: CommandResult, with_health: bool = True) -> NodeProbe:
     alive = None
     if "alive" in sections:
         alive = sections["alive"].strip() == "alive"
+    started_at = None
     if not state or "No such object" in state or "No such container" in state:
         status = "missing"
-    elif state.startswith(("running", "created", "restarting")):
-        status = state.split()[0]
-    elif state.startswith(("exited", "dead")):
+    elif state.startswith(("running", "created", "restarting", "exited", "dead")):
         parts = state.split()
-        status = f"{parts[0]} (code {parts[1]})" if len(parts) > 1 else parts[0]
+        status = parts[0]
+        if status in ("exited", "dead"):
+            status = f"{parts[0]} (code {parts[1]})" if len(parts) > 1 else parts[0]
+        if len(parts) > 2 and parts[2][:4].isdigit():
+            started_at = fixed_ts(parts[2])
     else:
         status = f"unknown: {state[:200]}"
     if status == "missing" or status.startswith("unknown"):
         logs = ""  # docker's own "No such container" error, not the container's log
-    return NodeProbe(health, status, split_segments(logs), alive, sections.get("launcher", ""))
+    processes = None
+    if "procs" in sections:
+        processes = [
+            line.strip() for line in sections["procs"].splitlines() if SERVER_PROCESS.search(line)
+        ]
+    return NodeProbe(
+        health,
+        status,
+        split_segments(logs),
+        alive,
+        sections.get("launcher", ""),
+        started_at,
+        processes,
+    )
 
 
 def split_segments(logs: str) -> list[str]:
@@ -180,22 +251,38 @@ def wait_ready(
     clock: Callable[[], float] = time.monotonic,
     retry: Backoff | None = None,
     notify: Callable[[str], None] | None = None,
+    nodes: Sequence[Node] | None = None,
+    head_log_visible: bool = True,
 ) -> StartupWatch:
-    """Return the watch once the head's /health answers 200; raise StartupFailed otherwise."""
+    """Return the watch once the head's /health answers 200; raise StartupFailed otherwise.
+
+    ``since``: where every node's log starts (default ``SINCE_START``: each container's
+    current start, on that node's clock). ``nodes``: the nodes that serve (the launcher
+    trims the list to TP x PP x DP; default all). ``head_log_visible=False``: the head's
+    vLLM output is not where the watch can read it (attached, Ray mode, no
+    ``--spark-serve-log``), so silence is no evidence of a stall: the wait goes on until
+    ``/health`` answers, a process or container dies, or ``ready_timeout``."""
     start = clock()
     policy = retry or for_connection(cluster.settings.connect_timeout, PROBE_TIMEOUT_S)
     retrying: dict[str, RetryState] = {}
     watch = StartupWatch(hang_timeout, placement_timeout, start)
-    since = since or remote_now(cluster.head)
-    cursors = {node.name: LogCursor(since) for node in cluster.nodes}
+    serving_nodes = list(nodes) if nodes else list(cluster.nodes)
+    if cluster.head not in serving_nodes:
+        serving_nodes.insert(0, cluster.head)
+    cursors = {node.name: LogCursor(since or SINCE_START) for node in serving_nodes}
     missing_since: dict[str, float] = {}
+    missing_limit = max(hang_timeout, MISSING_LIMIT_S)
     # Nodes whose serving container has been seen: while launching, a container not yet
     # seen is not yet started (the launcher starts the nodes one after another), not gone.
     seen: set[str] = set()
+    # Nodes where a serving process (vLLM's or Ray's) was seen in the running container,
+    # and since when a running container has had none.
+    serving: dict[str, set[str]] = {}
+    idle_since: dict[str, float] = {}
     # The head's probe found the launcher dead in an earlier poll (not this one: a worker's
     # probe races the head's), so a container still missing will not come, on any node.
     launcher_exited = False
-    for node in cluster.nodes:
+    for node in serving_nodes:
         watch.node_seen(node.name)
 
     offset = {"bytes": 0}
@@ -210,8 +297,43 @@ def wait_ready(
             launcher_pid if is_head else None,
             launcher_log_path if is_head else None,
             offset["bytes"],
+            processes=True,
         )
         return parse_probe(node.run(cmd, timeout=PROBE_TIMEOUT_S), is_head)
+
+    poll_start: dict[str, StartupFailure | None] = {"failure": None}
+
+    def may_blame(name: str) -> bool:
+        """No verdict yet, or only one from another node's log in this very poll: a rank
+        found dead is the root cause of what its peers then print (NCCL errors, engine
+        death), so it wins over them."""
+        failure = watch.failure
+        return failure is None or (
+            failure is not poll_start["failure"]
+            and failure.kind == "fatal"
+            and failure.node != name
+            and failure.signature in CONSEQUENCES
+        )
+
+    def peer_note() -> str:
+        """What the verdict being overridden had found (a peer's consequence line)."""
+        peer = watch.failure
+        if peer is None or not peer.line:
+            return ""
+        return f". {peer.node} then logged: {peer.line.strip()[:300]}"
+
+    def rank_dead(name: str, signature: str, remediation: str) -> None:
+        remediation += peer_note()
+        tails = watch.snapshot_tails()
+        tail = tails.get(name, [])
+        watch.failure = StartupFailure(
+            "fatal",
+            name,
+            signature,
+            tail[-1] if tail else "",
+            remediation,
+            {name: tail, **{n: t for n, t in tails.items() if n != name}},  # its node first
+        )
 
     def lost(node: Node, error: RemoteError, now: float) -> None:
         state = retrying.get(node.name)
@@ -252,29 +374,44 @@ def wait_ready(
 
     while True:
         tick = clock()
-        due = [n for n in cluster.nodes if n.name not in retrying or retrying[n.name].due(tick)]
+        due = [n for n in serving_nodes if n.name not in retrying or retrying[n.name].due(tick)]
         results = cluster.map(probe, due)
         now = clock()
         head_health = None
+        poll_start["failure"] = watch.failure
         for name, outcome in results.items():
             node = cluster.node(name)
             if isinstance(outcome, RemoteError):
                 lost(node, outcome, now)
                 continue
             back(node, now)
-            watch.feed(name, cursors[name].new_lines(outcome.lines), now)
+            cursor = cursors[name]
+            if cursor.since == SINCE_START and outcome.started_at:
+                cursor.since = outcome.started_at  # this start only, on this node's clock
+            watch.feed(name, cursor.new_lines(outcome.lines), now)
             if outcome.launcher_output:
                 # The launcher's own output (vLLM's log when `exec` runs in the foreground).
+                # Fed up to the last line end or tqdm redraw (\r): a bar that redraws shows
+                # each step; the unfinished rest is read again on the next poll.
                 text = outcome.launcher_output
-                offset["bytes"] += len(text.encode())
-                complete, _, _rest = text.rpartition("\n")
-                offset["bytes"] -= len(_rest.encode())
-                lines = [
-                    seg for raw in complete.splitlines() for seg in raw.split("\r") if seg.strip()
-                ]
+                end = max(text.rfind("\n"), text.rfind("\r")) + 1
+                offset["bytes"] += len(text[:end].encode())
+                lines = [seg for seg in re.split(r"[\r\n]", text[:end]) if seg.strip()]
                 watch.feed(launcher_name, lines, now)
+        # Every node's lines first, then what the containers and processes say: a rank found
+        # dead then wins over what its peers print because of it, never over a root cause
+        # that a log shows in the same poll.
+        for name, outcome in results.items():
+            if isinstance(outcome, RemoteError):
+                continue
             if outcome.status.startswith(("exited", "dead")):
-                watch.container_exited(name, f"container {container} {outcome.status}", now)
+                if may_blame(name):
+                    note = peer_note()
+                    watch.failure = None
+                    watch.container_exited(name, f"container {container} {outcome.status}", now)
+                    if note and watch.failure is not None:
+                        failure = watch.failure
+                        watch.failure = replace(failure, remediation=failure.remediation + note)
             elif outcome.status == "missing":
                 missing_since.setdefault(name, now)
                 launcher_dead = (
@@ -282,22 +419,62 @@ def wait_ready(
                     or launcher_exited
                     or (launcher_pid is None and now - start > 5)
                 )
-                if (launcher_dead or now - missing_since[name] > max(hang_timeout, 30)) and (
-                    watch.failure is None
-                ):
+                waited = now - missing_since[name]
+                if (launcher_dead or waited > missing_limit) and may_blame(name):
                     log = launcher_log() if launcher_log else ""
+                    why = (
+                        "the launcher has exited"
+                        if outcome.launcher_alive is False or launcher_exited
+                        else f"still missing after {waited:.0f} s (limit {missing_limit:.0f} s)"
+                    )
                     watch.failure = StartupFailure(
                         "exited",
                         name,
-                        f"no container named {container!r}",
+                        f"no container named {container!r} ({why})",
                         log.strip().splitlines()[-1] if log.strip() else "",
                         "the launcher did not start the container on this node: read the "
                         "launcher output below (SSH from head to workers, image present, "
-                        "docker running)",
+                        "docker running, the launcher's .env CONTAINER_NAME)",
                         {**watch.snapshot_tails(), "launcher": log.splitlines()[-15:]},
                     )
             else:
                 missing_since.pop(name, None)
+            if outcome.status == "running" and outcome.processes is not None:
+                kinds = outcome.kinds
+                lost_kinds = serving.get(name, set()) - kinds
+                serving[name] = serving.get(name, set()) | kinds
+                if kinds:
+                    idle_since.pop(name, None)
+                else:
+                    idle_since.setdefault(name, now)
+                idle = now - idle_since.get(name, now)
+                if lost_kinds and may_blame(name):
+                    what = " and ".join(f"`{PROCESS_NAMES[k]}`" for k in sorted(lost_kinds))
+                    rank_dead(
+                        name,
+                        f"{what} exited inside the running container {container!r} "
+                        f"(docker top lists no {' or '.join(sorted(lost_kinds))} process)",
+                        f"vLLM (or Ray) on {name} died and the container stays up (it runs "
+                        "`sleep infinity`): its log tail below says why; restart the cluster "
+                        "(launch-cluster.sh stop, then launch again)",
+                    )
+                elif (
+                    not kinds
+                    and (launcher_exited or (launcher_pid is None and idle > MISSING_LIMIT_S))
+                    and may_blame(name)
+                ):
+                    rank_dead(
+                        name,
+                        f"no vllm or ray process in the running container {container!r}"
+                        + (
+                            " and the launcher has exited"
+                            if launcher_exited
+                            else f" for {idle:.0f} s (limit {MISSING_LIMIT_S:.0f} s)"
+                        ),
+                        f"the container on {name} runs but nothing serves in it: the launcher's "
+                        "`docker exec` of vLLM (or Ray) failed or it died before this wait; "
+                        "its log tail below says why; restart the cluster",
+                    )
             if outcome.status != "missing":
                 seen.add(name)
             if outcome.health is not None:
@@ -317,7 +494,19 @@ def wait_ready(
                 or (o.status == "missing" and (launcher_pid is None or name in seen))
             )
         ]
-        if head_health and head_health[0] == "5" and gone and watch.failure is None:
+        # Attached: a container that runs (sleep infinity) with nothing serving in it while
+        # /health answers 5xx is the dead rank (launching, it may wait for its docker exec).
+        empty = [n for n in idle_since if n not in retrying] if launcher_pid is None else []
+        if head_health and head_health[0] == "5" and empty and not gone and may_blame(empty[0]):
+            rank_dead(
+                empty[0],
+                f"no vllm or ray process in the running container {container!r}; /health "
+                f"answers {head_health}",
+                f"the rank on {empty[0]} is gone (its container stays up: it runs `sleep "
+                "infinity`), so the engine is dead: its log tail below says why; restart the "
+                "cluster",
+            )
+        if head_health and head_health[0] == "5" and gone and may_blame(gone[0][0]):
             name, status = gone[0]
             watch.failure = StartupFailure(
                 "exited",
@@ -326,12 +515,12 @@ def wait_ready(
                 "",
                 f"the TP rank on {name} is gone, so the engine is dead: "
                 f"`docker logs` on {name} (if the container is kept) and the head's log say "
-                "why; restart the cluster",
+                f"why; restart the cluster{peer_note()}",
                 watch.snapshot_tails(),
             )
         # While launching, a node not started yet is why the engine is not up: wait for it
         # (the launcher dying, or the node staying missing, fails above).
-        starting = launcher_pid is not None and any(n.name not in seen for n in cluster.nodes)
+        starting = launcher_pid is not None and any(n.name not in seen for n in serving_nodes)
         if head_health and head_health[0] == "5" and watch.failure is None and not starting:
             watch.failure = StartupFailure(
                 "fatal",
@@ -352,7 +541,7 @@ def wait_ready(
                 "install curl on the head node (the readiness probe asks /health there)",
                 watch.snapshot_tails(),
             )
-        if not retrying:
+        if not retrying and head_log_visible:
             watch.check_stall(now)
         if watch.failure is None and now - start >= ready_timeout:
             watch.failure = StartupFailure(

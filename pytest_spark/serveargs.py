@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import dataclass
 
@@ -16,10 +17,37 @@ class ServeArgs:
     tool_call_parser: str | None
     auto_tool_choice: bool
     api_key_set: bool
+    pipeline_parallel_size: int = 1
+    data_parallel_size: int = 1
+    executor_backend: str | None = None  # --distributed-executor-backend
+    nnodes: int | None = None
+    headless: bool = False
+
+    @property
+    def mode(self) -> str | None:
+        """``ray`` or ``no-ray`` when the line says which; None when it does not."""
+        if self.executor_backend == "ray":
+            return "ray"
+        if self.executor_backend == "mp" or self.nnodes is not None or self.headless:
+            return "no-ray"
+        return None
+
+    def nodes_used(self, gpus_per_node: int = 1) -> int:
+        """Nodes the launcher keeps: TP x PP x DP ranks over the nodes' GPUs."""
+        ranks = self.tensor_parallel_size * self.pipeline_parallel_size * self.data_parallel_size
+        return max(1, -(-ranks // max(1, gpus_per_node)))
 
     @property
     def served_name(self) -> str | None:
         return self.served_names[0] if self.served_names else self.model
+
+
+RAY_PROCESS = re.compile(r"\bray start\b|\braylet\b|\bgcs_server\b")
+SHORT = {
+    "-tp": "--tensor-parallel-size",
+    "-pp": "--pipeline-parallel-size",
+    "-dp": "--data-parallel-size",
+}
 
 
 def _length(value: str) -> int:
@@ -44,6 +72,8 @@ def parse_serve_args(command: str) -> ServeArgs:
     i = 0
     while i < len(argv):
         arg = argv[i]
+        if arg in SHORT:  # vLLM's -tp/-pp/-dp
+            arg = SHORT[arg]
         if arg.startswith("--"):
             key, eq, val = arg[2:].partition("=")
             if eq:
@@ -72,4 +102,27 @@ def parse_serve_args(command: str) -> ServeArgs:
         tool_call_parser=values.get("tool-call-parser"),
         auto_tool_choice="enable-auto-tool-choice" in flags,
         api_key_set="api-key" in values,
+        pipeline_parallel_size=int(values.get("pipeline-parallel-size", "1")),
+        data_parallel_size=int(values.get("data-parallel-size", "1")),
+        executor_backend=values.get("distributed-executor-backend"),
+        nnodes=int(values["nnodes"]) if "nnodes" in values else None,
+        headless="headless" in flags,
     )
+
+
+def mode_of_processes(processes: list[str]) -> str | None:
+    """``ray`` or ``no-ray`` from a container's process lines (``docker top`` args): Ray
+    mode runs ``ray start``/``raylet`` in every container, so a ``vllm serve`` with no Ray
+    process beside it is a no-Ray rank."""
+    if any(RAY_PROCESS.search(line) for line in processes):
+        return "ray"
+    modes = set()
+    for line in processes:
+        if "vllm serve" in line:
+            try:
+                modes.add(parse_serve_args(line[line.index("vllm serve") :]).mode)
+            except ValueError:  # a cut or shell-quoted line
+                modes.add(None)
+    if "ray" in modes:
+        return "ray"
+    return "no-ray" if modes else None

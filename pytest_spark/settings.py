@@ -130,6 +130,26 @@ def _remote_path(raw: str) -> str:
     return path
 
 
+RAY_MODES = ("auto", "on", "off")
+
+
+def _ray_mode(raw: str) -> str:
+    value = raw.strip().lower()
+    if value not in RAY_MODES:
+        raise ValueError(
+            "must be auto (from the serve args or the containers' processes), on (Ray) or "
+            "off (no Ray: torch.distributed ranks, launch-cluster.sh's default)"
+        )
+    return value
+
+
+def _head_path(raw: str) -> str:
+    path = raw.strip()
+    if not path.startswith(("/", "~/")) or any(c in path for c in "\n\0"):
+        raise ValueError("must be an absolute path on the head, or ~/PATH (e.g. ~/cluster.log)")
+    return path
+
+
 def _path(raw: str) -> Path:
     if not raw.strip():
         raise ValueError("must be a path")
@@ -290,7 +310,28 @@ OPTIONS: tuple[Option, ...] = (
         ini_type="bool",
     ),
     Option(
-        "launch-script", _text, "./launch-cluster.sh", "launch-cluster.sh path on the head", "PATH"
+        "launch-script",
+        _text,
+        "~/spark-vllm-docker/launch-cluster.sh",
+        "launch-cluster.sh path on the head (its README clones to ~/spark-vllm-docker)",
+        "PATH",
+    ),
+    Option(
+        "ray",
+        _ray_mode,
+        "auto",
+        "Ray or no-Ray deployment: auto reads it from the serve args "
+        "(--distributed-executor-backend ray; --nnodes/--headless) or the containers' "
+        "processes; with --spark-launch, on passes --ray to the launcher",
+        "auto|on|off",
+    ),
+    Option(
+        "serve-log",
+        _head_path,
+        None,
+        "attach mode: the launcher's log on the head (the operator's `launch-cluster.sh ... "
+        "exec vllm serve ... > PATH`), where the head's vLLM output goes in Ray mode",
+        "PATH",
     ),
     Option(
         "launch-nodes",

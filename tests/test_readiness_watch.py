@@ -13,6 +13,7 @@ import re
 import shlex
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
 
@@ -28,12 +29,20 @@ from pytest_spark.startup import StartupWatch
 CONTAINER = "vllm_node"
 PORT = 8000
 PID = 4242
+LAUNCH_LOG = "/tmp/pytest-spark-launch-0123.log"
 SINCE = "2026-11-29T20:00:00.000000000Z"
 HEAD, WORKER = "spark-head", "spark-worker-1"
 # docker's answers for a container that does not exist (inspect, then logs).
 NO_OBJECT = f"Error: No such object: {CONTAINER}"
 NO_CONTAINER = f"Error response from daemon: No such container: {CONTAINER}"
-INSPECT = f"docker inspect -f '{{{{.State.Status}}}} {{{{.State.ExitCode}}}}' {CONTAINER}"
+INSPECT = (
+    f"docker inspect -f '{{{{.State.Status}}}} {{{{.State.ExitCode}}}} {{{{.State.StartedAt}}}}' "
+    f"{CONTAINER}"
+)
+# docker inspect trims trailing zeros of StartedAt; docker logs prints nine digits.
+STARTED = "2026-11-29T20:00:00Z"
+SERVE = "1234 /usr/bin/python3 /usr/local/bin/vllm serve /models/m --tensor-parallel-size 2"
+DOCKER_TOP = f"docker top {CONTAINER} -eo pid,args"
 OOM = (
     "(EngineCore_DP0 pid=312) ERROR 11-29 20:00:05 [core.py:866] torch.OutOfMemoryError: "
     "CUDA out of memory. Tried to allocate 1.50 GiB. GPU 0 has a total capacity of "
@@ -55,6 +64,9 @@ class State:
     health: str = "000"
     logs: tuple[str, ...] = ()
     alive: bool = True
+    started: str = STARTED  # .State.StartedAt
+    procs: tuple[str, ...] = (SERVE,)  # docker top's lines (PID ARGS) of a running container
+    launcher: str = ""  # the launcher's log file so far (the head's vLLM output, Ray mode)
 
 
 MISSING = State(status="missing")
@@ -85,10 +97,14 @@ class FakeTarget:
 class FakeConn:
     """Answers each probe with the next scripted state (the last one repeats)."""
 
-    def __init__(self, name: str, script: Sequence[Answer], stamps: Iterator[int]) -> None:
+    def __init__(
+        self, name: str, script: Sequence[Answer], stamps: Iterator[int], skew: int = 0
+    ) -> None:
         self.name, self.script, self.stamps = name, script, stamps
+        self.skew = skew  # this node's clock minus the head's, in seconds
         self.commands: list[str] = []
         self.log: list[str] = []  # "<timestamp> <line>", as `docker logs --timestamps`
+        self.sinces: list[str] = []  # the --since of each probe's docker logs
         self.closed = 0
         self.target = FakeTarget()
 
@@ -99,8 +115,8 @@ class FakeConn:
         if isinstance(answer, NodeUnreachable):
             raise answer
         for line in answer.logs:
-            i = next(self.stamps)  # itertools.count: safe from cluster.map's threads
-            self.log.append(f"2026-11-29T20:{i // 60:02d}:{i % 60:02d}.000000000Z {line}")
+            i = next(self.stamps) + self.skew  # itertools.count: safe from map's threads
+            self.log.append(f"{log_time(i)} {line}")
         return CommandResult(self.name, command, 0, self.shell_output(command, answer), "")
 
     def shell_output(self, command: str, state: State) -> str:
@@ -111,30 +127,67 @@ class FakeConn:
             assert f"http://127.0.0.1:{PORT}/health" in command
             out += f"{SEP} health\n{state.health}\n"  # curl -w '%{http_code}'; echo
         missing = state.status == "missing"
-        out += f"{SEP} state\n{NO_OBJECT if missing else f'{state.status} {state.code}'}\n"
-        since_arg = re.search(r"--since (\S+) ", command)
-        assert since_arg is not None, command
-        since = shlex.split(since_arg.group(1))[0]
-        # docker logs --since is inclusive: the line at the cursor comes back again.
-        lines = [NO_CONTAINER] if missing else [x for x in self.log if x.split()[0] >= since]
+        inspect = NO_OBJECT if missing else f"{state.status} {state.code} {state.started}"
+        out += f"{SEP} state\n{inspect}\n"
+        self.sinces.append(since := self.since_of(command, state))
+        # docker logs --since is inclusive: the line at the cursor comes back again
+        # (compared as times: docker parses the argument, whatever its digits).
+        lines = [NO_CONTAINER] if missing else [x for x in self.log if stamp(x) >= stamp(since)]
         out += f"{SEP} logs\n" + "".join(f"{line}\n" for line in lines)
+        if f"echo {SEP} procs" in command:
+            assert DOCKER_TOP in command and 'case "$st" in running*)' in command
+            running = state.status == "running"
+            top = ["PID COMMAND", *state.procs] if running else []
+            out += f"{SEP} procs\n" + "".join(f"{line}\n" for line in top)
+        offset = re.search(r"echo \S+ launcher; tail -c \+(\d+) (\S+) ", command)
+        if offset is not None:
+            assert offset.group(2) == LAUNCH_LOG
+            data = state.launcher.encode()[int(offset.group(1)) - 1 :]
+            out += f"{SEP} launcher\n" + data.decode()
         if f"echo {SEP} alive" in command:
             assert f"ps -o stat= -p {PID}" in command
             out += f"{SEP} alive\n{'alive' if state.alive else 'dead'}\n"
         return out
 
+    def since_of(self, command: str, state: State) -> str:
+        """The ``--since`` the probe gives docker logs: a log time, or the container's
+        StartedAt through the shell (``${st##* }``: the last word of the inspect line)."""
+        if '--since "${st##* }" ' in command:
+            return state.started
+        since_arg = re.search(r"--since (\S+) ", command)
+        assert since_arg is not None, command
+        return shlex.split(since_arg.group(1))[0]
+
     def close(self) -> None:
         self.closed += 1
+
+
+def log_time(seconds: int) -> str:
+    """``docker logs --timestamps``' stamp ``seconds`` after SINCE (on the head's clock)."""
+    when = datetime(2026, 11, 29, 20, 0, 0) + timedelta(seconds=seconds)
+    return when.strftime("%Y-%m-%dT%H:%M:%S.000000000Z")
+
+
+def stamp(line: str) -> datetime:
+    """The time of a ``docker logs --timestamps`` line (or of a bare RFC 3339 time)."""
+    text = line.split()[0].rstrip("Z")
+    whole, _, frac = text.partition(".")
+    return datetime.fromisoformat(whole) + timedelta(microseconds=int((frac + "0" * 6)[:6]))
 
 
 class FakeCluster(Cluster):
     """The real Cluster's map/node/head over fake connections (nothing to connect)."""
 
-    def __init__(self, head: Sequence[Answer], worker: Sequence[Answer]) -> None:
+    def __init__(
+        self, head: Sequence[Answer], worker: Sequence[Answer], worker_skew: int = 0
+    ) -> None:
         stamps = itertools.count(1)  # log timestamps, in seconds after SINCE
         self.nodes = [
-            Node(name, role, name, FakeConn(name, script, stamps))  # type: ignore[arg-type]
-            for name, role, script in ((HEAD, "head", head), (WORKER, "worker", worker))
+            Node(name, role, name, FakeConn(name, script, stamps, skew))  # type: ignore[arg-type]
+            for name, role, script, skew in (
+                (HEAD, "head", head, 0),
+                (WORKER, "worker", worker, worker_skew),
+            )
         ]
         self._connected = True
 
@@ -325,3 +378,206 @@ def test_silence_while_a_node_is_retried_is_no_hang(clock: Clock) -> None:
     head = [State(logs=(LOADING,))] + [State()] * 8 + [State(health="200")]
     done = watch(FakeCluster(head, [State(), lost, lost, lost, State()]), clock, hang_timeout=2.0)
     assert done.ready, done.failure
+
+
+# -- each container's current start, on its own node's clock ----------------------------
+OLD_RUN = (  # an earlier start of the same container: docker start keeps its output
+    "(APIServer pid=1) INFO 11-29 19:40:00 [api_server.py:1912] Starting vLLM API server 0 on "
+    "http://0.0.0.0:8000",
+    "INFO:     Application startup complete.",
+)
+SHARDS = (
+    "(EngineCore_DP0 pid=312) Loading safetensors checkpoint shards:  56% Completed | 5/9 "
+    "[00:13<00:11,  2.87s/it]"
+)
+
+
+def test_attach_after_a_restart_reads_only_this_start(clock: Clock) -> None:
+    head = [State(health="000", logs=(LOADING,)), State(health="000", logs=(SHARDS,))]
+    head += [State(health="000")] * 6 + [State(health="200")]
+    cluster = FakeCluster(head, [State()])
+    old = [f"2026-11-29T19:40:0{i}.000000000Z {line}" for i, line in enumerate(OLD_RUN)]
+    cluster.conn(HEAD).log.extend(old)
+    cluster.conn(WORKER).log.extend(old)
+    lines: list[str] = []
+    done = watch(
+        cluster,
+        clock,
+        since=None,
+        launcher_pid=None,
+        progress=lambda w, now: lines.append(w.status_line(now)),
+    )
+    assert done.ready and done.failure is None
+    assert rounds(clock) == 8  # the poll on which /health answered 200, not before
+    assert [p["phase"] for p in done.timeline()] == ["start", "weights", "ready"]
+    for node in (HEAD, WORKER):
+        assert not any("startup complete" in line for line in done.tails[node]), node
+        assert cluster.conn(node).sinces[0] == STARTED  # docker logs from StartedAt
+    assert list(done.tails[HEAD]) == [LOADING, SHARDS]
+    assert lines[0].startswith("vLLM startup: weights") and "shards 5/9" in lines[-1]
+    assert not any("ready" in line for line in lines)
+    # later polls continue from the last line read (its nine-digit stamp), not from the start
+    assert cluster.conn(HEAD).sinces[-1] == log_time(2)
+
+
+def test_each_node_is_read_on_its_own_clock(clock: Clock) -> None:
+    # The worker's clock runs 5 minutes behind the head's: its container started, and its
+    # lines are stamped, at 19:55 by the head's 20:00.
+    skew = -300
+    worker = [State(started=log_time(skew)), State(started=log_time(skew), logs=(OOM,))]
+    cluster = FakeCluster([State()], worker, worker_skew=skew)
+    failed = fails(cluster, clock, since=None)
+    assert failed.failure.kind == "fatal" and failed.failure.node == WORKER
+    assert failed.failure.signature == "cuda-oom"
+    assert cluster.conn(WORKER).sinces[0] == log_time(skew)  # its own StartedAt
+
+
+def test_fixed_ts_makes_docker_inspect_times_compare_with_log_stamps() -> None:
+    assert readiness.fixed_ts("2026-11-29T20:00:00Z") == "2026-11-29T20:00:00.000000000Z"
+    assert readiness.fixed_ts("2026-11-29T20:00:00.5Z") == "2026-11-29T20:00:00.500000000Z"
+    # untouched: not a UTC RFC 3339 time
+    assert readiness.fixed_ts("0001-01-01T00:00:00+01:00") == "0001-01-01T00:00:00+01:00"
+    assert readiness.fixed_ts("2026-11-29T20:00:00Z") < "2026-11-29T20:00:00.100000000Z"
+
+
+# -- the real container model: sleep infinity, vLLM through docker exec ----------------
+HEADLESS = (
+    "77 /usr/bin/python3 /usr/local/bin/vllm serve /models/m --tensor-parallel-size 2 "
+    "--nnodes 2 --node-rank 1 --master-addr 198.19.0.1 --master-port 29501 --headless"
+)
+RAY_HEAD = "40 /usr/bin/python3 /usr/local/bin/ray start --block --head --port 29501"
+
+
+def test_a_dead_headless_rank_in_a_live_container_fails_naming_its_node(clock: Clock) -> None:
+    crash = "(EngineCore_DP0 pid=77) ERROR 11-29 20:00:09 [core.py:866] EngineCore failed"
+    worker = [State(procs=(HEADLESS,), logs=(LOADING,)), State(procs=(), logs=(crash,))]
+    failed = fails(FakeCluster([State(health="000")], worker), clock)
+    assert failed.failure.kind == "fatal" and failed.failure.node == WORKER
+    message = str(failed)
+    assert message.startswith(
+        f"vLLM failed to start on {WORKER}: `vllm serve` exited inside the running container "
+        f"{CONTAINER!r} (docker top lists no vllm process)"
+    ), message
+    assert f"  log: {crash}" in message  # that node's last line
+    assert message.index(f"log lines of {WORKER}") < message.index(f"log lines of {HEAD}")
+    assert rounds(clock) == 1  # the poll that found the process gone
+
+
+def test_a_dead_vllm_serve_on_a_ray_head_is_seen_while_ray_runs_on(clock: Clock) -> None:
+    head = [State(procs=(RAY_HEAD, SERVE)), State(procs=(RAY_HEAD,))]
+    failed = fails(FakeCluster(head, [State(procs=(RAY_HEAD,))]), clock, launcher_pid=None)
+    assert failed.failure.node == HEAD
+    assert "`vllm serve` exited inside the running container" in str(failed)
+
+
+def test_attach_a_container_where_nothing_serves_fails_after_the_grace(clock: Clock) -> None:
+    failed = fails(FakeCluster([State()], [State(procs=())]), clock, launcher_pid=None)
+    assert failed.failure.node == WORKER
+    assert str(failed).startswith(
+        f"vLLM failed to start on {WORKER}: no vllm or ray process in the running container "
+        f"{CONTAINER!r} for 30 s (limit 30 s)"
+    ), str(failed)
+
+
+def test_launch_a_container_waiting_for_its_docker_exec_is_not_dead(clock: Clock) -> None:
+    # sleep infinity first, then the launcher's docker exec starts vLLM
+    worker = [State(procs=())] * 80 + [State(procs=(HEADLESS,))]
+    head = [State()] * 85 + [State(health="200")]
+    assert watch(FakeCluster(head, worker), clock).ready
+
+
+def test_a_missing_container_names_the_limit_that_applied(clock: Clock) -> None:
+    head = [State(logs=("(APIServer pid=1) INFO still loading",))]  # a line every poll
+    failed = fails(FakeCluster(head, [MISSING]), clock, hang_timeout=40.0)
+    assert str(failed).startswith(
+        f"serving container exited on {WORKER}: no container named {CONTAINER!r} (still "
+        "missing after 40 s (limit 40 s))"
+    ), str(failed)
+    assert rounds(clock) == 81  # the first poll past 40 s
+
+
+# -- what the watch can see ---------------------------------------------------------------
+def test_hidden_head_log_no_false_stall_on_a_long_load(clock: Clock) -> None:
+    head = [State(health="000")] * 30 + [State(health="200")]
+    done = watch(
+        FakeCluster(head, [State()]),
+        clock,
+        launcher_pid=None,
+        hang_timeout=5.0,
+        head_log_visible=False,
+    )
+    assert done.ready and rounds(clock) == 30
+    # the same silence with the head's log visible is a stall
+    failed = fails(FakeCluster(head, [State()]), clock, launcher_pid=None, hang_timeout=5.0)
+    assert failed.failure.kind == "stalled"
+
+
+def test_only_the_nodes_the_launcher_keeps_are_expected(clock: Clock) -> None:
+    cluster = FakeCluster([State()] * 20 + [State(health="200")], [MISSING])
+    done = watch(cluster, clock, nodes=[cluster.node(HEAD)])
+    assert done.ready
+    assert cluster.conn(WORKER).commands == []
+    assert WORKER not in done.tails
+
+
+def test_attach_health_5xx_with_a_container_where_nothing_serves_names_it(clock: Clock) -> None:
+    cluster = FakeCluster([State(health="503")], [State(procs=())])
+    failed = fails(cluster, clock, launcher_pid=None)
+    assert failed.failure.node == WORKER
+    assert str(failed).startswith(
+        f"vLLM failed to start on {WORKER}: no vllm or ray process in the running container "
+        f"{CONTAINER!r}; /health answers 503"
+    ), str(failed)
+    assert rounds(clock) == 0
+
+
+NCCL_AFTER = (
+    "(Worker_TP0 pid=89) [rank0]:[E1201 09:25:21 ProcessGroupNCCL.cpp:2057] Process group "
+    "watchdog thread terminated with exception: NCCL error: remote process exited or there "
+    "was a network error"
+)
+
+
+def test_a_dead_rank_wins_over_what_its_peer_then_logs(clock: Clock) -> None:
+    # attached: the worker's rank died; the head's log says NCCL error, /health says 503
+    head = [State(health="503", logs=(NCCL_AFTER,))]
+    failed = fails(FakeCluster(head, [State(procs=())]), clock, launcher_pid=None)
+    assert failed.failure.node == WORKER, str(failed)
+    message = str(failed)
+    assert "no vllm or ray process in the running container" in message
+    assert f"{HEAD} then logged: {NCCL_AFTER[:60]}" in message
+
+
+def test_a_root_cause_in_a_log_wins_over_the_rank_it_killed(clock: Clock) -> None:
+    # the head's engine ran out of memory; the worker's headless rank exits with it
+    head = [State(), State(logs=(OOM,))]
+    worker = [State(procs=(HEADLESS,)), State(procs=())]
+    failed = fails(FakeCluster(head, worker), clock)
+    assert failed.failure.node == HEAD and failed.failure.signature == "cuda-oom", str(failed)
+
+
+# -- the head's vLLM output in the launcher's log (Ray mode) ------------------------------
+def test_a_progress_bar_in_the_launcher_log_shows_each_redraw(clock: Clock) -> None:
+    bar = "Loading safetensors checkpoint shards:  {}% Completed | {}/9 [00:13<00:11,  2.87s/it]"
+    log = LOADING + "\n" + bar.format(11, 1) + "\r"
+    steps = [log, log + bar.format(22, 2) + "\r", log + bar.format(22, 2) + "\r" + bar[:20]]
+    head = [State(launcher=text) for text in steps] + [State(health="200", launcher=steps[-1])]
+    shards: list[str] = []
+
+    def seen(w: StartupWatch, now: float) -> None:
+        shards.append(w.status_line(now).split("shards ")[-1].split()[0])
+
+    done = watch(FakeCluster(head, [State()]), clock, launcher_log_path=LAUNCH_LOG, progress=seen)
+    assert shards[:3] == ["1/9", "2/9", "2/9"]  # each redraw as it comes, the cut tail not yet
+    assert list(done.tails[f"{HEAD} (launcher)"]) == [LOADING, bar.format(11, 1), bar.format(22, 2)]
+
+
+@pytest.mark.parametrize("worker", [MISSING, State(status="exited", code=137)])
+def test_a_gone_container_wins_over_what_its_peer_then_logs(clock: Clock, worker: State) -> None:
+    # attached after `worker-kill`: the head's log already says NCCL error, /health 503
+    head = [State(health="503", logs=(NCCL_AFTER,))]
+    failed = fails(FakeCluster(head, [worker]), clock, launcher_pid=None)
+    assert failed.failure.kind == "exited" and failed.failure.node == WORKER, str(failed)
+    assert str(failed).startswith(f"serving container exited on {WORKER}: container {CONTAINER}")
+    assert f"{HEAD} then logged: {NCCL_AFTER[:60]}" in str(failed)
+    assert rounds(clock) == 0

@@ -13,7 +13,7 @@ from pytest_spark.fixtures import ApiState, ServingState
 from pytest_spark.parsers.ray import parse_ray_status
 from pytest_spark.serveargs import parse_serve_args
 from pytest_spark.settings import Settings
-from pytest_spark.standup import ServingInfo
+from pytest_spark.standup import ServingInfo, serving_nodes
 
 pytestmark = pytest.mark.readiness
 
@@ -120,6 +120,7 @@ def test_served_model_matches_launch_args(
 
 def test_serving_container_running(
     spark_serving_state: ServingState,
+    spark_cluster: Cluster,
     spark_node: Node,
     spark_head: Node,
     spark_settings: Settings,
@@ -127,6 +128,12 @@ def test_serving_container_running(
 ) -> None:
     """Every node's serving container (the TP rank on that node) is running. It looks
     even when the cluster is not serving: which node lost its rank is the evidence."""
+    kept = [n.name for n in serving_nodes(spark_cluster, spark_settings)]
+    if spark_node.name not in kept:
+        pytest.skip(
+            f"{spark_node.name} serves no rank: TP x PP x DP of the serve args keeps "
+            f"{len(kept)} node(s) ({', '.join(kept)}); launch-cluster.sh trims the rest"
+        )
     name = shlex.quote(spark_settings.container)
     inspect = f"docker inspect -f '{{{{.State.Status}}}}' {name}"
     result = spark_node.run(inspect, timeout=20)
@@ -167,12 +174,20 @@ def test_ray_reports_every_node_and_gpu(
     spark_settings: Settings,
     spark_check: SparkCheck,
 ) -> None:
+    if spark_serving.mode == "no-ray":
+        pytest.skip(
+            f"no Ray in this deployment ({spark_serving.mode_source}): no `ray status` to read; "
+            "the readiness watch checked every rank's liveness (its vllm serve process) and "
+            "rendezvous instead"
+        )
     name = shlex.quote(spark_settings.container)
     result = spark_head.run(f"docker exec {name} ray status", timeout=60)
     if not result.ok and (
         "not found" in result.stdout + result.stderr or "No such container" in result.stderr
     ):
         pytest.skip("no Ray in the serving container: not a Ray deployment")
+    if not result.ok and "Could not find any running Ray instance" in result.stdout + result.stderr:
+        pytest.skip("no Ray instance runs in the serving container: a no-Ray deployment")
     try:
         status = parse_ray_status(result.stdout)
     except ValueError:

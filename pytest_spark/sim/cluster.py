@@ -134,7 +134,12 @@ def _cluster_json(state_dir: Path, topo: Topology) -> dict[str, Any]:
 
 
 def up(
-    state_dir: Path, count: int, *, time_scale: float = 0.002, engine: str = engines.DEFAULT
+    state_dir: Path,
+    count: int,
+    *,
+    time_scale: float = 0.002,
+    engine: str = engines.DEFAULT,
+    launch_mode: str = serving.DEFAULT_LAUNCH_MODE,
 ) -> dict[str, Any]:
     state_dir = Path(os.path.abspath(state_dir))
     if any(c.isspace() for c in str(state_dir)):
@@ -155,6 +160,7 @@ def up(
             )
         _teardown(state_dir)  # remnants of a crashed or half-removed run
         engines.select(state_dir, engine)  # read by the node and serving set-up below
+        serving.select_launch_mode(state_dir, launch_mode)  # said in cluster.json's "launch"
         k = registry.claim(state_dir, count)
         topo = build(k, count)
         try:

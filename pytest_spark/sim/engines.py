@@ -147,7 +147,9 @@ def serve_args(state_dir: Path) -> str | None:
     floor is set; a 135M model left free writes free text into ``arguments`` and runs out
     of tokens (recorded in fixtures/vllm/vllm-0.32.0-cpu/tools_required.txt). A production server
     with a model that follows schemas needs no such flag, and the suite's requests stay as
-    clients send them (no ``strict``)."""
+    clients send them (no ``strict``). ``--tensor-parallel-size 1``: the small model runs on
+    the head alone (launch-cluster.sh trims the nodes to TP x PP x DP; without a size it
+    would start a rank on every node)."""
     data = current(state_dir)
     if data.get("engine") != "vllm-cpu":
         return None
@@ -155,6 +157,7 @@ def serve_args(state_dir: Path) -> str | None:
     return (
         f"vllm serve {MODELS_MOUNT}/{model} --served-model-name {SERVED_NAME} "
         f"--dtype {dtype()} --max-model-len {MAX_MODEL_LEN} --host 0.0.0.0 --port 8000 "
+        "--tensor-parallel-size 1 "
         "--enforce-eager --enable-auto-tool-choice --tool-call-parser hermes "
         "--tool-strict-level parameter"
     )

@@ -355,6 +355,9 @@ def _write_tarball(fileobj: io.BufferedWriter, key: str) -> None:
         tar.dir(d, mode)
     for arc, text in ETC_FILES.items():
         tar.data(arc, text.encode())
+    # vLLM images are Ubuntu-based: root has a ~/.bashrc, which older launchers'
+    # run-cluster-node.sh greps and `bash -i -c` reads.
+    tar.data("/root/.bashrc", b"# ~/.bashrc: executed by bash(1) for non-login shells.\n")
     tar.data(
         "/etc/sparksim-image.json",
         json.dumps({"image": IMAGE, "key": key, "python": layout["version"]}, indent=2).encode()

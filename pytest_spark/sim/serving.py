@@ -41,13 +41,20 @@ TORCH_MOUNT = "/opt/sparksim/torch-site"
 HOST_ROOT_PARK = "host-root"  # DIR/nodes/<name>/host-root: the host's /root, for engine binds
 DEFAULTS_ENV = "defaults.env"
 SERVED_NAME = "qwen3.5-122b"
+# The reference deployment's line, without the executor backend: launch-cluster.sh adds
+# `--distributed-executor-backend ray` with --ray and per-rank flags without it.
 SERVE_ARGS = (
     f"vllm serve /models/{models.MODEL_NAME} --served-model-name {SERVED_NAME} "
     "--tensor-parallel-size 2 --gpu-memory-utilization 0.90 --max-model-len 32768 "
     "--trust-remote-code --host 0.0.0.0 --port 8000 --reasoning-parser qwen3 "
-    "--tool-call-parser qwen3_coder --enable-auto-tool-choice "
-    "--distributed-executor-backend ray"
+    "--tool-call-parser qwen3_coder --enable-auto-tool-choice"
 )
+# How launch-cluster.sh runs a multi-node vLLM: "no-ray" (its default: one rank per node,
+# torch.distributed rendezvous) or "ray" (its --ray flag). Chosen at `spark-sim up`.
+LAUNCH_MODES = {"no-ray": (), "ray": ("--ray",)}
+DEFAULT_LAUNCH_MODE = "no-ray"
+LAUNCH_MODE_JSON = "launch-mode.json"
+MASTER_PORT = 29501  # the launcher's Ray head port / torch.distributed master port
 STALE_LABEL = "sparksim.fault=stale-container"
 SERVING_IMAGE_FILTER = f"ancestor={image.IMAGE}"
 DISABLE_ENV = "SPARKSIM_NO_DOCKER"
@@ -72,11 +79,28 @@ def engine(state_dir: Path, node: NodeSpec) -> docker.Engine:
 # ------------------------------------------------------------ node setup (before sshd)
 
 
+def select_launch_mode(state_dir: Path, mode: str) -> None:
+    """Record how this sim's launches run (before cluster.json is written, which says it)."""
+    if mode not in LAUNCH_MODES:
+        raise SimError(f"unknown launch mode {mode!r}; known: {', '.join(LAUNCH_MODES)}")
+    nodes_mod.write_atomic(state_dir / LAUNCH_MODE_JSON, json.dumps({"mode": mode}) + "\n")
+
+
+def launch_mode(state_dir: Path) -> str:
+    try:
+        mode = json.loads((state_dir / LAUNCH_MODE_JSON).read_text()).get("mode")
+    except (OSError, ValueError, AttributeError):
+        return DEFAULT_LAUNCH_MODE
+    return mode if mode in LAUNCH_MODES else DEFAULT_LAUNCH_MODE
+
+
 def launch_hints(state_dir: Path) -> dict[str, Any] | None:
     """How to start serving on this sim, as a real operator would on a Spark (the reference
-    deployment's `vllm serve` line); None when the serving stack is off."""
+    deployment's `vllm serve` line); None when the serving stack is off. ``mode``: "ray" or
+    "no-ray"; ``mode_flags``: what to pass launch-cluster.sh for it (before the action)."""
     if enabled() is not None:
         return None
+    mode = launch_mode(state_dir)
     return {
         "engine": engines.name(state_dir),
         "script": f"/root/{LAUNCHER_DIR}/{LAUNCHER.name}",
@@ -85,6 +109,9 @@ def launch_hints(state_dir: Path) -> dict[str, Any] | None:
         "port": 8000,
         "serve_args": engines.serve_args(state_dir) or SERVE_ARGS,
         "model_dir": f"/root/{models.MODELS_DIR}/{models.MODEL_NAME}",
+        "mode": mode,
+        "mode_flags": list(LAUNCH_MODES[mode]),
+        "master_port": MASTER_PORT,
     }  # on the nodes
 
 
@@ -382,7 +409,7 @@ def _serve_pid(state_dir: Path, node: NodeSpec, cid: str, timeout: float = 10.0)
         top = _docker(state_dir, node, "top", cid, "-eo", "pid,args", check=False)
         for line in top.splitlines()[1:]:
             pid, _, args = line.strip().partition(" ")
-            if "emulator serve" in args and pid.isdigit():
+            if "emulator.vllm serve" in args and pid.isdigit():
                 return int(pid)
         if time.monotonic() > deadline:
             break

@@ -150,3 +150,46 @@ def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sim]:
         yield Sim(state_dir=state_dir, cluster=json.loads(proc.stdout))
     finally:
         spark_sim(state_dir, "down", check=False)
+
+
+@dataclass
+class SuiteRun:
+    """One run of the suite (tests_infra / tests_e2e) against a sim, as a user runs it."""
+
+    ret: int
+    output: str
+    results: dict[str, Any]
+
+    def not_passed(self) -> dict[str, str]:
+        """nodeid -> message of every failed or error check."""
+        return {
+            c["nodeid"]: c.get("message") or ""
+            for c in self.results.get("checks", [])
+            if c["outcome"] in ("failed", "error")
+        }
+
+
+@pytest.fixture
+def run_suite(sim: Sim, tmp_path: Path) -> Any:
+    """``run_suite(*args)``: ``pytest --spark-head=... ARGS`` against ``sim`` in a
+    subprocess, from the checkout, reading the verdicts from its JSON results."""
+    runs = iter(range(1000))
+
+    def run(*args: str, timeout: float = 600, workers: bool = True) -> SuiteRun:
+        results = tmp_path / f"results-{next(runs)}.json"
+        nodes = [f"--spark-workers={sim.worker['mgmt']}"] if workers else []
+        argv = [
+            sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rfEs",
+            f"--spark-results={results}", "--rootdir", str(REPO),
+            "-c", str(REPO / "pyproject.toml"),
+            f"--spark-head={sim.head['mgmt']}", *nodes,
+            f"--spark-ssh-config={sim.cluster['ssh_config']}", "--spark-profile=sim", *args,
+        ]  # fmt: skip
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SPARK_", "PYTEST_"))}
+        proc = subprocess.run(
+            argv, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env
+        )
+        data = json.loads(results.read_text()) if results.exists() else {"checks": []}
+        return SuiteRun(proc.returncode, proc.stdout + proc.stderr, data)
+
+    return run

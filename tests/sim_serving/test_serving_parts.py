@@ -20,6 +20,7 @@ import pytest
 from pytest_spark.sim import image, models, serving
 from pytest_spark.sim.emulator.config import ENV_PREFIX, Knobs
 from pytest_spark.sim.emulator.tp import PeerLink
+from pytest_spark.sim.netns import SimError
 
 REPO = Path(__file__).resolve().parents[2]
 LAUNCHER = REPO / "pytest_spark/sim/launcher/launch-cluster.sh"
@@ -84,6 +85,7 @@ def test_image_tarball_holds_python_the_emulator_and_the_shims(
         "usr/local/bin/vllm",
         "usr/local/bin/ray",
         "etc/passwd",
+        "root/.bashrc",
         f"{py['stdlib']}/os.py",
         py["zip"],
     ):
@@ -140,26 +142,37 @@ def test_serving_fault_variable_is_the_emulators() -> None:
 
 # -------------------------------------------------------------- launcher, stubbed
 
-STUBS = {
-    "ibdev2netdev": """#!/bin/sh
-cat <<EOF
-roceP2p1s0f0 port 1 ==> enP2p1s0f0np0 (Down)
+IBDEV_TWO_UP = """roceP2p1s0f0 port 1 ==> enP2p1s0f0np0 (Down)
 roceP2p1s0f1 port 1 ==> enP2p1s0f1np1 (Up)
 rocep1s0f0 port 1 ==> enp1s0f0np0 (Down)
 rocep1s0f1 port 1 ==> enp1s0f1np1 (Up)
-EOF
-""",
+"""
+
+STUBS = {
+    # ibdev2netdev prints $STUB_IBDEV (the two fabric twins Up unless a test says otherwise).
+    "ibdev2netdev": '#!/bin/sh\ncat "$STUB_IBDEV"\n',
     "ip": """#!/bin/sh
 case "$*" in
   *enp1s0f1np1*) echo "3: enp1s0f1np1    inet 198.19.0.1/24 scope global enp1s0f1np1";;
   *enP2p1s0f1np1*) echo "4: enP2p1s0f1np1    inet 198.19.1.1/24 scope global enP2p1s0f1np1";;
+  *enp1s0f0np0*) echo "5: enp1s0f0np0    inet 198.19.2.1/24 scope global enp1s0f0np0";;
+  *enP7s7*) echo "2: enP7s7    inet 10.0.0.1/24 scope global enP7s7";;
 esac
 """,
     # Every docker and ssh call is logged, one line per call, arguments NUL-separated.
+    # `docker run` exits $STUB_RUN_RC (0: the container is then listed by `docker ps`); the
+    # head's exit sentinel holds $STUB_HEAD_EXIT once
+    # the launcher follows the head's log (so that the follower is not killed unseen).
     "docker": """#!/bin/bash
 printf '%s\\0' docker "$@" >> "$STUB_LOG"; echo >> "$STUB_LOG"
 if [ "$1" = ps ] && [ -f "$STUB_RUNNING" ]; then cat "$STUB_RUNNING"; fi
 if [ "$1" = exec ] && [ "$3" = ray ]; then echo "RAY STATUS"; fi
+if [ "$1" = exec ] && [ "$3" = cat ] && [ -f "$STUB_LOG.followed" ]; then echo "$STUB_HEAD_EXIT"; fi
+if [ "$1" = logs ]; then echo "HEAD CONTAINER LOG LINE"; touch "$STUB_LOG.followed"; fi
+if [ "$1" = run ]; then
+  [ "${STUB_RUN_RC:-0}" = 0 ] || exit "$STUB_RUN_RC"
+  prev=""; for a in "$@"; do [ "$prev" = --name ] && echo "$a" >> "$STUB_RUNNING"; prev="$a"; done
+fi
 exit 0
 """,
     "ssh": """#!/bin/bash
@@ -169,9 +182,16 @@ exit 0
     "sleep": "#!/bin/sh\nexit 0\n",
 }
 
+NODES = "198.19.0.1,198.19.0.2"
+SERVE = ("vllm", "serve", "/models/m", "--port", "8000", "-tp", "2")
+
 
 def run_launcher(
-    tmp_path: Path, *args: str, running: str | None = None
+    tmp_path: Path,
+    *args: str,
+    running: str | None = None,
+    ibdev: str = IBDEV_TWO_UP,
+    env: dict[str, str] | None = None,
 ) -> tuple[subprocess.CompletedProcess[str], list[list[str]]]:
     stubs = tmp_path / "stubs"
     stubs.mkdir(exist_ok=True)
@@ -180,29 +200,41 @@ def run_launcher(
         (stubs / name).chmod(0o755)
     log = tmp_path / "calls.log"
     log.write_text("")
+    Path(f"{log}.followed").unlink(missing_ok=True)
     running_file = tmp_path / "running"
+    running_file.unlink(missing_ok=True)
     if running is not None:
         running_file.write_text(running)
-    env = {
+    (tmp_path / "ibdev").write_text(ibdev)
+    full_env = {
         "PATH": f"{stubs}:/usr/bin:/bin",
         "HOME": str(tmp_path / "home"),
         "STUB_LOG": str(log),
         "STUB_RUNNING": str(running_file),
+        "STUB_IBDEV": str(tmp_path / "ibdev"),
+        "STUB_HEAD_EXIT": "0",
         "VLLM_SPARK_EXTRA_DOCKER_ARGS": "-v /root/models:/models",
+        **(env or {}),
     }
     proc = subprocess.run(
-        ["bash", str(LAUNCHER), *args], capture_output=True, text=True, env=env, timeout=30
+        ["bash", str(LAUNCHER), *args], capture_output=True, text=True, env=full_env, timeout=30
     )
     calls = [line.split("\0")[:-1] for line in log.read_text().splitlines() if line]
     return proc, calls
 
 
-def test_launcher_start_runs_both_containers_and_ray(tmp_path: Path) -> None:
+def remote(call: list[str]) -> list[str]:
+    """The command an ``ssh ... HOST CMD`` call runs there (the launcher quotes it)."""
+    return shlex.split(call[-1])
+
+
+def test_launcher_ray_start_runs_sleeping_containers_and_ray_on_29501(tmp_path: Path) -> None:
     proc, calls = run_launcher(
-        tmp_path, "-n", "198.19.0.1,198.19.0.2", "-e", "X=1", "--nccl-debug", "-d", "start"
+        tmp_path, "-n", NODES, "-e", "X=1", "--nccl-debug", "--ray", "-d", "start"
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
+    assert "  Non-mesh mode: 2 CX7 interfaces active." in out
     assert "  Detected IB_IF: roceP2p1s0f1,rocep1s0f1" in out
     assert "  Detected ETH_IF: enp1s0f1np1" in out
     assert "Head Node: 198.19.0.1" in out and "Worker Nodes: 198.19.0.2" in out
@@ -210,19 +242,21 @@ def test_launcher_start_runs_both_containers_and_ray(tmp_path: Path) -> None:
     head_run = next(c for c in calls if c[:2] == ["docker", "run"])
     for flag in (
         "--privileged",
+        "--ipc=host",
+        "--ulimit",
+        "nofile=1048576:1048576",
         "--gpus",
         "all",
+        "-d",
+        "--rm",
         "--network",
         "host",
-        "--ipc=host",
-        "--rm",
-        "-d",
         "--name",
         "vllm_node",
         "--entrypoint=",
         "vllm-node",
     ):
-        assert flag in head_run
+        assert flag in head_run, flag
     for env in (
         "VLLM_HOST_IP=198.19.0.1",
         "NCCL_SOCKET_IFNAME=enp1s0f1np1",
@@ -231,56 +265,208 @@ def test_launcher_start_runs_both_containers_and_ray(tmp_path: Path) -> None:
         "GLOO_SOCKET_IFNAME=enp1s0f1np1",
         "TP_SOCKET_IFNAME=enp1s0f1np1",
         "UCX_NET_DEVICES=enp1s0f1np1",
-        "MASTER_ADDR=198.19.0.1",
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
         "NCCL_DEBUG=INFO",
         "X=1",
     ):
         assert env in head_run, env
+    assert not any(a.startswith("MASTER_ADDR=") for a in head_run), "the real one sets none"
     assert head_run[-2:] == ["sleep", "infinity"]
     assert "/root/models:/models" in head_run, "VLLM_SPARK_EXTRA_DOCKER_ARGS is honoured"
-    worker_run = next(c for c in calls if c[0] == "ssh" and "run" in c[-1].split()[:2])
-    assert "VLLM_HOST_IP=198.19.0.2" in worker_run[-1]
+    assert f"{tmp_path}/home/.cache/vllm:/root/.cache/vllm" in head_run
+    worker_run = next(c for c in calls if c[0] == "ssh" and remote(c)[:2] == ["docker", "run"])
+    assert "VLLM_HOST_IP=198.19.0.2" in remote(worker_run)
+    assert remote(worker_run)[-2:] == ["sleep", "infinity"]
     ray_head = next(c for c in calls if c[:3] == ["docker", "exec", "-d"])
-    assert "ray start --block --head --port 6379 --dashboard-port 8265" in ray_head[-1]
-    assert ">> /proc/1/fd/1 2>&1" in ray_head[-1]
-    ray_worker = next(c for c in calls if c[0] == "ssh" and "--address=198.19.0.1:6379" in c[-1])
-    remote = shlex.split(ray_worker[-1])  # the launcher quotes what it sends over SSH
-    assert remote[:5] == ["docker", "exec", "-d", "vllm_node", "bash"]
-    assert "--node-ip-address 198.19.0.2" in remote[-1]
+    assert "ray start --block --head --port 29501 " in ray_head[-1]
+    assert "--include-dashboard=false" in ray_head[-1]
+    assert ray_head[-1].endswith(">> /proc/1/fd/1 2>&1")
+    ray_worker = next(c for c in calls if c[0] == "ssh" and "--address=198.19.0.1:29501" in c[-1])
+    assert remote(ray_worker)[:5] == ["docker", "exec", "-d", "vllm_node", "bash"]
+    assert "--node-ip-address 198.19.0.2" in remote(ray_worker)[-1]
     assert "Cluster started in background (Daemon mode)." in out
 
 
-def test_launcher_exec_daemon_logs_to_the_container_output(tmp_path: Path) -> None:
+def test_launcher_runs_without_ray_by_default_one_rank_per_node(tmp_path: Path) -> None:
     proc, calls = run_launcher(
         tmp_path,
         "-n",
-        "198.19.0.1,198.19.0.2",
-        "-d",
+        NODES,
         "exec",
-        "vllm",
-        "serve",
-        "/models/m",
-        "--port",
-        "8000",
-        running="vllm_node\n",
+        *SERVE,
+        "--distributed-executor-backend",
+        "ray",
+        env={"STUB_HEAD_EXIT": "3"},
     )
+    assert not any("ray start" in " ".join(c) for c in calls), "no Ray cluster by default"
+    ranks = [
+        (i, c)
+        for i, c in enumerate(calls)
+        if ("docker" in c and "exec" in c and "-d" in c) or (c[0] == "ssh" and "exec" in c[-1])
+    ]
+    (w_i, worker), (h_i, head) = ranks
+    assert w_i < h_i, "the workers' ranks start before the head's"
+    w_cmd = remote(worker)
+    assert w_cmd[:6] == ["docker", "exec", "-d", "vllm_node", "bash", "-c"]
+    assert w_cmd[6] == (
+        "vllm serve /models/m --port 8000 -tp 2   --nnodes 2 --node-rank 1 "
+        "--master-addr 198.19.0.1 --master-port 29501 --headless >> /proc/1/fd/1 2>&1"
+    ), "the backend flag is stripped; the worker's rank is headless, logging to PID 1"
+    assert head[:6] == ["docker", "exec", "-d", "vllm_node", "bash", "-c"]
+    assert head[6] == (
+        "vllm serve /models/m --port 8000 -tp 2   --nnodes 2 --node-rank 0 "
+        "--master-addr 198.19.0.1 --master-port 29501 >> /proc/1/fd/1 2>&1; "
+        "echo $? > /tmp/.launch-cluster-head-exit"
+    ), "the head's rank also writes to its container log"
+    follow = next(c for c in calls if c[:3] == ["docker", "logs", "-f"])
+    assert follow[3] == "--since" and follow[-1] == "vllm_node"
+    assert "HEAD CONTAINER LOG LINE" in proc.stdout, "the head's log reaches the launcher"
+    assert proc.returncode == 3, "the launcher exits with the head's vLLM exit status"
+    assert ["docker", "stop", "vllm_node"] in calls, "then its EXIT trap stops the cluster"
+
+
+def test_launcher_ray_exec_runs_the_heads_vllm_in_the_foreground(tmp_path: Path) -> None:
+    proc, calls = run_launcher(tmp_path, "-n", NODES, "--ray", "exec", *SERVE)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "Cluster containers are already running. Skipping launch." in proc.stdout
-    dispatched = [c for c in calls if c[:3] == ["docker", "exec", "-d"]]
-    assert dispatched[-1][3:] == [
+    assert "Adding --distributed-executor-backend ray for Ray mode." in proc.stderr
+    head = next(c for c in calls if c[:3] == ["docker", "exec", "-i"])
+    assert head[3:] == [
         "vllm_node",
         "bash",
         "-c",
-        "vllm serve /models/m --port 8000  >> /proc/1/fd/1 2>&1",
-    ]
+        "vllm serve /models/m --port 8000 -tp 2  --distributed-executor-backend ray",
+    ], "foreground docker exec: the head's vLLM output is the launcher's stdout"
+    assert not any(c[0] == "ssh" and "vllm serve" in c[-1] for c in calls), "Ray places rank 1"
+
+
+def test_launcher_reuses_running_containers_and_leaves_them_running(tmp_path: Path) -> None:
+    proc, calls = run_launcher(tmp_path, "-n", NODES, "exec", *SERVE, running="vllm_node\n")
+    out = proc.stdout
+    assert "Warning: Container 'vllm_node' is already running on head node (198.19.0.1)." in out
+    assert "Cluster containers are already running. Skipping launch." in out
+    assert not any(c[:2] == ["docker", "run"] for c in calls)
+    assert any(c[:3] == ["docker", "exec", "-d"] and "--node-rank 0" in c[-1] for c in calls), (
+        "it still execs the ranks into the running containers"
+    )
+    assert "Cluster was already running when script started. Skipping cleanup." in out
+    assert ["docker", "stop", "vllm_node"] not in calls
+
+
+def test_launcher_ignores_a_failed_docker_run(tmp_path: Path) -> None:
+    proc, calls = run_launcher(
+        tmp_path, "-n", NODES, "-d", "exec", *SERVE, env={"STUB_RUN_RC": "125"}
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert sum(1 for c in calls if "run" in (c[1:2] + remote(c)[1:2])) == 2
+    assert "Command dispatched in background (Daemon mode). Container: vllm_node" in proc.stdout
+
+
+def test_launcher_trims_the_nodes_to_tp_x_pp_x_dp(tmp_path: Path) -> None:
+    three = "198.19.0.1,198.19.0.2,198.19.0.3"
+    proc, calls = run_launcher(tmp_path, "-n", three, "-d", "exec", *SERVE)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (
+        "Note: Command requires 2 node(s) (tp=2 * pp=1 * dp=1); using 2 of 3 configured node(s)."
+        in proc.stdout
+    )
+    assert not any("198.19.0.3" in c for c in calls if c[0] == "ssh" and "docker" in c[-1])
+    assert any("--nnodes 2 --node-rank 0" in c[-1] for c in calls if c[0] == "docker")
+    proc, calls = run_launcher(
+        tmp_path, "-n", NODES, "-d", "exec", "vllm", "serve", "/m", "--tensor-parallel-size=2",
+        "--pipeline-parallel-size", "2",
+    )  # fmt: skip
+    assert proc.returncode == 1
+    assert (
+        "Error: Command requires 4 nodes (tp=2 * pp=2 * dp=1) but only 2 node(s) are configured."
+        in proc.stdout
+    )
+    assert not any(c[:2] == ["docker", "run"] for c in calls)
+
+
+@pytest.mark.parametrize("up", [1, 3])
+def test_launcher_needs_exactly_two_or_four_fabric_devices_up(tmp_path: Path, up: int) -> None:
+    lines = IBDEV_TWO_UP.replace("(Up)", "(Down)").splitlines()
+    for i in range(up):
+        lines[i] = lines[i].replace("(Down)", "(Up)")
+    proc, calls = run_launcher(tmp_path, "-n", NODES, "--ray", "start", ibdev="\n".join(lines))
+    assert proc.returncode == 1
+    assert (
+        f"Error: Unexpected number of active CX7 interfaces ({up}). Expected 2 (non-mesh) or "
+        "4 (mesh)." in proc.stdout
+    )
+    assert not any(c[:2] == ["docker", "run"] for c in calls)
+
+
+def test_launcher_four_devices_up_is_mesh_mode(tmp_path: Path) -> None:
+    proc, _ = run_launcher(
+        tmp_path,
+        "-n",
+        "10.0.0.1,10.0.0.2",
+        "--check-config",
+        ibdev=IBDEV_TWO_UP.replace("Down", "Up"),
+    )
+    assert proc.returncode == 0, proc.stdout
+    assert "  Mesh mode: all 4 CX7 interfaces active." in proc.stdout
+    assert "  Detected IB_IF: rocep1s0f0,roceP2p1s0f0,rocep1s0f1,roceP2p1s0f1" in proc.stdout
+    assert "  Detected ETH_IF: enP7s7" in proc.stdout
+
+
+def test_launcher_env_file_overrides_the_defaults(tmp_path: Path) -> None:
+    env_file = tmp_path / "cluster.env"
+    env_file.write_text(
+        "# sparksim\nCONTAINER_NAME=from_env\nETH_IF=enp1s0f1np1\nIB_IF=rocep1s0f1\n"
+        "LOCAL_IP=198.19.0.2\nMASTER_PORT=29999\nCONTAINER_NCCL_DEBUG=WARN\n"
+    )
+    proc, calls = run_launcher(
+        tmp_path,
+        "-n",
+        NODES,
+        "--config",
+        str(env_file),
+        "--name",
+        "vllm_node",
+        "-d",
+        "exec",
+        *SERVE,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert "Container Name: from_env" in out, ".env wins over the default name, even given"
+    assert "Head Node: 198.19.0.2" in out and "Worker Nodes: 198.19.0.1" in out
+    assert "Auto-detecting interfaces..." not in out, "ETH_IF and IB_IF came from .env"
+    head_run = next(c for c in calls if c[:2] == ["docker", "run"])
+    assert "NCCL_DEBUG=WARN" in head_run and "NCCL_IB_HCA=rocep1s0f1" in head_run
+    assert any("--master-addr 198.19.0.2 --master-port 29999" in c[-1] for c in calls)
+    proc, _ = run_launcher(
+        tmp_path, "-n", NODES, "--config", str(env_file), "--name", "mine", "status"
+    )
+    assert "Container Name: mine" in proc.stdout, "a name other than the default wins over .env"
+    proc, _ = run_launcher(tmp_path, "-n", NODES, "--config", str(tmp_path / "nope"), "status")
+    assert proc.returncode == 1
+    assert f"Error: Config file not found: {tmp_path}/nope" in proc.stdout
+
+
+def test_launcher_refuses_bad_mode_flags_and_a_missing_action(tmp_path: Path) -> None:
+    proc, _ = run_launcher(tmp_path, "-n", NODES, "--ray", "--no-ray", "start")
+    assert proc.returncode == 1
+    assert "Error: --ray and --no-ray are mutually exclusive." in proc.stdout
+    proc, _ = run_launcher(tmp_path, "--solo", "--ray", "start")
+    assert proc.returncode == 1
+    assert "Error: --ray is incompatible with --solo or a single-node configuration." in proc.stdout
+    proc, _ = run_launcher(tmp_path, "-n", NODES)
+    assert proc.returncode == 1
+    assert "Error: No action specified. Use: start | stop | status | exec" in proc.stdout
 
 
 def test_launcher_status_and_stop_formats(tmp_path: Path) -> None:
-    proc, _ = run_launcher(tmp_path, "-n", "198.19.0.1,198.19.0.2", "status", running="vllm_node\n")
+    proc, _ = run_launcher(tmp_path, "-n", NODES, "--ray", "status", running="vllm_node\n")
     assert "[HEAD] 198.19.0.1: Container 'vllm_node' is RUNNING." in proc.stdout
     assert "--- Ray Status ---\nRAY STATUS\n------------------" in proc.stdout
     assert "[WORKER] 198.19.0.2: Container 'vllm_node' is NOT running." in proc.stdout
-    proc, calls = run_launcher(tmp_path, "-n", "198.19.0.1,198.19.0.2", "--name", "x", "stop")
+    proc, _ = run_launcher(tmp_path, "-n", NODES, "status", running="vllm_node\n")
+    assert "[HEAD] 198.19.0.1: Container 'vllm_node' is RUNNING." in proc.stdout
+    assert "Ray Status" not in proc.stdout, "no Ray to ask without --ray"
+    proc, calls = run_launcher(tmp_path, "-n", NODES, "--name", "x", "stop")
     assert ["docker", "stop", "x"] in calls
     assert any(c[0] == "ssh" and c[-1].strip() == "docker stop x" for c in calls)
     assert "Cluster stopped." in proc.stdout
@@ -322,7 +508,7 @@ def test_vllm_shim_merges_the_nodes_engine_settings(tmp_path: Path) -> None:
     assert "SPARKSIM_EMU_TIME_SCALE=0.5" in lines
     assert f"SPARKSIM_EMU_CONTROL={etc}/control.json" in lines
     assert "SPARKSIM_EMU_HEAD_IP=198.19.0.1" in lines
-    assert "ARGS -m pytest_spark.sim.emulator serve /models/m --port 8000" in lines
+    assert "ARGS -m pytest_spark.sim.emulator.vllm serve /models/m --port 8000" in lines
 
 
 def _free_port() -> int:
@@ -408,3 +594,122 @@ def test_ray_head_keeps_membership_and_relays_rank1_to_the_engine(tmp_path: Path
                 proc.wait()
         if head.stdout is not None:
             head.stdout.close()
+
+
+# ------------------------------------------------------- emulator ranks without Ray
+
+
+def _serve(tmp_path: Path, name: str, *extra: str, env: dict[str, str]) -> subprocess.Popen[str]:
+    """``vllm serve`` of the emulator (TP=2 over two --nnodes ranks), its log in a file."""
+    with (tmp_path / f"{name}.log").open("w") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "pytest_spark.sim.emulator", "serve", "/models/m", "-tp", "2",
+             "--host", "127.0.0.1", *extra],
+            stdout=log, stderr=subprocess.STDOUT, text=True, env=env,
+        )  # fmt: skip
+
+
+def _health(port: int) -> int:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+    except OSError:
+        return 0
+
+
+def _emu_env(**knobs: str) -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "SPARKSIM_EMU_TIME_SCALE": "0.0005"}
+    env.update({ENV_PREFIX + k: v for k, v in knobs.items()})
+    return env
+
+
+def _stop(*procs: subprocess.Popen[str] | None) -> None:
+    for proc in procs:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_no_ray_ranks_rendezvous_and_a_dead_worker_rank_kills_the_engine(tmp_path: Path) -> None:
+    port, master = _free_port(), _free_port()
+    env = _emu_env(HEARTBEAT_S="0.1", HEARTBEAT_TIMEOUT_S="1.0", RENDEZVOUS_TIMEOUT_S="30")
+    ranks = ("--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", str(master))
+    head = _serve(tmp_path, "head", "--port", str(port), *ranks, "--node-rank", "0", env=env)
+    worker = None
+    try:
+        time.sleep(0.5)
+        assert _health(port) == 0, "no answer while the head waits for its ranks"
+        worker = _serve(
+            tmp_path, "worker", *ranks, "--node-rank", "1", "--headless",
+            env={**env, "VLLM_HOST_IP": "127.0.0.2"},
+        )  # fmt: skip
+        deadline = time.monotonic() + 30
+        while _health(port) != 200 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _health(port) == 200, (tmp_path / "head.log").read_text()[-2000:]
+        head_log = (tmp_path / "head.log").read_text()
+        worker_log = (tmp_path / "worker.log").read_text()
+        assert f"distributed_init_method=tcp://127.0.0.1:{master}" in head_log
+        assert "(Worker_TP1 " not in head_log, "each node prints only its own rank"
+        assert "world_size=2 rank=1 " in worker_log and "Loading weights took" in worker_log
+        assert "Launching vLLM in headless mode: node rank 1 of 2" in worker_log
+        assert "Application startup complete." not in worker_log, "a headless rank serves no API"
+        worker.kill()
+        worker.wait()
+        deadline = time.monotonic() + 10
+        while _health(port) != 503 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _health(port) == 503, "a dead rank kills the engine"
+        head_log = (tmp_path / "head.log").read_text()
+        assert "Worker proc rank 1 (127.0.0.2" in head_log
+        assert "vllm.v1.engine.exceptions.EngineDeadError" in head_log
+        assert "RayActorError" not in head_log, "no Ray in this mode"
+    finally:
+        _stop(worker, head)
+
+
+def test_no_ray_head_dies_with_torchs_store_timeout_when_a_rank_never_joins(
+    tmp_path: Path,
+) -> None:
+    env = _emu_env(RENDEZVOUS_TIMEOUT_S="1")
+    ranks = ("--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port")
+    head = _serve(tmp_path, "head", "--port", str(_free_port()), *ranks, str(_free_port()), env=env)
+    # A worker rank whose head is elsewhere (nothing listens on its master port).
+    worker = _serve(
+        tmp_path, "worker", *ranks, str(_free_port()), "--node-rank", "1", "--headless", env=env
+    )
+    try:
+        assert head.wait(30) == 1 and worker.wait(30) == 1
+    finally:
+        _stop(head, worker)
+    head_log = (tmp_path / "head.log").read_text()
+    assert "torch.distributed.DistStoreError: wait timeout after 1000ms, keys: " in head_log
+    assert "RuntimeError: Engine core initialization failed. See root cause above." in head_log
+    worker_log = (tmp_path / "worker.log").read_text()
+    assert (
+        "torch.distributed.DistNetworkError: The client socket has timed out after 1000ms "
+        "while trying to connect to (127.0.0.1, " in worker_log
+    )
+
+
+# ------------------------------------------------------------- cluster.json hints
+
+
+def test_launch_hints_say_the_mode_and_leave_the_backend_to_the_launcher(tmp_path: Path) -> None:
+    if serving.enabled() is not None:
+        pytest.skip(f"no serving stack here: {serving.enabled()}")
+    hints = serving.launch_hints(tmp_path)
+    assert hints is not None
+    assert (hints["mode"], hints["mode_flags"]) == ("no-ray", []), "the launcher's default"
+    assert "--distributed-executor-backend" not in hints["serve_args"]
+    assert hints["master_port"] == 29501
+    serving.select_launch_mode(tmp_path, "ray")
+    hints = serving.launch_hints(tmp_path)
+    assert hints is not None and (hints["mode"], hints["mode_flags"]) == ("ray", ["--ray"])
+    with pytest.raises(SimError, match="unknown launch mode 'mpi'; known: no-ray, ray"):
+        serving.select_launch_mode(tmp_path, "mpi")

@@ -1,6 +1,6 @@
 """sparksim's serving stack end to end: a Docker engine per node reached over SSH, the
-serving image, the checkpoint, launch-cluster.sh with Ray and the vLLM emulator, the
-serving faults, and a ``down`` that leaves nothing behind.
+serving image, the checkpoint, launch-cluster.sh with Ray (--ray) and without (its default),
+the vLLM emulator, the serving faults, and a ``down`` that leaves nothing behind.
 
 The tests run in file order on one module-wide sim: they form one launch, serve, fail,
 stop story, as an operator's session would.
@@ -25,7 +25,7 @@ SERVED = "qwen3.5-122b"
 FAST = ("-e", "SPARKSIM_EMU_TIME_SCALE=0.002")
 SERVE = (
     "vllm", "serve", MODEL, "--served-model-name", SERVED, "--tensor-parallel-size", "2",
-    "--distributed-executor-backend", "ray", "--max-model-len", "32768",
+    "--max-model-len", "32768",
     "--gpu-memory-utilization", "0.90", "--host", "0.0.0.0", "--port", "8000",
     "--reasoning-parser", "qwen3", "--tool-call-parser", "qwen3_coder",
     "--enable-auto-tool-choice",
@@ -86,9 +86,9 @@ def test_check_config_detects_the_fabric(sim: Any) -> None:
     assert "Configuration Check Complete." in out
 
 
-def test_start_runs_a_ray_cluster_across_both_nodes(sim: Any) -> None:
+def test_ray_start_runs_a_ray_cluster_across_both_nodes(sim: Any) -> None:
     t0 = time.monotonic()
-    proc = sim.launch(*FAST, "-d", "start")
+    proc = sim.launch(*FAST, "--ray", "-d", "start")
     took = time.monotonic() - t0
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Cluster head is responsive." in proc.stdout
@@ -97,7 +97,6 @@ def test_start_runs_a_ray_cluster_across_both_nodes(sim: Any) -> None:
     for node, ip in (("spark-1", head_ip), ("spark-2", worker_ip)):
         env = container_env(sim, node)
         assert env["VLLM_HOST_IP"] == ip
-        assert env["MASTER_ADDR"] == head_ip
         for var in (
             "NCCL_SOCKET_IFNAME",
             "GLOO_SOCKET_IFNAME",
@@ -113,16 +112,17 @@ def test_start_runs_a_ray_cluster_across_both_nodes(sim: Any) -> None:
     assert " 0.0/2.0 GPU" in ray
     worker_log = sim.out("spark-2", "docker logs vllm_node 2>&1")
     assert "Ray runtime started." in worker_log
-    assert f"connected to head node {head_ip}:6379" in worker_log
+    assert f"connected to head node {head_ip}:29501" in worker_log
     print(f"launch-cluster.sh start: {took:.1f} s")
 
 
-def test_serve_becomes_ready_with_the_real_startup_log(sim: Any) -> None:
+def test_ray_serve_becomes_ready_with_the_real_startup_log(sim: Any) -> None:
     assert sim.http_status(health_url(sim)) is None, "nothing listens before vllm serve"
     t0 = time.monotonic()
-    proc = sim.launch("-d", "exec", *SERVE)
+    proc = sim.launch("--ray", "-d", "exec", *SERVE)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Command dispatched in background (Daemon mode)." in proc.stdout
+    assert "Cluster containers are already running. Skipping launch." in proc.stdout
     ready = sim.wait_http(health_url(sim), 200, timeout=60)
     print(
         f"exec -d vllm serve -> /health 200: {time.monotonic() - t0:.1f} s (polled {ready:.1f} s)"
@@ -147,7 +147,7 @@ def test_serve_becomes_ready_with_the_real_startup_log(sim: Any) -> None:
 
 
 def test_status_prints_the_launchers_format(sim: Any) -> None:
-    proc = sim.launch("status")
+    proc = sim.launch("--ray", "status")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     head, worker = sim.fabric_ip("spark-1"), sim.fabric_ip("spark-2")
     assert f"[HEAD] {head}: Container 'vllm_node' is RUNNING." in proc.stdout
@@ -155,7 +155,7 @@ def test_status_prints_the_launchers_format(sim: Any) -> None:
     assert "--- Ray Status ---" in proc.stdout and "Autoscaler status" in proc.stdout
 
 
-def test_killing_the_worker_container_turns_health_503(sim: Any) -> None:
+def test_ray_killing_the_worker_container_turns_health_503(sim: Any) -> None:
     proc = sim.cli("fault", "worker-kill", "worker-1")
     assert "spark-2: killed container vllm_node" in proc.stdout
     took = sim.wait_http(health_url(sim), 503, timeout=15)
@@ -177,26 +177,89 @@ def test_stop_removes_the_containers_on_all_nodes(sim: Any) -> None:
     assert sim.http_status(health_url(sim)) is None
 
 
-def test_engine_load_fault_crashes_the_next_start(sim: Any) -> None:
+def wait_log(sim: Any, node: str, needle: str, timeout: float = 60) -> str:
+    deadline = time.monotonic() + timeout
+    log = ""
+    while time.monotonic() < deadline:
+        log = sim.out(node, "docker logs vllm_node 2>&1")
+        if needle in log:
+            break
+        time.sleep(0.2)
+    return log
+
+
+def serving_processes(sim: Any, node: str) -> str:
+    return sim.out(node, "docker top vllm_node -eo pid,args")
+
+
+def test_no_ray_serve_runs_one_rank_per_node(sim: Any) -> None:
+    assert sim.http_status(health_url(sim)) is None
+    proc = sim.launch(*FAST, "-d", "exec", *SERVE)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    head_ip, worker_ip = sim.fabric_ip("spark-1"), sim.fabric_ip("spark-2")
+    assert f"Launching worker (rank 1) on {worker_ip}..." in proc.stdout
+    assert "Ray" not in proc.stdout, "no Ray cluster without --ray"
+    sim.wait_http(health_url(sim), 200, timeout=60)
+    head_log = sim.out("spark-1", "docker logs vllm_node 2>&1")
+    worker_log = sim.out("spark-2", "docker logs vllm_node 2>&1")
+    assert "INFO:     Application startup complete." in head_log, "the head's rank logs to PID 1"
+    assert f"distributed_init_method=tcp://{head_ip}:29501" in head_log
+    assert "RayWorkerWrapper" not in head_log and "(Worker_TP1 " not in head_log
+    assert "world_size=2 rank=1 " in worker_log and "Loading weights took" in worker_log
+    assert f"head node address {head_ip}:29501" in worker_log
+    assert "--headless" in serving_processes(sim, "spark-2")
+    assert "vllm serve" in serving_processes(sim, "spark-1")
+    ray = sim.ssh("spark-1", "docker exec vllm_node ray status")
+    assert ray.returncode != 0 and "Could not find any running Ray instance" in ray.stderr
+
+
+def test_no_ray_worker_kill_turns_health_503_and_the_head_container_runs_on(sim: Any) -> None:
+    proc = sim.cli("fault", "worker-kill", "worker-1")
+    assert "spark-2: killed container vllm_node" in proc.stdout
+    sim.wait_http(health_url(sim), 503, timeout=15)
+    log = sim.out("spark-1", "docker logs vllm_node 2>&1")
+    assert "Worker proc rank 1 (" in log and "EngineDeadError" in log
+    assert "vllm_node" in sim.out("spark-1", "docker ps --format '{{.Names}}'").split()
+    proc = sim.launch("stop")
+    assert proc.returncode == 0 and "Cluster stopped." in proc.stdout
+    assert sim.out("spark-1", "docker ps -aq").strip() == "", "--rm: stop removes it"
+
+
+def test_no_ray_head_times_out_on_a_rank_that_never_joins(sim: Any) -> None:
+    try:
+        assert (
+            sim.launch(*FAST, "-e", "SPARKSIM_EMU_RENDEZVOUS_TIMEOUT_S=2", "-d", "start").returncode
+            == 0
+        )
+        sim.cli("fault", "worker-kill", "worker-1")  # the worker node has no container now
+        proc = sim.launch("-d", "exec", *SERVE)
+        assert "Cluster containers are already running. Skipping launch." in proc.stdout
+        log = wait_log(sim, "spark-1", "Engine core initialization failed")
+        assert "torch.distributed.DistStoreError: wait timeout after 2000ms, keys: " in log
+        assert "vllm_node" in sim.out("spark-1", "docker ps --format '{{.Names}}'").split()
+        assert "vllm serve" not in serving_processes(sim, "spark-1"), "the process died"
+    finally:
+        sim.launch("stop")
+
+
+def test_engine_load_fault_crashes_the_next_start_leaving_the_container(sim: Any) -> None:
     proc = sim.cli("fault", "engine", "crash-oom")
     assert "at the next `vllm serve`" in proc.stdout
     try:
         assert sim.launch(*FAST, "-d", "start").returncode == 0
         assert sim.launch("-d", "exec", *SERVE).returncode == 0
-        deadline = time.monotonic() + 60
-        log = ""
-        while time.monotonic() < deadline:
-            log = sim.out("spark-1", "docker logs vllm_node 2>&1")
-            if "Engine core initialization failed" in log:
-                break
-            time.sleep(0.2)
+        log = wait_log(sim, "spark-1", "Engine core initialization failed")
         assert "torch.OutOfMemoryError: CUDA out of memory." in log
         assert "RuntimeError: Engine core initialization failed. See root cause above." in log
         assert sim.http_status(health_url(sim)) is None
+        # vLLM ran under `docker exec`: its crash leaves the container (sleep infinity) up.
+        assert "vllm_node" in sim.out("spark-1", "docker ps --format '{{.Names}}'").split()
+        assert "vllm serve" not in serving_processes(sim, "spark-1")
     finally:
         sim.cli("fault", "clear")
         sim.launch("stop")
     assert sim.out("spark-1", "cat /root/.sparksim/engine.env") == ""
+    assert sim.out("spark-1", "docker ps -aq").strip() == "", "--rm: stop removes it"
 
 
 def test_stale_container_holds_the_gpu(sim: Any) -> None:
@@ -210,7 +273,7 @@ def test_stale_container_holds_the_gpu(sim: Any) -> None:
     assert name == "VLLM::EngineCore"
     # The PID is a real process of the node: the stale container's vllm serve.
     cmd = sim.out("spark-2", f"cat /proc/{pid}/cmdline | tr '\\0' ' '")
-    assert "pytest_spark.sim.emulator serve" in cmd
+    assert "vllm serve" in cmd
     assert sim.out("spark-1", "docker ps -q").strip() == "", "only the faulted node"
     status = json.loads(sim.cli("status", "--json").stdout)
     assert any(f["kind"] == "stale-container" and f["node"] == "spark-2" for f in status["faults"])

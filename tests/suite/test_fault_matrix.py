@@ -7,7 +7,7 @@ import json
 import re
 import shlex
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -53,10 +53,12 @@ class Row:
     node: str | None
     says: dict[str, str]  # category -> words one of its failures says ("*": every category)
     because: str | None
+    mode: str = "ray"  # launch rows: --spark-ray=on (ray) or off (no-ray, issue #17)
 
     @property
     def id(self) -> str:
-        return re.sub(r"[^a-z0-9]+", "-", self.fault.lower()).strip("-")
+        name = re.sub(r"[^a-z0-9]+", "-", self.fault.lower()).strip("-")
+        return name if self.mode == "ray" else f"{name}-{self.mode}"
 
 
 def _cell(text: str) -> str | None:
@@ -121,6 +123,22 @@ def _says(cell: str | None, fails: tuple[str, ...]) -> dict[str, str]:
 
 
 ROWS = parse_matrix(MATRIX.read_text())
+
+
+def _readiness_launch_row(row: Row) -> bool:
+    """A launch row whose fault is the startup's (healthy, load crashes and hangs, the API
+    key): these run in both modes. A placement group exists only with Ray."""
+    return (
+        row.run == "launch"
+        and set(row.fails) <= {"readiness"}
+        and all(argv[0] == "engine" for argv in row.inject)
+        and "placement" not in row.fault
+    )
+
+
+# Every row as the table says (launch rows with Ray), then the readiness launch rows
+# again without Ray (the real launcher's default: --nnodes ranks, no `ray status`).
+CASES = ROWS + [replace(row, mode="no-ray") for row in ROWS if _readiness_launch_row(row)]
 
 
 def test_matrix_covers_every_fault_the_issue_lists() -> None:
@@ -244,6 +262,7 @@ def run_row(sim: SimCluster, stack: Stack, row: Row, tmp_path: Path) -> SuiteRun
     ]
     if row.run == "launch":
         args += [*launch_args(sim), f"--spark-serve-args={_serve_args(sim, row)}"]
+        args.append(f"--spark-ray={'on' if row.mode == 'ray' else 'off'}")  # the launcher's mode
     else:
         args += [f"--spark-serve-args={_serve_args(sim, row)}", f"--spark-container={container}"]
     try:
@@ -273,7 +292,7 @@ def _names(check: dict[str, Any]) -> str:
     return f"{check.get('node') or ''} {check['message']}"
 
 
-@pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
+@pytest.mark.parametrize("row", CASES, ids=[r.id for r in CASES])
 def test_fault(sim: SimCluster, stack: Stack, row: Row, tmp_path: Path) -> None:
     run = run_row(sim, stack, row, tmp_path)
     OBSERVED.mkdir(exist_ok=True)
@@ -287,7 +306,8 @@ def test_fault(sim: SimCluster, stack: Stack, row: Row, tmp_path: Path) -> None:
         bad = {c["nodeid"]: c["message"] for c in checks if c["outcome"] in ("failed", "error")}
         assert not bad, bad
         assert run.ret == 0, run.output[-3000:]
-        BASELINE_SKIPS[row.run] = {c["nodeid"] for c in checks if c["outcome"] == "skipped"}
+        skipped = {c["nodeid"] for c in checks if c["outcome"] == "skipped"}
+        BASELINE_SKIPS[f"{row.run}/{row.mode}"] = skipped
         return
     assert run.ret == 1, run.output[-3000:]
     for category in row.fails:
@@ -312,7 +332,7 @@ def test_fault(sim: SimCluster, stack: Stack, row: Row, tmp_path: Path) -> None:
         for check in checks:
             if check["category"] == category and check["outcome"] in ("failed", "error"):
                 assert not words or words.lower() in check["message"].lower(), check
-    baseline = BASELINE_SKIPS.get(row.run, set())
+    baseline = BASELINE_SKIPS.get(f"{row.run}/{row.mode}", set())
     for check in checks:
         if check["category"] in row.fails or check["outcome"] == "passed":
             continue

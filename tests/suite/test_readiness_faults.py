@@ -4,7 +4,9 @@ worker dying after ready is caught in attach mode; attach mode reports what it f
 
 from __future__ import annotations
 
+import shlex
 import subprocess
+import sysconfig
 import time
 from pathlib import Path
 
@@ -14,6 +16,7 @@ from conftest import (  # type: ignore[import-not-found]
     REPO,
     SuiteRun,
     launch_args,
+    node_ssh,
     run_suite,
     serving_containers,
     sim_fault,
@@ -40,22 +43,25 @@ def launch_with(sim: SimCluster, tmp_path: Path, *extra: str) -> tuple[SuiteRun,
 
 
 @pytest.mark.parametrize(
-    ("fault", "signature", "words"),
+    ("fault", "signature", "words", "mode"),
     [
-        ("crash-oom", "cuda-oom", "CUDA out of memory"),
-        ("crash-free-memory", "free-memory", "Free memory on device"),
-        ("crash-nccl", "nccl", "NCCL"),
-        ("hang-placement-group", "placement-group", "ray status"),
-        ("hang-silent", "no log progress", "stalled"),
+        ("crash-oom", "cuda-oom", "CUDA out of memory", "off"),
+        ("crash-oom", "cuda-oom", "CUDA out of memory", "on"),
+        ("crash-free-memory", "free-memory", "Free memory on device", "auto"),
+        ("crash-nccl", "nccl", "NCCL", "auto"),
+        ("hang-placement-group", "placement-group", "ray status", "on"),  # Ray's own
+        ("hang-silent", "no log progress", "stalled", "off"),
+        ("hang-silent", "no log progress", "stalled", "on"),
     ],
 )
 def test_load_failure_fails_fast_with_evidence(
-    sim: SimCluster, tmp_path: Path, fault: str, signature: str, words: str
+    sim: SimCluster, tmp_path: Path, fault: str, signature: str, words: str, mode: str
 ) -> None:
+    """Each load failure, with Ray (--spark-ray=on: the launcher gets --ray) and without."""
     sim_fault(sim, "clear")
     sim_fault(sim, "engine", fault)
     try:
-        run, seconds = launch_with(sim, tmp_path)
+        run, seconds = launch_with(sim, tmp_path, f"--spark-ray={mode}")
     finally:
         sim_fault(sim, "clear")
     assert run.ret == 1, run.output
@@ -142,3 +148,66 @@ def test_attach_to_a_cluster_that_is_not_serving(sim: SimCluster, tmp_path: Path
     assert (
         "connection refused" in message and "vllm_node" in message and "--spark-launch" in message
     )
+
+
+def operator_container(sim: SimCluster, serve: str) -> str:
+    """``docker run`` of a serving container the way an operator runs one by hand (compose
+    style, no --rm: ``docker start`` brings it back with its earlier output kept), with
+    the mounts sparksim's launcher gives its containers; the emulator loads in ~7 s."""
+    mounts = {
+        "/root/.sparksim": "/etc/sparksim:ro",
+        "/root/models": "/models",
+        "/usr/local/sbin": "/usr/local/sbin:ro",
+        str(sim.state_dir): f"{sim.state_dir}:ro",
+        sysconfig.get_paths()["purelib"]: "/opt/sparksim/torch-site:ro",
+    }
+    argv = ["docker", "run", "-d", "--name", "vllm_node", "--network", "host", "--ipc=host"]
+    for host, inside in mounts.items():
+        argv += ["-v", f"{host}:{inside}"]
+    for env in (
+        "PYTHONPATH=/opt/sparksim/torch-site",
+        "PYTHONUNBUFFERED=1",
+        "SPARKSIM_EMU_TIME_SCALE=0.02",
+        "SPARKSIM_EMU_MODEL_GIB=20",
+    ):
+        argv += ["-e", env]
+    image = sim.info["launch"]["image"]
+    return shlex.join([*argv, "--entrypoint=", image, *shlex.split(serve)])
+
+
+def test_attach_while_loading_after_a_restart(sim: SimCluster, tmp_path: Path) -> None:
+    """Issue #13 part 3: a `docker start`ed container loads again with its previous run's
+    "Application startup complete." still in `docker logs`. Attached at once, the watch
+    reads only this start: its phases in order, and ready when /health answers 200."""
+    sim_fault(sim, "clear")
+    serve = (
+        "vllm serve /models/Qwen3.5-122B-A10B-FP8 --served-model-name qwen3.5-122b "
+        "--tensor-parallel-size 1 --gpu-memory-utilization 0.90 --port 8000"
+    )
+    health = "curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8000/health"
+    try:
+        node_ssh(
+            sim,
+            sim.head,
+            f"docker rm -f vllm_node >/dev/null 2>&1; {operator_container(sim, serve)}",
+        )
+        deadline = time.monotonic() + 120
+        while node_ssh(sim, sim.head, health).strip() != "200":
+            assert time.monotonic() < deadline, node_ssh(
+                sim, sim.head, "docker logs vllm_node 2>&1 | tail"
+            )
+            time.sleep(1)
+        node_ssh(sim, sim.head, "docker stop vllm_node >/dev/null && docker start vllm_node")
+        assert "startup complete" in node_ssh(sim, sim.head, "docker logs vllm_node 2>&1")
+        run = run_suite(
+            tmp_path, READINESS, "--spark-history=off", f"--spark-serve-args={serve}", sim=sim
+        )
+    finally:
+        node_ssh(sim, sim.head, "docker rm -f vllm_node >/dev/null 2>&1; true")
+    assert run.ret == 0, run.output
+    serving = run.results["serving"]
+    assert serving["status"] == "ready" and serving["launched"] is False
+    phases = [p["phase"] for p in serving["timeline"]]
+    assert phases[:2] == ["start", "weights"] and phases[-1] == "ready", serving["timeline"]
+    ready_at = serving["timeline"][-1]["start_s"]
+    assert ready_at > 1.0, serving["timeline"]  # the earlier run's "ready" was not read

@@ -75,6 +75,12 @@ def build_serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-cache-dtype", default="auto")
     p.add_argument("--quantization", "-q", default=None)
     p.add_argument("--distributed-executor-backend", default=None)
+    # Multi-node without Ray: one `vllm serve` per node, rank 0 serves, the others headless.
+    p.add_argument("--nnodes", type=int, default=1)
+    p.add_argument("--node-rank", type=int, default=0)
+    p.add_argument("--master-addr", default="127.0.0.1")
+    p.add_argument("--master-port", type=int, default=29501)
+    p.add_argument("--headless", action="store_true", default=False)
     p.add_argument("--reasoning-parser", default=None)
     p.add_argument("--tool-call-parser", default=None)
     p.add_argument("--enable-auto-tool-choice", action="store_true", default=False)
@@ -124,6 +130,11 @@ _NON_DEFAULT_ORDER = (
     "pipeline_parallel_size",
     "tensor_parallel_size",
     "data_parallel_size",
+    "nnodes",
+    "node_rank",
+    "master_addr",
+    "master_port",
+    "headless",
     "block_size",
     "gpu_memory_utilization",
     "swap_space",
@@ -159,6 +170,11 @@ class ServeArgs:
     default_chat_kwargs: dict[str, Any]
     non_default: dict[str, Any]
     unknown: list[str] = field(default_factory=list)
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29501
+    headless: bool = False
 
     @property
     def world_size(self) -> int:
@@ -167,6 +183,19 @@ class ServeArgs:
     @property
     def uses_ray(self) -> bool:
         return self.executor_backend == "ray"
+
+    @property
+    def multi_node(self) -> bool:
+        """Ranks spread over ``--nnodes`` processes that rendezvous (no Ray)."""
+        return self.nnodes > 1 and not self.uses_ray
+
+    @property
+    def local_ranks(self) -> range:
+        """The TP/PP ranks this process runs: all of them, or its node's share."""
+        if not self.multi_node:
+            return range(self.world_size)
+        per = max(1, self.world_size // self.nnodes)
+        return range(self.node_rank * per, min(self.world_size, (self.node_rank + 1) * per))
 
 
 def parse_serve_args(argv: list[str], environ: dict[str, str] | None = None) -> ServeArgs:
@@ -212,6 +241,11 @@ def parse_serve_args(argv: list[str], environ: dict[str, str] | None = None) -> 
         default_chat_kwargs=dict(ns.default_chat_template_kwargs or {}),
         non_default=non_default,
         unknown=unknown,
+        nnodes=max(1, ns.nnodes),
+        node_rank=max(0, ns.node_rank),
+        master_addr=ns.master_addr,
+        master_port=ns.master_port,
+        headless=bool(ns.headless),
     )
 
 
@@ -265,6 +299,7 @@ class Knobs:
     pg_wait_s: float = 10.0
     pg_backoff: float = 2.0
     pg_timeout_s: float = 1800.0
+    rendezvous_timeout_s: float = 600.0  # torch.distributed's store timeout (no Ray)
     ray_status_file: str = ""
     head_ip: str = ""
     worker_ip: str = "198.19.0.2"

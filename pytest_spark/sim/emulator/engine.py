@@ -24,7 +24,7 @@ from .metrics import Metrics
 from .raystatus import StatusWriter
 
 if TYPE_CHECKING:
-    from .tp import PeerLink
+    from .tp import PeerLink, RankLink
 
 
 class Engine:
@@ -41,7 +41,8 @@ class Engine:
         self.dead = False
         self.ready = False
         self.dead_reason = ""
-        self.peer: PeerLink | None = None
+        self.peer: PeerLink | None = None  # the head's link to its TP peer rank
+        self.rank_link: RankLink | None = None  # a headless rank's link to the head
         self.placement_group = "none"  # none | pending | created | removed
         self.kv_cache_tokens = 1
         self.model_gib = knobs.model_gib if knobs.model_gib > 0 else checkpoint_gib(args.model)
@@ -57,7 +58,9 @@ class Engine:
         self._slots = threading.BoundedSemaphore(args.max_num_seqs)
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self.status = StatusWriter(knobs.ray_status_file, self) if knobs.ray_status_file else None
+        # `ray status` reads what the engine writes; ranks without Ray have no Ray to report.
+        writes = bool(knobs.ray_status_file) and not args.multi_node
+        self.status = StatusWriter(knobs.ray_status_file, self) if writes else None
 
     # --- prefixes -------------------------------------------------------------------------
     @property
@@ -145,7 +148,6 @@ class Engine:
                 "Rank 0] Process group watchdog thread terminated with exception: NCCL error: "
                 "remote process exited or there was a network error, NCCL version 2.27.3"
             )
-        node_id = zlib.crc32(w_ip.encode()).to_bytes(4, "big").hex() * 7
         where = "core.py:922"
         e = self.engine_prefix
         trace = [
@@ -155,6 +157,30 @@ class Engine:
             "    engine_core.run_busy_loop()",
             frame("v1/engine/core.py", 940, "run_busy_loop"),
             "    self._process_engine_step()",
+        ]
+        if self.args.multi_node:  # no Ray: the multiprocessing executor's own words
+            log.error(
+                e,
+                "multiproc_executor.py:171",
+                f"Worker proc rank {rank} ({w_ip}, pid {w_pid}) died unexpectedly, shutting "
+                "down executor.",
+            )
+            trace += [
+                frame("v1/executor/multiproc_executor.py", 298, "collective_rpc"),
+                "    raise RuntimeError(",
+                "RuntimeError: Executor failed.",
+            ]
+        else:
+            trace += self._ray_death(cause, w_ip, w_pid)
+        log.error(e, where, "\n".join(trace))
+        self._api_dead()
+        self.placement_group = "removed"
+        if knobs.exit_on_death_s >= 0:
+            threading.Timer(knobs.exit_on_death_s, self._exit_dead).start()
+
+    def _ray_death(self, cause: str, w_ip: str, w_pid: int) -> list[str]:
+        node_id = zlib.crc32(w_ip.encode()).to_bytes(4, "big").hex() * 7
+        return [
             frame("v1/executor/ray_executor.py", 455, "execute_model"),
             "    return refs[0].get()",
             "ray.exceptions.RayActorError: The actor died unexpectedly before finishing this task.",
@@ -169,8 +195,9 @@ class Engine:
             "SYSTEM_ERROR Worker exit detail: Worker unexpectedly exits with a connection error "
             "code 2. End of file.",
         ]
-        log.error(e, where, "\n".join(trace))
-        log.error(
+
+    def _api_dead(self) -> None:
+        self.log.error(
             self.api_prefix,
             "async_llm.py:527",
             "\n".join(
@@ -185,9 +212,6 @@ class Engine:
                 ]
             ),
         )
-        self.placement_group = "removed"
-        if knobs.exit_on_death_s >= 0:
-            threading.Timer(knobs.exit_on_death_s, self._exit_dead).start()
 
     def _exit_dead(self) -> None:
         self.log.uvicorn("Shutting down")

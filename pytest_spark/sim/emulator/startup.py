@@ -14,12 +14,15 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from .config import version_tuple
 from .engine import Engine
 from .logs import bar_progress, frame, shard_progress
 from .metrics_schema import cache_config_info
+
+if TYPE_CHECKING:
+    from .tp import PeerLink
 
 LOGO = [
     "",
@@ -82,17 +85,20 @@ class Startup:
 
     # --- helpers ----------------------------------------------------------------------------
     def api(self, where: str, msg: str, level: str = "INFO") -> None:
-        self.e.log.vllm(self.e.api_prefix, level, where, msg)
+        if not self.e.args.headless:  # a headless rank runs no API server
+            self.e.log.vllm(self.e.api_prefix, level, where, msg)
 
     def core(self, where: str, msg: str, level: str = "INFO") -> None:
-        self.e.log.vllm(self.e.engine_prefix, level, where, msg)
+        if not self.e.args.headless:  # nor an engine core: only its workers
+            self.e.log.vllm(self.e.engine_prefix, level, where, msg)
 
     def ranks(self, where: str, msg: str, level: str = "INFO") -> None:
-        for rank in range(self.e.args.world_size):
+        for rank in self.e.args.local_ranks:
             self.e.log.vllm(self.e.worker_prefix(rank), level, where, msg.format(rank=rank))
 
     def progress(self, line: str) -> None:
-        prefix = self.e.worker_prefix(0) + " " if self.e.args.world_size > 1 else ""
+        first = self.e.args.local_ranks[0]
+        prefix = self.e.worker_prefix(first) + " " if self.e.args.world_size > 1 else ""
         self.e.log.raw(prefix + line)
 
     def hang(self) -> NoReturn:
@@ -138,12 +144,17 @@ class Startup:
         self.banner()
         self.sleep(self.e.knobs.api_seconds)
         self.engine_core()
-        if self.e.args.world_size > 1:
+        if self.e.args.multi_node:
+            self.rendezvous()
+        elif self.e.args.world_size > 1:
             self.placement_group()
         self.distributed()
         self.load_weights()
         self.profile_and_kv()
         self.graphs()
+        if self.e.args.headless:
+            self.e.ready = True  # the rank serves the head's engine, not HTTP
+            return
         self.serve()
 
     def banner(self) -> None:
@@ -257,16 +268,74 @@ class Startup:
             interval *= max(1.0, knobs.pg_backoff)
             deadline = time.monotonic() + interval
         if peer is not None:
-            peer.formed = True
-            e.worker_ips[1:] = [peer.peer_ip or knobs.worker_ip] * (e.args.world_size - 1)
-            if peer.peer_pid:
-                e.worker_pids[1] = peer.peer_pid
+            self.peer_joined(peer)
             if peer.state != "connected":
                 self.worker_lost_during_load()
         e.placement_group = "created"
 
+    def peer_joined(self, peer: PeerLink) -> None:
+        """Rank 1 is in the group: its address and PID in the log lines from now on."""
+        e = self.e
+        peer.formed = True
+        e.worker_ips[1:] = [peer.peer_ip or e.knobs.worker_ip] * (e.args.world_size - 1)
+        if peer.peer_pid:
+            e.worker_pids[1] = peer.peer_pid
+
+    def rendezvous(self) -> None:
+        """No Ray: every ``--nnodes`` rank meets at ``--master-addr:--master-port``
+        (torch.distributed's store); the head waits for the others, a worker dials it."""
+        e, a = self.e, self.e.args
+        timeout = e.knobs.rendezvous_timeout_s
+        if a.headless:
+            assert e.rank_link is not None
+            if not e.rank_link.join(timeout):
+                self.rank_crash(
+                    "torch.distributed.DistNetworkError: The client socket has timed out after "
+                    f"{int(timeout * 1000)}ms while trying to connect to ({a.master_addr}, "
+                    f"{a.master_port})."
+                )
+            return
+        peer = e.peer
+        if peer is None or peer.connected.wait(timeout):
+            if peer is not None:
+                self.peer_joined(peer)
+            return
+        self.crash(
+            "core.py:866",
+            [
+                frame("v1/executor/multiproc_executor.py", 134, "_init_executor"),
+                "    self.rpc_broadcast_mq = MessageQueue.create_from_process_group(",
+                frame("distributed/utils.py", 252, "get"),
+                "    return self.store.get(key)",
+            ],
+            f"torch.distributed.DistStoreError: wait timeout after {int(timeout * 1000)}ms, "
+            "keys: /default_pg/0//cuda//0",
+        )
+
+    def rank_crash(self, final: str) -> NoReturn:
+        """A headless rank's own traceback (no engine core, no API server), exit 1."""
+        rank = self.e.args.local_ranks[0]
+        body = [
+            "Traceback (most recent call last):",
+            frame("v1/executor/multiproc_executor.py", 512, "worker_main"),
+            "    worker = WorkerProc(*args, **kwargs)",
+            frame("distributed/parallel_state.py", 1186, "init_distributed_environment"),
+            "    torch.distributed.init_process_group(",
+            final,
+        ]
+        self.e.log.error(self.e.worker_prefix(rank), "multiproc_executor.py:540", "\n".join(body))
+        sys.stdout.flush()
+        raise SystemExit(1)
+
     def worker_lost_during_load(self) -> NoReturn:
         ip = self.e.worker_ips[-1]
+        if self.e.args.multi_node:
+            self.crash(
+                "core.py:866",
+                [frame("v1/executor/multiproc_executor.py", 134, "_init_executor")],
+                "RuntimeError: NCCL error: remote process exited or there was a network "
+                f"error (rank 1 on {ip}), NCCL version 2.27.3",
+            )
         self.crash(
             "core.py:866",
             [frame("v1/executor/ray_executor.py", 101, "_init_executor")],
@@ -283,12 +352,15 @@ class Startup:
     def distributed(self) -> None:
         e, a = self.e, self.e.args
         port = 29500 + secrets.randbelow(20000)
-        for rank in range(a.world_size):
+        init = f"tcp://{e.knobs.head_ip}:{port}"
+        if a.multi_node:
+            init = f"tcp://{a.master_addr}:{a.master_port}"
+        for rank in a.local_ranks:
             self.e.log.info(
                 e.worker_prefix(rank),
                 "parallel_state.py:1906",
                 f"world_size={a.world_size} rank={rank} local_rank=0 distributed_init_method="
-                f"tcp://{e.knobs.head_ip}:{port} backend=nccl",
+                f"{init} backend=nccl",
             )
         if a.world_size > 1:
             self.ranks("pynccl.py:103", "vLLM is using nccl==2.27.3")
@@ -300,7 +372,7 @@ class Startup:
                 "Custom allreduce is disabled because this process group spans across nodes.",
                 "WARNING",
             )
-        for rank in range(a.world_size):
+        for rank in a.local_ranks:
             self.e.log.info(
                 e.worker_prefix(rank),
                 "parallel_state.py:2350",

@@ -111,6 +111,43 @@ class PeerLink:
         self.on_lost(cause)
 
 
+class RankLink:
+    """A headless rank's side (no Ray): dials the head rank at ``--master-addr:
+    --master-port`` over the fabric, as torch.distributed's store clients do, and
+    heartbeats; ``on_lost`` runs once when the head goes away."""
+
+    def __init__(
+        self, host: str, port: int, hello: dict[str, Any], knobs: Knobs, on_lost: Callable[[], None]
+    ) -> None:
+        self.host, self.port, self.hello = host, port, hello
+        self.knobs = knobs
+        self.on_lost = on_lost
+        self._stop = threading.Event()
+
+    def join(self, timeout: float) -> bool:
+        """Connect within ``timeout`` seconds (the head may start later); False if not."""
+        deadline = time.monotonic() + timeout
+        while not self._stop.is_set():
+            try:
+                conn = socket.create_connection((self.host, self.port), timeout=2.0)
+            except OSError:
+                if time.monotonic() >= deadline:
+                    return False
+                self._stop.wait(min(0.5, max(0.0, deadline - time.monotonic())))
+                continue
+            threading.Thread(target=self._run, args=(conn,), name="rank-link", daemon=True).start()
+            return True
+        return False
+
+    def close(self) -> None:
+        self._stop.set()
+
+    def _run(self, conn: socket.socket) -> None:
+        _heartbeat(conn, self.hello, self.knobs, self._stop)
+        if not self._stop.is_set():
+            self.on_lost()
+
+
 def _log(message: str) -> None:
     sys.stdout.write(message + "\n")
     sys.stdout.flush()

@@ -1,24 +1,44 @@
 #!/bin/bash
 #
-# launch-cluster.sh: run vLLM in Docker across DGX Spark nodes, with a Ray cluster over
-# the ConnectX-7 fabric (head = this node, workers over passwordless SSH).
+# launch-cluster.sh: run vLLM in Docker across DGX Spark nodes over the ConnectX-7 fabric
+# (head = this node, workers over passwordless SSH), with or without a Ray cluster.
 #
-# Same command line and behaviour as the community spark-vllm-docker launcher:
+# A look-alike of the community launcher, eugr/spark-vllm-docker launch-cluster.sh at
+# commit 013cd2ea2264d7af8567aa763ac6ccd8f0338c1a (with autodiscover.sh at 065fb920):
+# same command line, output lines and container model:
 #   launch-cluster.sh [-n IP,IP] [-t IMAGE] [--name NAME] [--eth-if IF] [--ib-if DEV[,DEV]]
-#                     [--nccl-debug [LEVEL]] [--check-config] [-d] [start|stop|status|exec CMD...]
-# Nothing in it is specific to sparksim: the simulated nodes supply ibdev2netdev, ip, ssh and
-# docker, and the image supplies `ray` and `vllm`.
+#                     [--nccl-debug [LEVEL]] [--check-config] [--solo] [--ray|--no-ray]
+#                     [--config FILE] [-d] [start|stop|status|exec CMD...]
+# - every node runs `docker run -d --rm --name NAME ... sleep infinity`; Ray and vLLM are
+#   started inside with `docker exec`, so a vLLM crash leaves the container running and
+#   `stop` removes it (--rm);
+# - no Ray by default: `exec vllm serve ...` starts one rank per node with `--nnodes N
+#   --node-rank R --master-addr HEAD --master-port 29501` (`--headless` on workers), the
+#   workers first, all writing to their container's PID-1 output (`docker logs`); without
+#   -d the launcher follows the head's container log until the head's command exits;
+# - `--ray`: a Ray cluster (`ray start` per node, port 29501) and `--distributed-executor-
+#   backend ray`; the head's `vllm serve` then runs in the foreground (`docker exec -i`), its
+#   output on the launcher's stdout, not in `docker logs`;
+# - the nodes are trimmed to TP x PP x DP of the command; interface auto-detection needs
+#   exactly 2 (or 4: mesh) RoCE devices Up; `.env` beside the script (or --config) sets
+#   CLUSTER_NODES, ETH_IF, IB_IF, MASTER_PORT, CONTAINER_NAME, LOCAL_IP, CONTAINER_*.
+# Left out (not needed to serve on a Spark pair): --apply-mod, --apply-vllm-pr,
+# --launch-script, --setup, -p/-v, --earlyoom, --non-privileged, subnet peer scanning by GPU
+# name, the image-ID consistency check. Nothing in it is specific to sparksim: the simulated
+# nodes supply ibdev2netdev, ip, ssh and docker, and the image supplies `ray` and `vllm`.
 #
 # -d goes before the action (`-d exec vllm serve ...`): everything after `exec` is the
-# command. Containers always get `--gpus all`, as on a Spark; a node without the NVIDIA
-# container toolkit fails its `docker run` ("could not select device driver"), and the
-# launcher stops there with the node named.
+# command. Containers always get `--gpus all`, as on a Spark. As in the real script the exit
+# status of `docker run` is not checked: a node whose `docker run` fails (no NVIDIA
+# container toolkit: "could not select device driver") is simply left without a container.
 
 IMAGE_NAME="vllm-node"
 DEFAULT_CONTAINER_NAME="vllm_node"
 HF_CACHE_DIR="${HF_HOME:-$HOME/.cache/huggingface}"
 # Extra `docker run` arguments: edit here, or set VLLM_SPARK_EXTRA_DOCKER_ARGS.
-DOCKER_ARGS="-e NCCL_IGNORE_CPU_AFFINITY=1 -v $HF_CACHE_DIR:/root/.cache/huggingface"
+DOCKER_ARGS="-e NCCL_IGNORE_CPU_AFFINITY=1"
+DOCKER_ARGS="$DOCKER_ARGS -e PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+DOCKER_ARGS="$DOCKER_ARGS -v $HF_CACHE_DIR:/root/.cache/huggingface"
 if [[ -n "$VLLM_SPARK_EXTRA_DOCKER_ARGS" ]]; then
     DOCKER_ARGS="$DOCKER_ARGS $VLLM_SPARK_EXTRA_DOCKER_ARGS"
 fi
@@ -26,15 +46,23 @@ fi
 ETH_IF=""
 IB_IF=""
 NCCL_DEBUG_VAL=""
-RAY_PORT="6379"
-DASHBOARD_PORT="8265"
+MASTER_PORT="29501"  # Ray head port, or torch.distributed's master port without Ray
 NODES_ARG=""
 CONTAINER_NAME="$DEFAULT_CONTAINER_NAME"
 COMMAND_TO_RUN=""
 DAEMON_MODE="false"
 CHECK_CONFIG="false"
 SOLO_MODE="false"
-NO_RAY_MODE="false"
+NO_RAY_MODE="true"
+NO_RAY_EXPLICIT="false"
+RAY_MODE_EXPLICIT="false"
+MOUNT_CACHE_DIRS="true"
+NOFILE_LIMIT="${VLLM_SPARK_NOFILE_LIMIT:-1048576}"
+HEAD_EXEC_SENTINEL="/tmp/.launch-cluster-head-exit"
+HEAD_EXEC_POLL_INTERVAL=5
+CLUSTER_STOPPED="false"
+CONFIG_FILE_SET="false"
+MESH_MODE="false"
 ACTION=""
 CLUSTER_WAS_RUNNING="false"
 CONFIG_FILE=""
@@ -43,7 +71,7 @@ SSH_OPTS=(-o BatchMode=yes -o ConnectTimeout=5)
 PEER_NODES=()
 
 usage() {
-    echo "Usage: $0 [-n <node_ips>] [-t <image_name>] [--name <container_name>] [--eth-if <if_name>] [--ib-if <if_name>] [--nccl-debug <level>] [--check-config] [--solo] [--no-ray] [-d] [action] [command]"
+    echo "Usage: $0 [-n <node_ips>] [-t <image_name>] [--name <container_name>] [--eth-if <if_name>] [--ib-if <if_name>] [--nccl-debug <level>] [--check-config] [--solo] [--ray|--no-ray] [-d] [action] [command]"
     echo "  -n, --nodes     Comma-separated list of node IPs (Optional, auto-detected if omitted)"
     echo "  -t              Docker image name (Optional, default: $IMAGE_NAME)"
     echo "  --name          Container name (Optional, default: $DEFAULT_CONTAINER_NAME)"
@@ -53,15 +81,19 @@ usage() {
     echo "  --nccl-debug    NCCL debug level (Optional, one of: VERSION, WARN, INFO, TRACE). If no level is provided, defaults to INFO."
     echo "  --check-config  Check configuration and auto-detection without launching"
     echo "  --solo          Solo mode: skip autodetection, launch only on current node, do not launch Ray cluster"
-    echo "  --master-port   Ray head port (default: $RAY_PORT)"
-    echo "  --no-ray        Do not start a Ray cluster in the containers"
-    echo "  --ray           Start a Ray cluster (default; accepted for compatibility)"
+    echo "  --master-port   Port for cluster coordination: Ray head port or PyTorch distributed master port (default: 29501)"
+    echo "  --ray           Use Ray for multi-node vLLM and add --distributed-executor-backend ray if missing"
+    echo "  --no-ray        Default for multi-node vLLM without Ray (accepted for compatibility)"
+    echo "  --no-cache-dirs Do not mount default cache directories (~/.cache/vllm, ~/.cache/flashinfer, ~/.triton, ~/.tilelang)"
     echo "  -d              Daemon mode (start: return once the cluster is up; exec: run the command in the background, logging to the container output)"
     echo "  --config        Path to .env configuration file (default: .env in script directory)"
     echo "  action          start | stop | status | exec (Default: start)"
     echo "  command         Command to run (only for 'exec' action)"
     echo ""
     echo "Environment: VLLM_SPARK_EXTRA_DOCKER_ARGS  extra 'docker run' arguments"
+    echo "  VLLM_SPARK_NOFILE_LIMIT  Docker nofile ulimit for containers (default: 1048576)"
+    echo "Do not pass --distributed-executor-backend, --nnodes, --node-rank, --master-addr,"
+    echo "  --master-port or --headless to vllm serve: the launcher adds them."
     echo "Supported .env variables: CLUSTER_NODES, ETH_IF, IB_IF, MASTER_PORT, CONTAINER_NAME,"
     echo "  LOCAL_IP, CONTAINER_* (CONTAINER_NCCL_DEBUG=INFO -> -e NCCL_DEBUG=INFO)"
     exit 1
@@ -84,14 +116,25 @@ while [[ "$#" -gt 0 ]]; do
                 NCCL_DEBUG_VAL="INFO"
             fi
             ;;
-        --master-port|--head-port) RAY_PORT="$2"; shift ;;
+        --master-port|--head-port) MASTER_PORT="$2"; shift ;;
         --check-config) CHECK_CONFIG="true" ;;
         --solo) SOLO_MODE="true" ;;
-        --no-ray) NO_RAY_MODE="true" ;;
-        --ray) NO_RAY_MODE="false" ;;
+        --ray)
+            if [[ "$NO_RAY_EXPLICIT" == "true" ]]; then
+                echo "Error: --ray and --no-ray are mutually exclusive."
+                exit 1
+            fi
+            NO_RAY_MODE="false"; RAY_MODE_EXPLICIT="true" ;;
+        --no-ray)
+            if [[ "$RAY_MODE_EXPLICIT" == "true" ]]; then
+                echo "Error: --ray and --no-ray are mutually exclusive."
+                exit 1
+            fi
+            NO_RAY_MODE="true"; NO_RAY_EXPLICIT="true" ;;
+        --no-cache-dirs) MOUNT_CACHE_DIRS="false" ;;
         -d) DAEMON_MODE="true" ;;
         -h|--help) usage ;;
-        --config) CONFIG_FILE="$2"; shift ;;
+        --config) CONFIG_FILE="$2"; CONFIG_FILE_SET="true"; shift ;;
         start|stop|status) ACTION="$1" ;;
         exec)
             ACTION="exec"
@@ -109,9 +152,14 @@ done
 
 # --- .env -------------------------------------------------------------------------------
 [[ -z "$CONFIG_FILE" ]] && CONFIG_FILE="$SCRIPT_DIR/.env"
+if [[ "$CONFIG_FILE_SET" == "true" && ! -f "$CONFIG_FILE" ]]; then
+    echo "Error: Config file not found: $CONFIG_FILE"
+    exit 1
+fi
 if [[ -f "$CONFIG_FILE" ]]; then
     echo "Loading configuration from .env file..."
     line_num=0
+    declare -A seen_keys=()
     while IFS= read -r line || [[ -n "$line" ]]; do
         line_num=$((line_num + 1))
         line="${line#"${line%%[![:space:]]*}"}"
@@ -132,6 +180,12 @@ if [[ -f "$CONFIG_FILE" ]]; then
         if [[ ( "$value" == \"*\" || "$value" == \'*\' ) && ${#value} -ge 2 ]]; then
             value="${value:1:${#value}-2}"
         fi
+        if [[ -n "${seen_keys[$key]}" ]]; then
+            echo "Error: Duplicate key at line $line_num: $key"
+            echo "Error: Invalid .env file syntax. Aborting."
+            exit 1
+        fi
+        seen_keys[$key]=1
         export "DOTENV_$key=$value"
     done < "$CONFIG_FILE"
     echo "Loaded .env variables: $(compgen -v DOTENV_ | tr '\n' ' ')"
@@ -139,7 +193,7 @@ fi
 [[ -z "$NODES_ARG" && -n "$DOTENV_CLUSTER_NODES" ]] && NODES_ARG="$DOTENV_CLUSTER_NODES"
 [[ -z "$ETH_IF" && -n "$DOTENV_ETH_IF" ]] && ETH_IF="$DOTENV_ETH_IF"
 [[ -z "$IB_IF" && -n "$DOTENV_IB_IF" ]] && IB_IF="$DOTENV_IB_IF"
-[[ "$RAY_PORT" == "6379" && -n "$DOTENV_MASTER_PORT" ]] && RAY_PORT="$DOTENV_MASTER_PORT"
+[[ "$MASTER_PORT" == "29501" && -n "$DOTENV_MASTER_PORT" ]] && MASTER_PORT="$DOTENV_MASTER_PORT"
 if [[ "$CONTAINER_NAME" == "$DEFAULT_CONTAINER_NAME" && -n "$DOTENV_CONTAINER_NAME" ]]; then
     CONTAINER_NAME="$DOTENV_CONTAINER_NAME"
 fi
@@ -148,11 +202,22 @@ fi
 if [[ -n "$NCCL_DEBUG_VAL" ]]; then
     DOCKER_ARGS="$DOCKER_ARGS -e NCCL_DEBUG=$NCCL_DEBUG_VAL"
 fi
+if [[ ! "$NOFILE_LIMIT" =~ ^[1-9][0-9]*$ ]]; then
+    echo "Error: VLLM_SPARK_NOFILE_LIMIT must be a positive integer, got: $NOFILE_LIMIT"
+    exit 1
+fi
 for env_var in $(compgen -v DOTENV_CONTAINER_); do
     [[ "$env_var" == "DOTENV_CONTAINER_NAME" ]] && continue
     DOCKER_ARGS="$DOCKER_ARGS -e ${env_var#DOTENV_CONTAINER_}=$(printf '%q' "${!env_var}")"
     echo "Adding container env: ${env_var#DOTENV_CONTAINER_}"
 done
+CACHE_DIRS_TO_CREATE=()
+if [[ "$MOUNT_CACHE_DIRS" == "true" ]]; then
+    for cache in .cache/vllm .cache/flashinfer .triton .tilelang; do
+        DOCKER_ARGS="$DOCKER_ARGS -v $HOME/$cache:/root/$cache"
+        CACHE_DIRS_TO_CREATE+=("$HOME/$cache")
+    done
+fi
 
 # --- auto-detection ---------------------------------------------------------------------
 detect_interfaces() {
@@ -163,8 +228,8 @@ detect_interfaces() {
     fi
     echo "Auto-detecting interfaces..."
     # "rocep1s0f1 port 1 ==> enp1s0f1np1 (Up)" -> "rocep1s0f1 enp1s0f1np1"
-    local pairs ib_devs=() eth_candidates=() ib_dev net_dev
-    mapfile -t pairs < <(ibdev2netdev | awk '/\(Up\)/ {print $1 " " $5}')
+    local pairs ib_devs=() net_devs=() ib_dev net_dev cidr subnet
+    mapfile -t pairs < <(ibdev2netdev | awk '/Up\)/ {print $1 " " $5}')
     if [[ ${#pairs[@]} -eq 0 ]]; then
         echo "Error: No active IB interfaces found."
         return 1
@@ -172,25 +237,72 @@ detect_interfaces() {
     for pair in "${pairs[@]}"; do
         read -r ib_dev net_dev <<< "$pair"
         ib_devs+=("$ib_dev")
-        if ip -o -f inet addr show "$net_dev" 2>/dev/null | grep -q "inet "; then
-            eth_candidates+=("$net_dev")
-        fi
+        net_devs+=("$net_dev")
     done
-    if [[ -z "$IB_IF" ]]; then
-        IB_IF=$(IFS=,; echo "${ib_devs[*]}")
-        echo "  Detected IB_IF: $IB_IF"
-    fi
-    if [[ -z "$ETH_IF" ]]; then
-        if [[ ${#eth_candidates[@]} -eq 0 ]]; then
-            echo "Error: No active IB-associated interfaces have IP addresses."
+    # The domain-0 twins (enp*, no capital P) carry the fabric addresses: they need one.
+    for net_dev in "${net_devs[@]}"; do
+        if [[ "$net_dev" == enp* && "$net_dev" != *P* ]] \
+            && ! ip addr show "$net_dev" 2>/dev/null | grep -q "inet "; then
+            echo "Error: Interface $net_dev (enp*, no capital P) is Up but has no IP address assigned."
             return 1
         fi
-        # Prefer the domain-0 twin (no capital P in its name).
-        for iface in "${eth_candidates[@]}"; do
-            if [[ "$iface" != *P* ]]; then ETH_IF="$iface"; break; fi
-        done
-        [[ -z "$ETH_IF" ]] && ETH_IF="${eth_candidates[0]}"
-        echo "  Detected ETH_IF: $ETH_IF"
+    done
+    declare -A subnets=()
+    for net_dev in "${net_devs[@]}"; do
+        cidr=$(ip -o -f inet addr show "$net_dev" 2>/dev/null | awk '{print $4}' | head -n1)
+        [[ -z "$cidr" ]] && continue
+        subnet=$(python3 -c "import ipaddress, sys; print(ipaddress.ip_network(sys.argv[1], strict=False))" "$cidr" 2>/dev/null)
+        if [[ -n "${subnets[$subnet]}" ]]; then
+            echo "Error: Interfaces $net_dev and ${subnets[$subnet]} share the same subnet ($subnet). Check network configuration."
+            return 1
+        fi
+        subnets[$subnet]="$net_dev"
+    done
+    if [[ ${#pairs[@]} -eq 2 ]]; then
+        MESH_MODE="false"
+        echo "  Non-mesh mode: 2 CX7 interfaces active."
+        if [[ -z "$IB_IF" ]]; then
+            IB_IF=$(IFS=,; echo "${ib_devs[*]}")
+            echo "  Detected IB_IF: $IB_IF"
+        fi
+        if [[ -z "$ETH_IF" ]]; then
+            local with_ip=()
+            for net_dev in "${net_devs[@]}"; do
+                ip addr show "$net_dev" 2>/dev/null | grep -q "inet " && with_ip+=("$net_dev")
+            done
+            if [[ ${#with_ip[@]} -eq 0 ]]; then
+                echo "Error: No active IB-associated interfaces have IP addresses."
+                return 1
+            fi
+            for net_dev in "${with_ip[@]}"; do  # prefer the twin without a capital P
+                if [[ "$net_dev" != *P* ]]; then ETH_IF="$net_dev"; break; fi
+            done
+            [[ -z "$ETH_IF" ]] && ETH_IF="${with_ip[0]}"
+            echo "  Detected ETH_IF: $ETH_IF"
+        fi
+    elif [[ ${#pairs[@]} -eq 4 ]]; then
+        MESH_MODE="true"
+        echo "  Mesh mode: all 4 CX7 interfaces active."
+        if [[ -z "$IB_IF" ]]; then
+            IB_IF="rocep1s0f0,roceP2p1s0f0,rocep1s0f1,roceP2p1s0f1"
+            echo "  Detected IB_IF: $IB_IF"
+        fi
+        if [[ -z "$ETH_IF" ]]; then
+            if ip addr show enP7s7 2>/dev/null | grep -q "inet "; then
+                ETH_IF="enP7s7"
+                echo "  Detected ETH_IF: $ETH_IF"
+            elif ip addr show wlP9s9 2>/dev/null | grep -q "inet "; then
+                ETH_IF="wlP9s9"
+                echo "  Detected ETH_IF: $ETH_IF"
+                echo "  Warning: using wireless interface (wlP9s9) for cluster coordination. Performance may be limited."
+            else
+                echo "Error: Mesh mode requires enP7s7 or wlP9s9 to be up with an IP address for cluster coordination."
+                return 1
+            fi
+        fi
+    else
+        echo "Error: Unexpected number of active CX7 interfaces (${#pairs[@]}). Expected 2 (non-mesh) or 4 (mesh)."
+        return 1
     fi
 }
 
@@ -273,8 +385,18 @@ if [[ "$SOLO_MODE" == "false" && ${#PEER_NODES[@]} -eq 0 ]]; then
     echo "Only local node detected/configured. Activating solo mode (no Ray cluster)."
     SOLO_MODE="true"
 fi
+if [[ "$SOLO_MODE" == "true" ]]; then
+    if [[ "$RAY_MODE_EXPLICIT" == "true" ]]; then
+        echo "Error: --ray is incompatible with --solo or a single-node configuration."
+        exit 1
+    fi
+    if [[ "$NO_RAY_EXPLICIT" == "true" ]]; then
+        echo "Error: --no-ray is incompatible with --solo or a single-node configuration."
+        exit 1
+    fi
+    NO_RAY_MODE="false"  # one node: neither Ray nor ranks
+fi
 
-[[ -z "$ACTION" ]] && ACTION="start"
 echo "Head Node: $HEAD_IP"
 echo "Worker Nodes: ${PEER_NODES[*]}"
 echo "Container Name: $CONTAINER_NAME"
@@ -295,6 +417,11 @@ if [[ "$ACTION" == "start" || "$ACTION" == "exec" || "$CHECK_CONFIG" == "true" ]
     fi
 fi
 
+if [[ -z "$ACTION" && "$CHECK_CONFIG" != "true" ]]; then
+    echo "Error: No action specified. Use: start | stop | status | exec"
+    usage
+fi
+
 if [[ "$CHECK_CONFIG" == "true" ]]; then
     echo "Configuration Check Complete."
     echo "  Image Name: $IMAGE_NAME"
@@ -302,6 +429,11 @@ if [[ "$CHECK_CONFIG" == "true" ]]; then
     echo "  IB Interface: $IB_IF"
     echo "  Docker Args: $DOCKER_ARGS"
     echo "  Docker Network: host"
+    if [[ "$MOUNT_CACHE_DIRS" == "true" ]]; then
+        echo "  Mounting Cache Dirs: ${CACHE_DIRS_TO_CREATE[*]}"
+    else
+        echo "  Mounting Cache Dirs: (Disabled)"
+    fi
     exit 0
 fi
 
@@ -333,6 +465,7 @@ cleanup() {
         echo "Stopping worker node ($worker)..."
         on_worker "$worker" docker stop "$CONTAINER_NAME" >/dev/null 2>&1 || true
     done
+    CLUSTER_STOPPED="true"
     echo "Cluster stopped."
 }
 
@@ -349,8 +482,9 @@ env_flags() {  # env_flags NODE_IP: the container environment of one node
         "OMPI_MCA_btl_tcp_if_include=$ETH_IF" \
         "GLOO_SOCKET_IFNAME=$ETH_IF" \
         "TP_SOCKET_IFNAME=$ETH_IF" \
-        "MASTER_ADDR=$HEAD_IP" \
-        "RAY_memory_monitor_refresh_ms=0"
+        "RAY_memory_monitor_refresh_ms=0" \
+        "RAY_num_prestart_python_workers=0" \
+        "RAY_object_store_memory=1073741824"
 }
 
 check_cluster_running() {
@@ -389,41 +523,85 @@ wait_for_cluster() {
 
 start_cluster() {
     check_cluster_running
-    [[ "$CLUSTER_WAS_RUNNING" == "true" ]] && return
+    [[ "$CLUSTER_WAS_RUNNING" == "true" ]] && return 0
 
     # shellcheck disable=SC2206  # DOCKER_ARGS is a word list by design
-    local common=(--privileged --gpus all -d --rm --network host --ipc=host
-                  --name "$CONTAINER_NAME" --entrypoint= $DOCKER_ARGS "$IMAGE_NAME")
+    local common=(--gpus all -d --rm --network host --name "$CONTAINER_NAME" --entrypoint=
+                  $DOCKER_ARGS "$IMAGE_NAME")
+    local caps=(--privileged --ulimit "nofile=$NOFILE_LIMIT:$NOFILE_LIMIT" --ipc=host)
     echo "Starting Head Node on $HEAD_IP..."
     mkdir -p "$HF_CACHE_DIR"
+    [[ ${#CACHE_DIRS_TO_CREATE[@]} -gt 0 ]] && mkdir -p "${CACHE_DIRS_TO_CREATE[@]}"
+    # As in the real script, a failed `docker run` does not stop the launch.
     # shellcheck disable=SC2046
-    if ! docker run $(env_flags "$HEAD_IP") "${common[@]}" sleep infinity; then
-        echo "Error: Failed to start container '$CONTAINER_NAME' on head node ($HEAD_IP)."
-        exit 1
-    fi
+    docker run "${caps[@]}" $(env_flags "$HEAD_IP") "${common[@]}" sleep infinity
     for worker in "${PEER_NODES[@]}"; do
         echo "Starting Worker Node on $worker..."
-        on_worker "$worker" mkdir -p "$HF_CACHE_DIR"
+        on_worker "$worker" mkdir -p "$HF_CACHE_DIR" "${CACHE_DIRS_TO_CREATE[@]}"
         # shellcheck disable=SC2046
-        if ! on_worker "$worker" docker run $(env_flags "$worker") "${common[@]}" sleep infinity; then
-            echo "Error: Failed to start container '$CONTAINER_NAME' on worker node ($worker)."
-            exit 1
-        fi
+        on_worker "$worker" docker run "${caps[@]}" $(env_flags "$worker") "${common[@]}" sleep infinity
     done
 
     if [[ "$SOLO_MODE" == "false" && "$NO_RAY_MODE" == "false" ]]; then
         echo "Starting Ray HEAD node on $HEAD_IP..."
         docker exec -d "$CONTAINER_NAME" bash -c \
-            "ray start --block --head --port $RAY_PORT --dashboard-port $DASHBOARD_PORT --node-ip-address $HEAD_IP --disable-usage-stats >> /proc/1/fd/1 2>&1"
+            "ray start --block --head --port $MASTER_PORT --object-store-memory 1073741824 --num-cpus 2 --node-ip-address $HEAD_IP --include-dashboard=false --disable-usage-stats >> /proc/1/fd/1 2>&1"
         for worker in "${PEER_NODES[@]}"; do
             echo "Starting Ray WORKER node on $worker..."
             on_worker "$worker" docker exec -d "$CONTAINER_NAME" bash -c \
-                "ray start --block --address=$HEAD_IP:$RAY_PORT --node-ip-address $worker --disable-usage-stats >> /proc/1/fd/1 2>&1"
+                "ray start --block --object-store-memory 1073741824 --num-cpus 2 --disable-usage-stats --address=$HEAD_IP:$MASTER_PORT --node-ip-address $worker >> /proc/1/fd/1 2>&1"
         done
         wait_for_cluster
     else
         sleep 2
     fi
+}
+
+# -tp/-pp/-dp (and the long forms, also --flag=N) of a command: TP_SIZE, PP_SIZE, DP_SIZE,
+# PARALLELISM_FOUND (true when at least one is given).
+parse_parallelism() {
+    TP_SIZE=1; PP_SIZE=1; DP_SIZE=1; PARALLELISM_FOUND=false
+    local prev="" word
+    # shellcheck disable=SC2001
+    for word in $(sed 's/\(--[a-z-]*\)=/\1 /g' <<< "$1"); do
+        if [[ "$word" =~ ^[0-9]+$ ]]; then
+            case "$prev" in
+                -tp|--tensor-parallel-size) TP_SIZE="$word"; PARALLELISM_FOUND=true ;;
+                -pp|--pipeline-parallel-size) PP_SIZE="$word"; PARALLELISM_FOUND=true ;;
+                -dp|--data-parallel-size) DP_SIZE="$word"; PARALLELISM_FOUND=true ;;
+            esac
+        fi
+        prev="$word"
+    done
+}
+
+# Keep only the nodes the command's TP x PP x DP needs (the head and the first workers).
+trim_nodes() {
+    [[ "$SOLO_MODE" == "true" || ${#PEER_NODES[@]} -eq 0 ]] && return 0
+    parse_parallelism "$1"
+    [[ "$PARALLELISM_FOUND" == "true" ]] || return 0
+    local required=$((TP_SIZE * PP_SIZE * DP_SIZE)) total=$((1 + ${#PEER_NODES[@]}))
+    if [[ $required -gt $total ]]; then
+        echo "Error: Command requires $required nodes (tp=$TP_SIZE * pp=$PP_SIZE * dp=$DP_SIZE) but only $total node(s) are configured."
+        exit 1
+    elif [[ $required -lt $total ]]; then
+        echo "Note: Command requires $required node(s) (tp=$TP_SIZE * pp=$PP_SIZE * dp=$DP_SIZE); using $required of $total configured node(s)."
+        PEER_NODES=("${PEER_NODES[@]:0:$((required - 1))}")
+    fi
+}
+
+with_ray_backend() {  # Ray mode: `vllm serve` gets --distributed-executor-backend ray
+    if [[ "$1" =~ (^|[[:space:]])vllm[[:space:]]+serve([[:space:]]|$) ]] \
+        && [[ ! "$1" =~ --distributed-executor-backend(=|[[:space:]]|$) ]]; then
+        echo "Adding --distributed-executor-backend ray for Ray mode." >&2
+        printf '%s --distributed-executor-backend ray' "$1"
+    else
+        printf '%s' "$1"
+    fi
+}
+
+without_backend() {  # no-Ray mode: the ranks take --nnodes & co. instead of a backend
+    sed -E 's/--distributed-executor-backend(=|[[:space:]]+)[^[:space:]]+//g' <<< "$1"
 }
 
 exec_on_head() {
@@ -434,6 +612,63 @@ exec_on_head() {
         local flags="-i"
         [[ -t 0 ]] && flags="-it"
         docker exec $flags "$CONTAINER_NAME" bash -c "$1"
+    fi
+}
+
+# The head's rank in the background, like the workers' (its output in the container log);
+# with a sentinel, the command's exit status is written there when it ends.
+exec_on_head_detached() {
+    local payload="$1 >> /proc/1/fd/1 2>&1"
+    [[ -n "$2" ]] && payload="$payload; echo \$? > $(printf '%q' "$2")"
+    if ! docker exec -d "$CONTAINER_NAME" bash -c "$payload"; then
+        echo "Error: failed to start the command inside container '$CONTAINER_NAME'." >&2
+        return 1
+    fi
+}
+
+# Follow the head's container log until the sentinel reports the exit status (returned),
+# or the container is gone.
+wait_for_head_exec() {
+    local sentinel="$1" status="" follow
+    docker logs -f --since "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$CONTAINER_NAME" 2>/dev/null &
+    follow=$!
+    while true; do
+        status=$(docker exec "$CONTAINER_NAME" cat "$sentinel" 2>/dev/null || true)
+        [[ "$status" =~ ^[0-9]+$ ]] && break
+        if ! docker ps --format '{{.Names}}' 2>/dev/null | grep -qx "$CONTAINER_NAME"; then
+            if [[ "$CLUSTER_STOPPED" != "true" ]]; then
+                echo "Container '$CONTAINER_NAME' is no longer running; head command did not report completion." >&2
+            fi
+            status=1
+            break
+        fi
+        sleep "$HEAD_EXEC_POLL_INTERVAL"
+    done
+    kill "$follow" 2>/dev/null || true
+    wait "$follow" 2>/dev/null || true
+    docker exec "$CONTAINER_NAME" rm -f "$sentinel" >/dev/null 2>&1 || true
+    return "$status"
+}
+
+# No Ray: one rank per node, the workers first (headless, in the background), the head last.
+exec_no_ray_cluster() {
+    local cmd total=$((1 + ${#PEER_NODES[@]})) rank=1 worker
+    cmd=$(without_backend "$1")
+    for worker in "${PEER_NODES[@]}"; do
+        echo "Launching worker (rank $rank) on $worker..."
+        on_worker "$worker" docker exec -d "$CONTAINER_NAME" bash -c \
+            "$cmd --nnodes $total --node-rank $rank --master-addr $HEAD_IP --master-port $MASTER_PORT --headless >> /proc/1/fd/1 2>&1"
+        rank=$((rank + 1))
+    done
+    local head_cmd="$cmd --nnodes $total --node-rank 0 --master-addr $HEAD_IP --master-port $MASTER_PORT"
+    echo "Executing command on head node (rank 0): $head_cmd"
+    if [[ "$DAEMON_MODE" == "true" ]]; then
+        exec_on_head_detached "$head_cmd" || return 1
+        echo "Command dispatched in background (Daemon mode). Container: $CONTAINER_NAME"
+    else
+        docker exec "$CONTAINER_NAME" rm -f "$HEAD_EXEC_SENTINEL" >/dev/null 2>&1 || true
+        exec_on_head_detached "$head_cmd" "$HEAD_EXEC_SENTINEL" || return 1
+        wait_for_head_exec "$HEAD_EXEC_SENTINEL"
     fi
 }
 
@@ -471,11 +706,20 @@ if [[ "$DAEMON_MODE" == "false" ]]; then
 fi
 
 if [[ "$ACTION" == "exec" ]]; then
-    start_cluster
+    if [[ "$SOLO_MODE" == "false" && "$NO_RAY_MODE" == "false" ]]; then
+        COMMAND_TO_RUN=$(with_ray_backend "$COMMAND_TO_RUN")
+    fi
+    trim_nodes "$COMMAND_TO_RUN"
+    start_cluster || exit 1
     echo "Executing command: $COMMAND_TO_RUN"
-    exec_on_head "$COMMAND_TO_RUN"
+    if [[ "$NO_RAY_MODE" == "true" && ${#PEER_NODES[@]} -gt 0 ]] \
+        && grep -q "vllm serve" <<< "$COMMAND_TO_RUN"; then
+        exec_no_ray_cluster "$COMMAND_TO_RUN"
+    else
+        exec_on_head "$COMMAND_TO_RUN"
+    fi
 elif [[ "$ACTION" == "start" ]]; then
-    start_cluster
+    start_cluster || exit 1
     if [[ "$DAEMON_MODE" == "true" ]]; then
         echo "Cluster started in background (Daemon mode)."
     else

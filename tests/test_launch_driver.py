@@ -1,0 +1,263 @@
+"""The launcher driver (launch.py, standup.py) against the real launch-cluster.sh's rules:
+Ray or no-Ray, the .env beside the script, containers already running, the nodes the
+launcher keeps. Pure functions on text, and standup's steps on a scripted fake head."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from pytest_spark import settings as settings_mod
+from pytest_spark.cluster import Cluster, Node
+from pytest_spark.launch import (
+    Launcher,
+    LaunchError,
+    LaunchSpec,
+    dotenv_path,
+    parse_dotenv,
+    shell_path,
+)
+from pytest_spark.remote.base import CommandResult
+from pytest_spark.serveargs import mode_of_processes, parse_serve_args
+from pytest_spark.standup import (
+    NotServing,
+    apply_dotenv,
+    configured_mode,
+    refuse_running,
+    serving_nodes,
+)
+
+SERVE = "vllm serve /models/Qwen3.5-122B-A10B-FP8 --tensor-parallel-size 2 --port 8000"
+
+
+# -- what the serve line says --------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("line", "mode"),
+    [
+        (SERVE + " --distributed-executor-backend ray", "ray"),
+        (SERVE + " --distributed-executor-backend=ray", "ray"),
+        (
+            SERVE + " --nnodes 2 --node-rank 0 --master-addr 198.19.0.1 --master-port 29501",
+            "no-ray",
+        ),
+        (SERVE + " --nnodes 2 --node-rank 1 --headless", "no-ray"),
+        (SERVE + " --distributed-executor-backend mp", "no-ray"),
+        (SERVE, None),
+    ],
+)
+def test_serve_line_says_ray_or_not(line: str, mode: str | None) -> None:
+    assert parse_serve_args(line).mode == mode
+
+
+def test_nodes_used_is_tp_pp_dp_over_one_gpu_a_node() -> None:
+    assert parse_serve_args(SERVE).nodes_used() == 2
+    assert parse_serve_args("vllm serve m -tp 2 -pp 2").nodes_used() == 4
+    assert parse_serve_args("vllm serve m --tensor-parallel-size 1").nodes_used() == 1
+    assert parse_serve_args("vllm serve m -tp 2 --data-parallel-size 2").nodes_used() == 4
+
+
+def test_mode_from_the_containers_processes() -> None:
+    ray = ["40 /usr/bin/python3 /usr/bin/ray start --block --head --port 29501", "41 raylet"]
+    headless = ["77 python3 /usr/local/bin/vllm serve /models/m --nnodes 2 --headless"]
+    assert mode_of_processes(ray) == "ray"
+    assert mode_of_processes(headless) == "no-ray"
+    # no Ray process beside vllm serve: Ray mode always has ray start/raylet in the container
+    assert mode_of_processes(["9 python3 /usr/local/bin/vllm serve /models/m"]) == "no-ray"
+    assert mode_of_processes(["9 bash -c vllm serve /models/m 'cut"]) == "no-ray"
+    assert mode_of_processes(["1 sleep infinity"]) is None
+    assert mode_of_processes([]) is None
+
+
+# -- launch-cluster.sh's command line ---------------------------------------------------------
+def spec(**changes: Any) -> LaunchSpec:
+    base: dict[str, Any] = {
+        "script": "~/spark-vllm-docker/launch-cluster.sh",
+        "nodes": ("198.19.0.1", "198.19.0.2"),
+        "image": "vllm-node",
+        "container": "vllm_node",
+        "serve_args": tuple(SERVE.split()),
+        "log_path": "/tmp/l.log",
+    }
+    return LaunchSpec(**{**base, **changes})
+
+
+def test_the_mode_flag_is_passed_explicitly() -> None:
+    ray = spec(ray=True).start_command()
+    assert " --ray exec vllm serve " in ray
+    no_ray = spec().start_command()
+    assert "--ray" not in no_ray  # no-Ray is the real script's default
+    assert " exec vllm serve " in no_ray
+
+
+def test_the_default_script_path_expands_on_the_head() -> None:
+    default = settings_mod.OPTIONS_BY_ATTR["launch_script"].default
+    assert default == "~/spark-vllm-docker/launch-cluster.sh"  # the script's README
+    command = spec().start_command()
+    assert command.startswith('setsid nohup "$HOME"/spark-vllm-docker/launch-cluster.sh -n ')
+    assert spec().stop_command().endswith(" stop")
+    assert shell_path("/opt/x y/launch.sh") == "'/opt/x y/launch.sh'"
+    assert dotenv_path("~/spark-vllm-docker/launch-cluster.sh") == "~/spark-vllm-docker/.env"
+    assert dotenv_path("launch-cluster.sh") == "./.env"
+
+
+def test_parse_dotenv() -> None:
+    text = (
+        "# cluster settings\n"
+        "CONTAINER_NAME=my_vllm\n"
+        "export ETH_IF='enp1s0f1np1'\n"
+        'LOCAL_IP="198.19.0.1"  \n'
+        "MASTER_PORT=29501 # Ray head port\n"
+        "not a line\n"
+    )
+    assert parse_dotenv(text) == {
+        "CONTAINER_NAME": "my_vllm",
+        "ETH_IF": "enp1s0f1np1",
+        "LOCAL_IP": "198.19.0.1",
+        "MASTER_PORT": "29501",
+    }
+
+
+# -- standup's steps on a scripted head -------------------------------------------------------
+class FakeConn:
+    def __init__(self, name: str, answer: Callable[[str], tuple[int, str, str]]) -> None:
+        self.name, self.answer = name, answer
+        self.commands: list[str] = []
+
+    def run(self, command: str, *, timeout: float | None = None) -> CommandResult:
+        self.commands.append(command)
+        rc, out, err = self.answer(command)
+        return CommandResult(self.name, command, rc, out, err)
+
+    def close(self) -> None:
+        pass
+
+
+class FakeCluster(Cluster):
+    def __init__(self, *answers: Callable[[str], tuple[int, str, str]]) -> None:
+        names = ["spark-head"] + [f"spark-worker-{i}" for i in range(1, len(answers))]
+        self.nodes = [
+            Node(name, "head" if i == 0 else "worker", name, FakeConn(name, answer))  # type: ignore[arg-type]
+            for i, (name, answer) in enumerate(zip(names, answers, strict=True))
+        ]
+        self._connected = True
+
+
+def fake_settings(**values: Any) -> Any:
+    base = {"container": "vllm_node", "ray": "auto", "serve_args": SERVE, "launch": True}
+    values = {**base, **values}
+    sources = {k: "command line" for k in values}
+    sources.update(values.pop("_sources", {}))
+    return SimpleNamespace(**values, source=lambda attr: sources.get(attr, "default"))
+
+
+def test_launch_is_refused_when_the_containers_already_run() -> None:
+    def running(command: str) -> tuple[int, str, str]:
+        assert command.startswith("docker inspect -f '{{.State.Status}}' vllm_node")
+        return 0, "running\n", ""
+
+    def absent(command: str) -> tuple[int, str, str]:
+        return 1, "", ""
+
+    cluster = FakeCluster(absent, running)
+    with pytest.raises(NotServing) as info:
+        refuse_running(cluster, "vllm_node")
+    message = str(info.value)
+    assert message.startswith(
+        "--spark-launch: container 'vllm_node' is already running on spark-worker-1."
+    )
+    assert "Attach to it instead (run without --spark-launch)" in message
+    refuse_running(FakeCluster(absent, absent), "vllm_node")  # nothing runs: launch
+
+
+def dotenv_head(env: str, links: set[str] | None = None) -> Callable[[str], tuple[int, str, str]]:
+    def answer(command: str) -> tuple[int, str, str]:
+        if command.startswith("cat "):
+            assert command == 'cat "$HOME"/spark-vllm-docker/.env 2>/dev/null; true'
+            return 0, env, ""
+        if command.startswith("ip -o link show dev "):
+            dev = command.split()[-1]
+            if dev in (links or set()):
+                return 0, f"3: {dev}: <UP> mtu 9000\n", ""
+            return 1, "", f'Device "{dev}" does not exist.'
+        raise AssertionError(command)
+
+    return answer
+
+
+def test_dotenv_container_name_is_used_when_none_was_given() -> None:
+    cluster = FakeCluster(dotenv_head("CONTAINER_NAME=team_vllm\n"))
+    launcher = Launcher(cluster.head, spec())
+    settings = fake_settings(_sources={"container": "default"})
+    assert apply_dotenv(cluster, settings, launcher).spec.container == "team_vllm"
+
+
+def test_dotenv_container_name_against_an_explicit_one_is_a_clear_error() -> None:
+    cluster = FakeCluster(dotenv_head("CONTAINER_NAME=team_vllm\n"))
+    with pytest.raises(NotServing) as info:
+        apply_dotenv(cluster, fake_settings(), Launcher(cluster.head, spec()))
+    assert str(info.value).startswith(
+        "spark-head: ~/spark-vllm-docker/launch-cluster.sh's .env sets CONTAINER_NAME=team_vllm, "
+        "but --spark-container is 'vllm_node' (command line)"
+    )
+
+
+def test_dotenv_container_name_loses_to_a_name_other_than_the_default() -> None:
+    # the script's rule: CONTAINER_NAME wins only over --name vllm_node
+    cluster = FakeCluster(dotenv_head("CONTAINER_NAME=team_vllm\n"))
+    launcher = Launcher(cluster.head, spec(container="mine"))
+    assert apply_dotenv(cluster, fake_settings(container="mine"), launcher) is launcher
+
+
+def test_dotenv_local_ip_and_eth_if_are_checked() -> None:
+    cluster = FakeCluster(dotenv_head("LOCAL_IP=10.9.9.9\n"))
+    with pytest.raises(NotServing, match=r"LOCAL_IP=10\.9\.9\.9, not among the launcher's nodes"):
+        apply_dotenv(cluster, fake_settings(), Launcher(cluster.head, spec()))
+    cluster = FakeCluster(dotenv_head("ETH_IF=enp9s0\n", {"enp1s0f1np1"}))
+    with pytest.raises(NotServing, match="sets ETH_IF=enp9s0, which spark-head does not have"):
+        apply_dotenv(cluster, fake_settings(), Launcher(cluster.head, spec()))
+    cluster = FakeCluster(dotenv_head("ETH_IF=enp1s0f1np1\nLOCAL_IP=198.19.0.1\n", {"enp1s0f1np1"}))
+    launcher = Launcher(cluster.head, spec())
+    assert apply_dotenv(cluster, fake_settings(), launcher) is launcher
+
+
+def test_configured_mode() -> None:
+    assert configured_mode(fake_settings(ray="on")) == ("ray", "command line")
+    assert (
+        configured_mode(fake_settings(serve_args=SERVE + " --distributed-executor-backend ray"))[0]
+        == "ray"
+    )
+    assert configured_mode(fake_settings()) == ("no-ray", "launch-cluster.sh's default (no --ray)")
+    assert configured_mode(fake_settings(launch=False, serve_args=None)) == (None, "")
+
+
+def test_only_the_nodes_tp_pp_dp_keeps_are_watched() -> None:
+    def ok(command: str) -> tuple[int, str, str]:
+        return 0, "", ""
+
+    cluster = FakeCluster(ok, ok, ok)
+    assert [n.name for n in serving_nodes(cluster, fake_settings())] == [
+        "spark-head",
+        "spark-worker-1",
+    ]
+    four = fake_settings(serve_args="vllm serve m -tp 2 -pp 2")
+    assert len(serving_nodes(cluster, four)) == 3  # never more than there are
+
+
+def test_a_missing_script_names_the_path_it_tried() -> None:
+    def absent(command: str) -> tuple[int, str, str]:
+        assert command == (
+            'test -x "$HOME"/spark-vllm-docker/launch-cluster.sh || '
+            'test -f "$HOME"/spark-vllm-docker/launch-cluster.sh'
+        )
+        return 1, "", ""
+
+    cluster = FakeCluster(absent)
+    with pytest.raises(LaunchError) as info:
+        Launcher(cluster.head, spec()).preflight()
+    assert str(info.value).startswith(
+        "spark-head: launch script ~/spark-vllm-docker/launch-cluster.sh not found on the head"
+    )
+    assert "--spark-launch-script" in str(info.value)
