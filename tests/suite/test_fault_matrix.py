@@ -40,6 +40,8 @@ TRIM = (
 )
 # Where each run's per-category verdicts are written, to read when a row disagrees.
 OBSERVED = Path("/tmp/pytest-spark-fault-matrix")
+RUNS = ("launch", "serving", "restart")
+PHASES = ["start", "weights", "kv", "graphs", "api", "ready"]
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,7 @@ class Row:
     fault: str
     inject: tuple[tuple[str, ...], ...]  # spark-sim fault argv's
     serve_args: str  # appended to the launch's serve args
-    run: str  # launch | serving
+    run: str  # launch | serving | restart
     fails: tuple[str, ...]
     may_fail: tuple[str, ...]  # a measured consequence that may or may not cross its floor
     node: str | None
@@ -90,7 +92,7 @@ def parse_matrix(text: str) -> list[Row]:
         fails = tuple(w for w in words if not w.endswith("?"))
         may_fail = tuple(w.removesuffix("?") for w in words if w.endswith("?"))
         unknown = set(fails + may_fail) - set(CATEGORIES)
-        if unknown or values["run"] not in ("launch", "serving"):
+        if unknown or values["run"] not in RUNS:
             raise ValueError(f"{MATRIX}: bad row {line!r}")
         rows.append(
             Row(
@@ -168,7 +170,7 @@ def test_matrix_covers_every_fault_the_issue_lists() -> None:
     ):
         assert must in kinds, must
     assert any("--api-key" in r.serve_args for r in ROWS)
-    assert {r.run for r in ROWS if not r.fails and not r.inject} == {"launch", "serving"}
+    assert {r.run for r in ROWS if not r.fails and not r.inject} == set(RUNS)
 
 
 def test_matrix_parser_rejects_what_it_cannot_hold_to() -> None:
@@ -246,6 +248,50 @@ def _serve_args(sim: SimCluster, row: Row) -> str:
     return f"{base} {row.serve_args}".strip()
 
 
+def compose_serve_args(sim: SimCluster, rank: int = 0) -> list[str]:
+    """One engine rank per node without Ray (`--nnodes N --node-rank R`, `--headless` on
+    workers), as an operator's compose file on each Spark runs it."""
+    serve = shlex.split(sim.info["launch"]["serve_args"])
+    if "--distributed-executor-backend" in serve:
+        at = serve.index("--distributed-executor-backend")
+        del serve[at : at + 2]
+    head_ip = sim.info["nodes"][0]["fabric"][0]["addr"]
+    nodes = str(len(sim.info["nodes"]))
+    serve += ["--nnodes", nodes, "--node-rank", str(rank), "--master-addr", head_ip]
+    serve += ["--master-port", "29501", *(["--headless"] if rank else [])]
+    return serve
+
+
+def restart_compose(sim: SimCluster, container: str) -> None:
+    """Operator-run engine containers (`docker run --restart unless-stopped ... vllm serve`,
+    as with docker compose: the engine is the container's command, no --rm), one rank per
+    node, healthy once, then `docker restart`ed on every node as after a reboot: `docker
+    logs` keeps the first start's lines while the engines load again (~20 s)."""
+    port = sim.info["launch"]["port"]
+    for rank, node in reversed(list(enumerate(sim.info["nodes"]))):  # workers first
+        fabric = node["fabric"]
+        env = {
+            "VLLM_HOST_IP": fabric[0]["addr"],
+            **{k: fabric[0]["if"] for k in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")},
+            **{k: fabric[0]["if"] for k in ("TP_SOCKET_IFNAME", "UCX_NET_DEVICES")},
+            "NCCL_IB_HCA": ",".join(f["dev"] for f in fabric),
+            "NCCL_IB_DISABLE": "0",
+            "SPARKSIM_EMU_TIME_SCALE": "0.025",
+        }
+        docker = [
+            "docker", "run", "-d", "--restart", "unless-stopped", "--name", container,
+            "--network", "host", "--ipc=host", "--gpus", "all", "--privileged",
+            *(a for k, v in env.items() for a in ("-e", f"{k}={v}")),
+        ]  # fmt: skip
+        image = shlex.join(["vllm-node:latest", *compose_serve_args(sim, rank)])
+        node_ssh(sim, node["mgmt"], f"{shlex.join(docker)} $VLLM_SPARK_EXTRA_DOCKER_ARGS {image}")
+    health = f"curl -s -o /dev/null -w '%{{http_code}}' -m 2 http://127.0.0.1:{port}/health"
+    wait = f'for i in $(seq 240); do [ "$({health})" = 200 ] && break; sleep 0.5; done'
+    node_ssh(sim, sim.head, wait, timeout=180)
+    for node in reversed(sim.info["nodes"]):
+        node_ssh(sim, node["mgmt"], f"docker restart {container}", timeout=60)
+
+
 def run_row(sim: SimCluster, stack: Stack, row: Row, tmp_path: Path) -> SuiteRun:
     sim_fault(sim, "clear")
     if row.run == "serving":
@@ -255,12 +301,18 @@ def run_row(sim: SimCluster, stack: Stack, row: Row, tmp_path: Path) -> SuiteRun
     for argv in row.inject:
         sim_fault(sim, *argv)
     args = [str(REPO / "tests_infra"), str(REPO / "tests_e2e"), *TRIM]
+    if row.run == "restart":  # serving first, so that the watch attaches while it loads
+        args[:2] = reversed(args[:2])
     container = sim.info["launch"]["container"]
     args += [
         f"--spark-model-dir={sim.info['launch']['model_dir']}",
         f"--spark-image={sim.info['launch']['image']}",
     ]
-    if row.run == "launch":
+    if row.run == "restart":
+        restart_compose(sim, container)
+        serve = shlex.join(compose_serve_args(sim))
+        args += [f"--spark-serve-args={serve}", f"--spark-container={container}"]
+    elif row.run == "launch":
         args += [*launch_args(sim), f"--spark-serve-args={_serve_args(sim, row)}"]
         args.append(f"--spark-ray={'on' if row.mode == 'ray' else 'off'}")  # the launcher's mode
     else:
@@ -269,6 +321,9 @@ def run_row(sim: SimCluster, stack: Stack, row: Row, tmp_path: Path) -> SuiteRun
         return run_suite(tmp_path, *args, sim=sim, timeout=900)
     finally:
         sim_fault(sim, "clear")
+        if row.run == "restart":
+            for node in sim.info["nodes"]:
+                node_ssh(sim, node["mgmt"], f"docker rm -f {container}")
 
 
 def summary(run: SuiteRun) -> dict[str, Any]:
@@ -306,6 +361,10 @@ def test_fault(sim: SimCluster, stack: Stack, row: Row, tmp_path: Path) -> None:
         bad = {c["nodeid"]: c["message"] for c in checks if c["outcome"] in ("failed", "error")}
         assert not bad, bad
         assert run.ret == 0, run.output[-3000:]
+        if row.run == "restart":  # this start's load, watched: not the old ready line
+            serving = run.results["serving"]
+            assert [p["phase"] for p in serving["timeline"]] == PHASES, serving
+            assert serving["ready_s"] > 3, serving
         skipped = {c["nodeid"] for c in checks if c["outcome"] == "skipped"}
         BASELINE_SKIPS[f"{row.run}/{row.mode}"] = skipped
         return
