@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import posixpath
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pytest_spark.cluster import Node
 from pytest_spark.remote.base import CommandResult, RemoteError
+
+# How a launch-cluster.sh that has Ray as an option parses it (`--ray)` in its case, or
+# `--ray|...`); the scripts from before mid-2026 always start Ray and have no such flag.
+RAY_FLAG_PATTERN = r"(^|[[:space:]|(])--ray[)|]"
 
 
 class LaunchError(Exception):
@@ -96,16 +100,28 @@ class Launcher:
         self.head = head
         self.spec = spec
         self.pid: int | None = None
+        self.knows_ray = True  # the script has a --ray flag (read by preflight)
 
     def preflight(self) -> None:
+        """The script is there; and whether it knows ``--ray`` (:attr:`knows_ray`)."""
         script = shell_path(self.spec.script)
-        result = self.head.run(f"test -x {script} || test -f {script}", timeout=15)
+        result = self.head.run(
+            f"test -f {script} || exit 3; grep -qE -- {shlex.quote(RAY_FLAG_PATTERN)} {script} "
+            "&& echo ray-flag; true",
+            timeout=15,
+        )
         if not result.ok:
             raise LaunchError(
                 f"{self.head.name}: launch script {self.spec.script} not found on the head; "
                 "clone eugr/spark-vllm-docker there (git clone ... ~/spark-vllm-docker) or "
                 "set --spark-launch-script to its path"
             )
+        self.knows_ray = "ray-flag" in result.stdout
+
+    def without_ray_flag(self) -> None:
+        """An older launch-cluster.sh (before mid-2026) always starts Ray and has no
+        ``--ray``: passing one would make it the command to run."""
+        self.spec = replace(self.spec, ray=False)
 
     def dotenv(self) -> dict[str, str]:
         """The launcher's ``.env`` beside the script (empty when there is none)."""
@@ -114,7 +130,6 @@ class Launcher:
         return parse_dotenv(result.stdout)
 
     def start(self) -> int:
-        self.preflight()
         result = self.head.run(self.spec.start_command(), timeout=30)
         pid = result.stdout.strip().splitlines()[-1:] if result.ok else []
         if not pid or not pid[0].isdigit():

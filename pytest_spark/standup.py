@@ -104,6 +104,24 @@ def configured_mode(settings: Settings) -> tuple[str | None, str]:
     return None, ""
 
 
+def ray_only_script(
+    launcher: Launcher, settings: Settings, mode: str | None, mode_source: str
+) -> tuple[str | None, str]:
+    """A launch-cluster.sh without ``--ray`` (before mid-2026) always starts Ray: pass no
+    flag, and watch a Ray cluster; asked for no Ray explicitly, say it cannot."""
+    if launcher.knows_ray:
+        return mode, mode_source
+    if mode == "no-ray" and settings.ray == "off":
+        raise LaunchError(
+            f"{launcher.head.name}: {launcher.spec.script} has no --ray option: it predates "
+            "launch-cluster.sh's no-Ray mode and always starts Ray, but "
+            f"{settings.source('ray')} asks for no Ray (--spark-ray=off); update the "
+            "script's checkout (git pull) or give --spark-ray=on"
+        )
+    launcher.without_ray_flag()
+    return "ray", f"{launcher.spec.script} has no --ray option (it always starts Ray)"
+
+
 def serving_nodes(cluster: Cluster, settings: Settings) -> list[Node]:
     """The nodes the launcher keeps: it trims its node list to TP x PP x DP (one GPU a
     node on a Spark), head first."""
@@ -219,6 +237,7 @@ def ensure_serving(
             if settings.launch:
                 launcher = Launcher(cluster.head, launch_spec(settings, cluster, mode == "ray"))
                 launcher.preflight()
+                mode, mode_source = ray_only_script(launcher, settings, mode, mode_source)
                 launcher = apply_dotenv(cluster, settings, launcher)
                 container = launcher.spec.container
                 if notify is not None and container != settings.container:

@@ -4,6 +4,8 @@ launcher keeps. Pure functions on text, and standup's steps on a scripted fake h
 
 from __future__ import annotations
 
+import re
+import subprocess
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
@@ -26,6 +28,7 @@ from pytest_spark.standup import (
     NotServing,
     apply_dotenv,
     configured_mode,
+    ray_only_script,
     refuse_running,
     serving_nodes,
 )
@@ -248,11 +251,8 @@ def test_only_the_nodes_tp_pp_dp_keeps_are_watched() -> None:
 
 def test_a_missing_script_names_the_path_it_tried() -> None:
     def absent(command: str) -> tuple[int, str, str]:
-        assert command == (
-            'test -x "$HOME"/spark-vllm-docker/launch-cluster.sh || '
-            'test -f "$HOME"/spark-vllm-docker/launch-cluster.sh'
-        )
-        return 1, "", ""
+        assert command.startswith('test -f "$HOME"/spark-vllm-docker/launch-cluster.sh || exit 3;')
+        return 3, "", ""
 
     cluster = FakeCluster(absent)
     with pytest.raises(LaunchError) as info:
@@ -261,3 +261,63 @@ def test_a_missing_script_names_the_path_it_tried() -> None:
         "spark-head: launch script ~/spark-vllm-docker/launch-cluster.sh not found on the head"
     )
     assert "--spark-launch-script" in str(info.value)
+
+
+def script_head(text: str) -> Callable[[str], tuple[int, str, str]]:
+    """A head whose launch-cluster.sh reads ``text``: the preflight's grep runs for real."""
+    def answer(command: str) -> tuple[int, str, str]:
+        assert command.startswith('test -f "$HOME"/spark-vllm-docker/launch-cluster.sh')
+        pattern = re.search(r"grep -qE -- '([^']+)'", command)
+        assert pattern is not None, command
+        found = subprocess.run(
+            ["grep", "-qE", "--", pattern.group(1)], input=text, text=True
+        ).returncode
+        return 0, "ray-flag\n" if found == 0 else "", ""
+
+    return answer
+
+
+NEW_SCRIPT = """while [[ "$#" -gt 0 ]]; do
+    case $1 in
+        --ray) RAY_MODE="true" ;;
+        --no-ray) RAY_MODE="false" ;;
+    esac
+done
+"""
+# eugr/spark-vllm-docker 74c02c3 (2026-01-28): Ray always, no mode flag
+OLD_SCRIPT = """while [[ "$#" -gt 0 ]]; do
+    case $1 in
+        -n|--nodes) NODES_ARG="$2"; shift ;;
+        --check-config) CHECK_CONFIG="true" ;;
+        *) break ;;
+    esac
+done
+ray start --block --head --port 6379
+"""
+
+
+def test_a_script_without_ray_flag_is_launched_without_it_and_watched_as_ray() -> None:
+    """The launcher before mid-2026 has no --ray: passing one made `--ray exec vllm serve`
+    its command (bash printed usage and the EXIT trap stopped the cluster)."""
+    for text, knows in ((NEW_SCRIPT, True), (OLD_SCRIPT, False)):
+        launcher = Launcher(FakeCluster(script_head(text)).head, spec(ray=True))
+        launcher.preflight()
+        assert launcher.knows_ray is knows
+    old = Launcher(FakeCluster(script_head(OLD_SCRIPT)).head, spec(ray=True))
+    old.preflight()
+    mode, source = ray_only_script(old, fake_settings(), "no-ray", "launch-cluster.sh's default")
+    assert (mode, "--ray" in old.spec.base()) == ("ray", False)
+    assert "has no --ray option (it always starts Ray)" in source
+    new = Launcher(FakeCluster(script_head(NEW_SCRIPT)).head, spec(ray=True))
+    new.preflight()
+    assert ray_only_script(new, fake_settings(), "ray", "the serve args") == (
+        "ray",
+        "the serve args",
+    )
+    assert "--ray" in new.spec.base()
+    explicit = Launcher(FakeCluster(script_head(OLD_SCRIPT)).head, spec())
+    explicit.preflight()
+    with pytest.raises(LaunchError) as info:
+        ray_only_script(explicit, fake_settings(ray="off"), "no-ray", "command line")
+    assert "predates launch-cluster.sh's no-Ray mode" in str(info.value)
+    assert "--spark-ray=on" in str(info.value)

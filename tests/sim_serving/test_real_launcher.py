@@ -186,16 +186,8 @@ def test_launched_by_hand_attach_passes_and_stop_removes_the_containers(
 
 @pytest.mark.parametrize("mode", MODES)
 def test_spark_launch_with_the_real_script_passes_and_tears_down(
-    real: Real, run_suite: Any, mode: str, request: pytest.FixtureRequest
+    real: Real, run_suite: Any, mode: str
 ) -> None:
-    if mode == "ray" and not HAS_RAY_FLAG:
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=True,
-                reason="launch.py passes --ray, which this (pre-2026-07) script takes for "
-                "the exec command: bash prints its usage and the EXIT trap stops the cluster",
-            )
-        )
     serve = shlex.join(real.serve_args(mode))
     run = run_suite(
         "--spark-launch",
