@@ -107,6 +107,7 @@ def start_suite(sim: SimCluster, tmp_path: Path, *args: str) -> LiveRun:
         f"--spark-results={results}", "--spark-history=off",
         f"--spark-connect-timeout={CONNECT_TIMEOUT:g}",
         "--spark-ready-timeout=300", "--spark-hang-timeout=120",
+        "--spark-threshold=readiness.max_load_s=300",  # slow-load and a drop: a long load
         *launch_args(sim), *args,
     ]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SPARK_", "PYTEST_"))}
