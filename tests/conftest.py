@@ -3,8 +3,9 @@
 - ``unit``: no root, no sim: parsers, checks, settings, the report, the emulator in
   process, the sim's parts as plain code. Minutes on 2 cores.
 - ``sim``: needs root and a sparksim (the ``sim`` marker), outside ``tests/suite``.
-- ``suite``: the whole suite run against sparksim (``sim``-marked tests under
-  ``tests/suite``: the fault matrix, xdist, the node audit, the blackhole...).
+- ``suite``: whole-suite runs: against sparksim (``sim``-marked tests under
+  ``tests/suite``: the fault matrix, xdist, the node audit, the blackhole...) and
+  tests_e2e against emulators (tests/test_serving_suite.py, no root needed).
 
 The ``sim`` marker keeps its meaning (needs root), so it also holds the suite tier:
 ``-m unit``, ``-m "sim and not suite"``, ``-m suite`` select the tiers, and
@@ -18,18 +19,22 @@ from pathlib import Path
 import pytest
 
 TESTS = Path(__file__).resolve().parent
+# Whole-suite runs that need no root: tests_e2e in subprocesses against emulators.
+SUITE_FILES = ("test_serving_suite.py",)
 
 
 def tier_of(path: Path, needs_sim: bool) -> str:
-    """``suite`` for a sim test under tests/suite, ``sim`` for any other sim test, else
-    ``unit``."""
+    """``suite`` for a sim test under tests/suite and for SUITE_FILES, ``sim`` for any other
+    sim test, else ``unit``."""
+    try:
+        parts = path.resolve().relative_to(TESTS).parts
+    except ValueError:
+        parts = ()
+    if parts in {(name,) for name in SUITE_FILES}:
+        return "suite"
     if not needs_sim:
         return "unit"
-    try:
-        top = path.resolve().relative_to(TESTS).parts[0]
-    except ValueError:
-        top = ""
-    return "suite" if top == "suite" else "sim"
+    return "suite" if parts[:1] == ("suite",) else "sim"
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
