@@ -46,6 +46,22 @@ class QuietServer(ThreadingHTTPServer):
         pass  # the client hung up on purpose (stall, timeout tests)
 
 
+class Hold:
+    """A stream the server keeps open until the test lets it go: the test then knows
+    whether the client gave up first, with no wall-clock bound (a loaded machine can take
+    seconds to schedule either side)."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.ended = threading.Event()  # the server finished the stream itself
+
+    def reset(self) -> None:
+        self.release.clear()
+        self.ended.clear()
+
+
+HOLD = Hold()
+HOLD_MAX_S = 60.0  # a client that never gives up is failed by the server ending first
 CHAT_SEEN: list[str] = []
 CHAT_REPLY = {
     "id": "c1",
@@ -103,13 +119,16 @@ class Handler(BaseHTTPRequestHandler):
         elif path == "/stall":
             self._head()
             self._chunk(sse(CHUNK) + sse(CHUNK))
-            time.sleep(8.0)
+            HOLD.release.wait(HOLD_MAX_S)
+            HOLD.ended.set()
             self._end()
         elif path == "/drip":
             self._head()
-            for _ in range(160):
+            deadline = time.monotonic() + HOLD_MAX_S
+            while not HOLD.release.is_set() and time.monotonic() < deadline:
                 self._chunk(sse(CHUNK))
                 time.sleep(0.05)
+            HOLD.ended.set()
             self._end()
         elif path == "/truncated-chunked":
             self._head()
@@ -191,19 +210,26 @@ def test_ok_stream_framing(client: httpx.Client) -> None:
     assert "<redacted>" in result.exchange.evidence()["request"]
 
 
-def test_stall_fails_with_idle_timeout(client: httpx.Client) -> None:
-    t0 = time.monotonic()
+@pytest.fixture
+def hold() -> Iterator[Hold]:
+    HOLD.reset()
+    try:
+        yield HOLD
+    finally:
+        HOLD.release.set()  # the held handler ends; the next test resets
+
+
+def test_stall_fails_with_idle_timeout(client: httpx.Client, hold: Hold) -> None:
     err = fail(client, "/stall", idle=0.3)
-    assert time.monotonic() - t0 < 6.0  # the server stalls 8 s: the idle timeout cut it
+    assert not hold.ended.is_set()  # the server still stalls: the idle timeout cut it
     assert err.kind == "stall"
     assert "no data for 0.3 s after 2 chunks" in err.message
     assert err.exchange.evidence()["stream"].count("data:") == 2
 
 
-def test_whole_request_timeout(client: httpx.Client) -> None:
-    t0 = time.monotonic()
+def test_whole_request_timeout(client: httpx.Client, hold: Hold) -> None:
     err = fail(client, "/drip", timeout=0.5, idle=1.0)
-    assert time.monotonic() - t0 < 6.0  # the drip lasts 8 s: the request timeout cut it
+    assert not hold.ended.is_set()  # the server still drips: the request timeout cut it
     assert err.kind == "timeout" and "0.5 s request timeout" in err.message
 
 
@@ -262,7 +288,7 @@ def test_connection_refused() -> None:
     assert info.value.kind == "connect" and "cannot connect" in info.value.message
 
 
-def test_async_stall_and_timeout(server: str) -> None:
+def test_async_stall_and_timeout(server: str, hold: Hold) -> None:
     async def run(path: str, timeout: float, idle: float) -> ServingError:
         async with httpx.AsyncClient(base_url=server) as c:
             with pytest.raises(ServingError) as info:
@@ -273,6 +299,7 @@ def test_async_stall_and_timeout(server: str) -> None:
     assert stall.kind == "stall" and "after 2 chunks" in stall.message
     drip = asyncio.run(run("/drip", 0.4, 1.0))
     assert drip.kind == "timeout"
+    assert not hold.ended.is_set()  # both streams were still held: the client cut them
     seen: list[float] = []
 
     async def ok() -> int:

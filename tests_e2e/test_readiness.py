@@ -54,16 +54,30 @@ def test_startup_within_budget(
     spark_check.attach("startup_timeline", spark_serving.timeline)
     if not spark_serving.launched or spark_serving.ready_s is None:
         pytest.skip("attached to a running cluster: its load time is not known")
-    budget = spark_settings.ready_timeout
-    spark_check.require(
-        Finding.passed(
-            spark_serving.ready_s,
+    # The wait gives up at --spark-ready-timeout, so a launch that got here is within it;
+    # what can still be wrong is a load slower than this profile's clusters load.
+    budget = float(spark_settings.profile["readiness.max_load_s"])
+    ready_s = spark_serving.ready_s
+    if ready_s <= budget:
+        finding = Finding.passed(
+            ready_s,
             f"<= {budget:.0f}",
             "s",
-            message=f"cluster ready {spark_serving.ready_s:.1f} s after launch "
-            f"(budget {budget:.0f} s)",
+            message=f"cluster ready {ready_s:.1f} s after launch (budget {budget:.0f} s)",
         )
-    )
+    else:
+        slowest = max(spark_serving.timeline, key=lambda p: p["end_s"] - p["start_s"], default=None)
+        phase = f"; the longest phase: {slowest['phase']}" if slowest else ""
+        finding = Finding.failed(
+            ready_s,
+            f"<= {budget:.0f}",
+            "s",
+            message=f"cluster ready {ready_s:.1f} s after launch, slower than this profile's "
+            f"{budget:.0f} s (readiness.max_load_s){phase}: check the checkpoint's storage "
+            "(local NVMe, not a network mount), that no other job holds the GPUs or page "
+            "cache, and the timeline in the report",
+        )
+    spark_check.require(finding)
 
 
 def test_health_endpoint(spark_api: ApiEndpoint, spark_check: SparkCheck) -> None:

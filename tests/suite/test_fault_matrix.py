@@ -4,9 +4,13 @@ the JSON results. Generated from the table in docs/FAULT_MATRIX.md (the rules ar
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
+import sys
+import threading
 from collections.abc import Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -21,7 +25,7 @@ from conftest import (  # type: ignore[import-not-found]
     run_suite,
     sim_fault,
 )
-from pytest_spark.simcontrol import SimCluster
+from pytest_spark.simcontrol import SimCluster, sim_up
 
 pytestmark = pytest.mark.sim
 MATRIX = REPO / "docs" / "FAULT_MATRIX.md"
@@ -233,14 +237,122 @@ class Stack:
         node_ssh(self.sim, self.sim.head, f"{launch['script']} -n {fabric} stop")
 
 
+# Rows run side by side, each lane on a sim of its own: a row mostly waits (on the
+# emulated load, the token pacing, the all-reduce), ~15 CPU-s in ~80 s of wall time
+# (suite, sshd, dockerd and containers together), so three lanes fit on 2 cores.
+LANES = int(os.environ.get("FAULT_MATRIX_LANES", "3"))
+# Rows that take several times a row's time (the suite's requests at a tenth of the decode
+# rate) start first, so that no lane is left running one long after the others are done.
+LONG_ROWS = (("engine", "slow-decode"),)
+
+
+class Lane:
+    """One sim and the serving stack kept up on it; runs one row at a time."""
+
+    def __init__(self, sim: SimCluster, tmp: Path, owned: bool) -> None:
+        self.sim, self.stack, self.owned = sim, Stack(sim, tmp), owned
+
+    def close(self) -> None:
+        try:
+            self.stack.stop()
+            sim_fault(self.sim, "clear")
+        finally:
+            if self.owned:
+                self.sim.down()
+
+
+class Matrix:
+    """Runs every selected row once, on ``lanes`` sims at once (the session's sim and
+    ``lanes - 1`` more, brought up here); a test waits for its own row's run.
+
+    Lane 0 takes the `serving` rows first, the other lanes the `launch` rows, each in
+    table order after LONG_ROWS; a lane out of its own kind takes the other's, so no
+    lane idles while rows wait. The tests still assert in table order (the healthy rows'
+    skips are the baseline of the rows after them). Every row still runs the whole suite
+    alone on its sim, injected, run and cleared as before (``run_row``)."""
+
+    def __init__(
+        self, sim: SimCluster, rows: list[Row], lanes: int, tmp: pytest.TempPathFactory
+    ) -> None:
+        self.tmp = tmp
+        self.futures: dict[str, Future[SuiteRun]] = {r.id: Future() for r in rows}
+        ordered = sorted(rows, key=lambda r: not any(a in LONG_ROWS for a in r.inject))
+        self.queues = {  # `launch` and `restart` rows stop the kept stack: one queue
+            "serving": [r for r in ordered if r.run == "serving"],
+            "launch": [r for r in ordered if r.run != "serving"],
+        }
+        self.lock = threading.Lock()
+        self.lanes: list[Lane] = []
+        count = max(1, min(lanes, len(rows)))
+        self.threads = [
+            threading.Thread(target=self._lane, args=(i, sim), name=f"matrix-lane-{i}")
+            for i in range(count)
+        ]
+        for thread in self.threads:
+            thread.start()
+
+    def _next(self, prefer: str) -> Row | None:
+        with self.lock:
+            for kind in (prefer, "launch" if prefer == "serving" else "serving"):
+                if self.queues[kind]:
+                    return self.queues[kind].pop(0)
+        return None
+
+    def _lane(self, index: int, session_sim: SimCluster) -> None:
+        try:
+            sim = session_sim if index == 0 else sim_up(2)
+        except BaseException as exc:  # no sim for this lane: the others take its rows
+            sys.stderr.write(f"fault matrix: lane {index} has no sim, runs nothing: {exc}\n")
+            return
+        lane = Lane(sim, self.tmp.mktemp(f"stack{index}"), owned=index != 0)
+        with self.lock:
+            self.lanes.append(lane)
+        prefer = "serving" if index == 0 else "launch"
+        try:
+            while (row := self._next(prefer)) is not None:
+                future = self.futures[row.id]
+                try:
+                    future.set_result(run_row(sim, lane.stack, row, self.tmp.mktemp(row.id)))
+                except BaseException as exc:  # a skip or failure belongs to the row's test
+                    future.set_exception(exc)
+        finally:
+            if index != 0:
+                lane.close()  # lane 0's sim is the session's: closed by the fixture
+
+    def result(self, row: Row) -> SuiteRun:
+        return self.futures[row.id].result()
+
+    def close(self) -> None:
+        with self.lock:
+            for queue in self.queues.values():
+                for row in queue:  # an interrupted session: rows never started
+                    self.futures[row.id].cancel()
+                queue.clear()
+        for thread in self.threads:
+            thread.join()
+        for lane in self.lanes:
+            if not lane.owned:
+                lane.close()
+
+
 @pytest.fixture(scope="module")
-def stack(sim: SimCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    kept = Stack(sim, tmp_path_factory.mktemp("stack"))
+def matrix(
+    request: pytest.FixtureRequest, sim: SimCluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Matrix]:
+    """The rows this session selected (``-k`` picks some), started at the first row's
+    test and run on ``FAULT_MATRIX_LANES`` sims (default 3; 1 runs them one by one)."""
+    selected = [
+        item.callspec.params["row"]
+        for item in request.session.items
+        if isinstance(item, pytest.Function)
+        and item.module is request.module
+        and item.originalname == "test_fault"
+    ]
+    runner = Matrix(sim, selected, LANES, tmp_path_factory)
     try:
-        yield kept
+        yield runner
     finally:
-        kept.stop()
-        sim_fault(sim, "clear")
+        runner.close()
 
 
 def _serve_args(sim: SimCluster, row: Row) -> str:
@@ -348,8 +460,8 @@ def _names(check: dict[str, Any]) -> str:
 
 
 @pytest.mark.parametrize("row", CASES, ids=[r.id for r in CASES])
-def test_fault(sim: SimCluster, stack: Stack, row: Row, tmp_path: Path) -> None:
-    run = run_row(sim, stack, row, tmp_path)
+def test_fault(matrix: Matrix, row: Row) -> None:
+    run = matrix.result(row)
     OBSERVED.mkdir(exist_ok=True)
     (OBSERVED / f"{row.id}.json").write_text(json.dumps(summary(run), indent=1))
     checks = run.results["checks"]
@@ -358,6 +470,9 @@ def test_fault(sim: SimCluster, stack: Stack, row: Row, tmp_path: Path) -> None:
     crashed = [f"{c['nodeid']}: {c['crashed']}: {c['message']}" for c in checks if c["crashed"]]
     assert not crashed, "checks died of an exception instead of a verdict:\n" + "\n".join(crashed)
     if not row.fails:
+        # Recorded first: a healthy row failing on its own is one failure, not one per row.
+        skipped = {c["nodeid"] for c in checks if c["outcome"] == "skipped"}
+        BASELINE_SKIPS[f"{row.run}/{row.mode}"] = skipped
         bad = {c["nodeid"]: c["message"] for c in checks if c["outcome"] in ("failed", "error")}
         assert not bad, bad
         assert run.ret == 0, run.output[-3000:]
@@ -365,8 +480,6 @@ def test_fault(sim: SimCluster, stack: Stack, row: Row, tmp_path: Path) -> None:
             serving = run.results["serving"]
             assert [p["phase"] for p in serving["timeline"]] == PHASES, serving
             assert serving["ready_s"] > 3, serving
-        skipped = {c["nodeid"] for c in checks if c["outcome"] == "skipped"}
-        BASELINE_SKIPS[f"{row.run}/{row.mode}"] = skipped
         return
     assert run.ret == 1, run.output[-3000:]
     for category in row.fails:

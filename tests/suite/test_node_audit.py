@@ -38,17 +38,18 @@ def _snap(sim: SimCluster) -> dict[str, Snapshot]:
     return snapshot(sim.ssh_config, _nodes(sim), sim.state_dir)
 
 
+SETTLE_S = 30.0  # a container still stopping, an SSH session still closing, on a busy machine
+
+
 def _changes_after(
     sim: SimCluster, before: dict[str, Snapshot], allowed: tuple[str, ...] = ()
 ) -> list[str]:
-    """The differences once the nodes have settled: what a stopping container or a
-    closing SSH session is still doing when the run returns is given a few seconds."""
-    changes: list[str] = []
-    for _ in range(4):
-        changes = diff(before, _snap(sim), allowed)
-        if not changes:
-            break
-        time.sleep(3)
+    """The differences once the nodes have settled: snapshots are taken until one shows
+    nothing changed (what a stopping container or a closing SSH session was still doing
+    has ended) or SETTLE_S has passed; then the last one's differences stand."""
+    deadline = time.monotonic() + SETTLE_S
+    while (changes := diff(before, _snap(sim), allowed)) and time.monotonic() < deadline:
+        time.sleep(0.5)
     return changes
 
 
