@@ -14,6 +14,7 @@ import pytest
 from pytest_spark import fixtures, hooks
 from pytest_spark.cluster import Cluster, node_names
 from pytest_spark.measure import Measurements
+from pytest_spark.reachability import REACHABILITY_VERDICT_KEY
 from pytest_spark.report import register as register_reports
 from pytest_spark.results import CATEGORIES, CATEGORY_PROP, ResultsRecorder
 from pytest_spark.settings import Settings, add_options, resolve
@@ -42,7 +43,7 @@ SIM_INFO = "spark_sim_cluster_json"
 RUN_DIR = "spark_run_dir"
 SIGTERM_KEY = pytest.StashKey[Any]()
 API_FIXTURES = {"spark_api", "spark_api_state"}
-NODE_FIXTURES = {"spark_node", "_spark_node", "host"}
+NODE_FIXTURES = {"spark_node", "spark_node_unchecked", "_spark_node", "host"}
 CLUSTER_FIXTURES = NODE_FIXTURES | {
     "spark_cluster",
     "spark_head",
@@ -74,6 +75,11 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         "spark_serving_verdict: this check fails when the cluster is not serving; while it "
         "runs, the checks that need the server skip naming the root cause",
+    )
+    config.addinivalue_line(
+        "markers",
+        "spark_reachability_verdict: this check fails when a node cannot be reached; while "
+        "it runs, the checks that need that node skip naming it",
     )
     config.addinivalue_line("filterwarnings", "default::pytest_spark.fixtures.SparkCheckWarning")
     config.pluginmanager.register(fixtures, "spark.fixtures")
@@ -228,6 +234,9 @@ def pytest_itemcollected(item: pytest.Item) -> None:
 def pytest_collection_finish(session: pytest.Session) -> None:
     session.config.stash[SERVING_VERDICT_KEY] = any(
         item.get_closest_marker("spark_serving_verdict") for item in session.items
+    )
+    session.config.stash[REACHABILITY_VERDICT_KEY] = any(
+        item.get_closest_marker("spark_reachability_verdict") for item in session.items
     )
 
 

@@ -21,6 +21,7 @@ from pytest_spark.checks.links import (
 from pytest_spark.facts.links import NodeLinkFacts, PortFacts, discover_fabric_ifs, ping_command
 from pytest_spark.linkstate import all_link_facts, node_link_facts, port_of
 from pytest_spark.parsers.links import parse_ping
+from pytest_spark.reachability import require_reachable, unreachable_reason
 from pytest_spark.remote.base import RemoteError
 
 pytestmark = pytest.mark.link
@@ -72,21 +73,26 @@ def test_mtu(
     )
 
 
-def _twin_ports(cluster: Cluster, ifname: str) -> dict[str, PortFacts]:
+def _twin_ports(config: pytest.Config, cluster: Cluster, ifname: str) -> dict[str, PortFacts]:
+    require_reachable(config, cluster)
     ports: dict[str, PortFacts] = {}
     for name, facts in all_link_facts(cluster).items():
         if isinstance(facts, RemoteError):
-            pytest.fail(f"node unreachable: {facts}", pytrace=False)
+            pytest.fail(f"cannot read the link facts: {facts}", pytrace=False)
         ports[name] = port_of(facts, ifname)
     return ports
 
 
-def test_mtu_consistent(spark_cluster: Cluster, fabric_if: str, spark_check: SparkCheck) -> None:
-    spark_check.require(check_mtu_consistent(_twin_ports(spark_cluster, fabric_if)))
+def test_mtu_consistent(
+    pytestconfig: pytest.Config, spark_cluster: Cluster, fabric_if: str, spark_check: SparkCheck
+) -> None:
+    spark_check.require(check_mtu_consistent(_twin_ports(pytestconfig, spark_cluster, fabric_if)))
 
 
-def test_same_subnet(spark_cluster: Cluster, fabric_if: str, spark_check: SparkCheck) -> None:
-    ports = _twin_ports(spark_cluster, fabric_if)
+def test_same_subnet(
+    pytestconfig: pytest.Config, spark_cluster: Cluster, fabric_if: str, spark_check: SparkCheck
+) -> None:
+    ports = _twin_ports(pytestconfig, spark_cluster, fabric_if)
     spark_check.require(
         check_same_subnet({node: list(port.addresses) for node, port in ports.items()}, fabric_if)
     )
@@ -99,8 +105,9 @@ def _ring_pings(cluster: Cluster, fabric_if: str) -> dict[str, tuple[Any, ...] |
     def ping(node: Node) -> tuple[Any, ...] | str:
         nodes = cluster.nodes
         peer = nodes[(nodes.index(node) + 1) % len(nodes)]
-        if cluster.unreachable(peer) is not None:
-            return f"peer {peer.name} unreachable: {cluster.unreachable(peer)}"
+        error = cluster.unreachable(peer)
+        if error is not None:
+            return f"peer {unreachable_reason(peer.name, error)}"
         peer_port = port_of(node_link_facts(cluster, peer), fabric_if)
         if not peer_port.addresses:
             return f"peer {peer.name} has no IPv4 address on {fabric_if} (see the subnet check)"

@@ -22,6 +22,7 @@ from pytest_spark.fixtures import ServingState, not_serving_reason
 from pytest_spark.linkstate import fabric_ifs, node_link_facts, require_unless_twin_down
 from pytest_spark.measure import Measured, measure_once
 from pytest_spark.nccl_run import collective_run, container_env
+from pytest_spark.reachability import require_reachable
 from pytest_spark.settings import Settings
 from pytest_spark.state import SERVING_VERDICT_KEY
 
@@ -32,6 +33,8 @@ pytestmark = pytest.mark.nccl
 def _allreduce(
     request: pytest.FixtureRequest, spark_cluster: Cluster, spark_settings: Settings
 ) -> Measured[CollectiveRun | str]:
+    # Every rank's node: an unreachable one is the reachability check's failure.
+    require_reachable(request.config, spark_cluster)
     if spark_settings.launch:
         # The benchmark runs where torch and NCCL live: the serving containers.
         request.getfixturevalue("spark_serving")
