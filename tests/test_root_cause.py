@@ -246,3 +246,11 @@ def test_calls_in_content_name_the_models_format_and_the_parsers() -> None:
     assert calls_in_content(_content_turn("It is sunny."), REQ) is None
     message = check_tool_calls(_content_turn(as_json), REQ, parser="hermes").message
     assert "written into content as JSON" in message and "llama3_json format" in message
+
+
+def test_socket_ifname_names_interfaces_unless_it_excludes() -> None:
+    from pytest_spark.nccl_run import named_interfaces
+
+    assert named_interfaces("enp1s0f1np1") == ["enp1s0f1np1"]
+    assert named_interfaces("=enp1s0f1np1,enP2p1s0f1np1") == ["enp1s0f1np1", "enP2p1s0f1np1"]
+    assert named_interfaces("^docker0,lo") == []
