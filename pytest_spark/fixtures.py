@@ -20,6 +20,7 @@ from pytest_spark.reachability import (
     unreachable,
     unreachable_reason,
 )
+from pytest_spark.remote.base import RemoteError
 from pytest_spark.remote.testinfra import testinfra_host
 from pytest_spark.results import DATA_PREFIX, NODE_PROP, finding_property
 from pytest_spark.servercmd import ServerCommand
@@ -176,7 +177,9 @@ def not_serving_reason(problem: str) -> str:
 
 
 @pytest.fixture(scope="session")
-def spark_serving_state(pytestconfig: pytest.Config, spark_settings: Settings) -> ServingState:
+def spark_serving_state(
+    request: pytest.FixtureRequest, pytestconfig: pytest.Config, spark_settings: Settings
+) -> ServingState:
     """Launch (--spark-launch) or attach, once; never raises. The readiness check
     ``test_cluster_serving`` reports a problem with its evidence; checks that need the
     server skip pointing at it, so one dead worker is one failure, not fifty."""
@@ -196,11 +199,31 @@ def spark_serving_state(pytestconfig: pytest.Config, spark_settings: Settings) -
             notify=_notice_writer(pytestconfig),
         )
     except NotServing as exc:
-        return ServingState(None, str(exc))
+        return ServingState(None, str(exc), _down_port_cause(request, cluster, str(exc)))
     finally:
         _progress_done(pytestconfig)
     pytestconfig.stash[SERVING_KEY] = info
     return ServingState(info, None)
+
+
+def _down_port_cause(request: pytest.FixtureRequest, cluster: Cluster, problem: str) -> str | None:
+    """The serving failure's root cause when a rank's NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME
+    names a fabric port that is down (the engine dies when its bootstrap link drops): the
+    link-up check reports that port, so the serving checks skip citing it. None otherwise,
+    or when no link-up check runs in this session."""
+    from pytest_spark.nccl_run import down_socket_ports, rank_envs
+
+    if not verdict_in_session(request.session, "test_link_up"):
+        return None
+    try:
+        envs = rank_envs(cluster)
+        down = down_socket_ports(cluster, envs) if not isinstance(envs, str) else []
+    except (RemoteError, pytest.fail.Exception, pytest.skip.Exception):
+        return None
+    if not down:
+        return None
+    headline = not_serving_reason(problem).removesuffix(" (test_cluster_serving has the evidence)")
+    return f"{headline}, because {'; '.join(down)}"
 
 
 def _unreachable_for_serving(
@@ -330,7 +353,6 @@ def spark_server_command(
     """What the serving head's server was started with (its container's command, the
     ``vllm serve`` process in it, vLLM's non-default args line of this start, or
     --spark-serve-args); None when nothing says (--spark-api-url alone, not serving)."""
-    from pytest_spark.remote.base import RemoteError
     from pytest_spark.servercmd import parse_serve_args_text, read_server_command
 
     if not spark_settings.head:
