@@ -122,6 +122,17 @@ class CollectiveRun:
     notes: tuple[str, ...] = ()
     cleanup_errors: tuple[str, ...] = field(default=())
     nodes: tuple[str, ...] = ()  # every node's name, rank order (mpirun: one output, N ranks)
+    init_timeout_s: float | None = None  # each rank's own bound on initialisation
+    timeout_s: float | None = None  # the whole run's bound
+
+    @property
+    def hang_timeout_s(self) -> float | None:
+        """The bound that ended a run hung at initialisation: a rank's init timeout when
+        one reported it, else the whole run's timeout (what a message must state)."""
+        said_so = any(r.parsed is not None and r.parsed.init_timeout for r in self.ranks)
+        if said_so and self.init_timeout_s is not None:
+            return self.init_timeout_s
+        return self.timeout_s
 
     @property
     def ok(self) -> bool:
@@ -573,7 +584,7 @@ def run_allreduce(
         launcher=plan.launcher, token=job.token, world_size=len(nodes), ranks=tuple(ranks),
         result=ranks[0].parsed if ranks else None, timed_out=timed_out,
         duration_s=time.monotonic() - started, notes=plan.notes, cleanup_errors=tuple(cleanup),
-        nodes=tuple(n.name for n in nodes),
+        nodes=tuple(n.name for n in nodes), init_timeout_s=init_timeout, timeout_s=timeout,
     )  # fmt: skip
 
 

@@ -14,8 +14,16 @@ import testinfra.host
 from pytest_spark.api import ApiEndpoint
 from pytest_spark.checks.base import Finding
 from pytest_spark.cluster import Cluster, Node
+from pytest_spark.reachability import (
+    REACHABILITY_VERDICT_KEY,
+    require_reachable,
+    unreachable,
+    unreachable_reason,
+)
+from pytest_spark.remote.base import RemoteError
 from pytest_spark.remote.testinfra import testinfra_host
 from pytest_spark.results import DATA_PREFIX, NODE_PROP, finding_property
+from pytest_spark.servercmd import ServerCommand
 from pytest_spark.settings import Settings
 from pytest_spark.standup import ServingInfo
 from pytest_spark.startup import StartupWatch
@@ -51,34 +59,42 @@ def spark_cluster(pytestconfig: pytest.Config, spark_settings: Settings) -> Iter
         cluster.close()
 
 
-def reachable(cluster: Cluster, node: Node) -> Node:
-    """The node, or an error (not a failure) naming it and why it cannot be reached."""
-    error = cluster.unreachable(node)
-    if error is not None:
-        pytest.fail(f"node unreachable: {error}", pytrace=False)
+def reachable(config: pytest.Config, cluster: Cluster, node: Node) -> Node:
+    """The node; when it cannot be reached, a skip citing ``test_node_reachable`` (which
+    fails with the evidence), or a failure when that check is not in the session."""
+    require_reachable(config, cluster, [node])
     return node
 
 
 @pytest.fixture(scope="session")
 def _spark_node(request: pytest.FixtureRequest, spark_cluster: Cluster) -> Node:
-    return reachable(spark_cluster, spark_cluster.node(request.param))
+    return spark_cluster.node(request.param)
 
 
 @pytest.fixture
-def spark_node(request: pytest.FixtureRequest, _spark_node: Node) -> Node:
-    """Each node of the cluster in turn (ids ``spark-head``, ``spark-worker-1``...)."""
+def spark_node_unchecked(request: pytest.FixtureRequest, _spark_node: Node) -> Node:
+    """Each node in turn, reachable or not (the reachability check itself uses it)."""
     request.node.user_properties.append((NODE_PROP, _spark_node.name))
     return _spark_node
 
 
-@pytest.fixture(scope="session")
-def spark_head(spark_cluster: Cluster) -> Node:
-    return reachable(spark_cluster, spark_cluster.head)
+@pytest.fixture
+def spark_node(
+    pytestconfig: pytest.Config, spark_cluster: Cluster, spark_node_unchecked: Node
+) -> Node:
+    """Each node of the cluster in turn (ids ``spark-head``, ``spark-worker-1``...); a
+    check on an unreachable node is skipped citing ``test_node_reachable``."""
+    return reachable(pytestconfig, spark_cluster, spark_node_unchecked)
 
 
 @pytest.fixture(scope="session")
-def spark_workers(spark_cluster: Cluster) -> list[Node]:
-    return [reachable(spark_cluster, node) for node in spark_cluster.workers]
+def spark_head(pytestconfig: pytest.Config, spark_cluster: Cluster) -> Node:
+    return reachable(pytestconfig, spark_cluster, spark_cluster.head)
+
+
+@pytest.fixture(scope="session")
+def spark_workers(pytestconfig: pytest.Config, spark_cluster: Cluster) -> list[Node]:
+    return [reachable(pytestconfig, spark_cluster, node) for node in spark_cluster.workers]
 
 
 @pytest.fixture
@@ -129,17 +145,24 @@ class ServingState:
 
     info: ServingInfo | None
     problem: str | None
+    # A skip reason when the problem is another check's failure (a node the suite cannot
+    # reach): test_cluster_serving and every check that needs the server skip citing it.
+    cited: str | None = None
 
 
 @dataclass(frozen=True)
 class ApiState:
     endpoint: ApiEndpoint | None
     problem: str | None
+    cited: str | None = None
 
 
-def not_serving(config: pytest.Config, problem: str) -> NoReturn:
+def not_serving(config: pytest.Config, problem: str, cited: str | None = None) -> NoReturn:
     """Skip pointing at the serving verdict check when it runs in this session; fail with
-    the whole problem when it does not (``-m tool_calls`` on a dead server must not pass)."""
+    the whole problem when it does not (``-m tool_calls`` on a dead server must not pass).
+    A problem ``cited`` from another check (an unreachable node) skips citing that."""
+    if cited is not None:
+        pytest.skip(cited)
     if config.stash.get(SERVING_VERDICT_KEY, False):
         pytest.skip(not_serving_reason(problem))
     pytest.fail(problem, pytrace=False)
@@ -154,7 +177,9 @@ def not_serving_reason(problem: str) -> str:
 
 
 @pytest.fixture(scope="session")
-def spark_serving_state(pytestconfig: pytest.Config, spark_settings: Settings) -> ServingState:
+def spark_serving_state(
+    request: pytest.FixtureRequest, pytestconfig: pytest.Config, spark_settings: Settings
+) -> ServingState:
     """Launch (--spark-launch) or attach, once; never raises. The readiness check
     ``test_cluster_serving`` reports a problem with its evidence; checks that need the
     server skip pointing at it, so one dead worker is one failure, not fifty."""
@@ -162,6 +187,9 @@ def spark_serving_state(pytestconfig: pytest.Config, spark_settings: Settings) -
 
     cluster = pytestconfig.stash.get(CLUSTER_KEY, None) or _cluster(pytestconfig)
     cluster.connect()
+    cited = _unreachable_for_serving(pytestconfig, cluster, spark_settings)
+    if cited is not None:
+        return ServingState(None, cited, cited)
     try:
         info = ensure_serving(
             cluster,
@@ -171,11 +199,48 @@ def spark_serving_state(pytestconfig: pytest.Config, spark_settings: Settings) -
             notify=_notice_writer(pytestconfig),
         )
     except NotServing as exc:
-        return ServingState(None, str(exc))
+        return ServingState(None, str(exc), _down_port_cause(request, cluster, str(exc)))
     finally:
         _progress_done(pytestconfig)
     pytestconfig.stash[SERVING_KEY] = info
     return ServingState(info, None)
+
+
+def _down_port_cause(request: pytest.FixtureRequest, cluster: Cluster, problem: str) -> str | None:
+    """The serving failure's root cause when a rank's NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME
+    names a fabric port that is down (the engine dies when its bootstrap link drops): the
+    link-up check reports that port, so the serving checks skip citing it. None otherwise,
+    or when no link-up check runs in this session."""
+    from pytest_spark.nccl_run import down_socket_ports, rank_envs
+
+    if not verdict_in_session(request.session, "test_link_up"):
+        return None
+    try:
+        envs = rank_envs(cluster)
+        down = down_socket_ports(cluster, envs) if not isinstance(envs, str) else []
+    except (RemoteError, pytest.fail.Exception, pytest.skip.Exception):
+        return None
+    if not down:
+        return None
+    headline = not_serving_reason(problem).removesuffix(" (test_cluster_serving has the evidence)")
+    return f"{headline}, because {'; '.join(down)}"
+
+
+def _unreachable_for_serving(
+    config: pytest.Config, cluster: Cluster, settings: Settings
+) -> str | None:
+    """Why serving cannot be judged, citing test_node_reachable: the head unreachable, or
+    (launching) any node, since a launch starts and watches every node. Attached, the API
+    on the head is still judged with a worker out of the suite's reach. None when the
+    reachability check is not in the session (then the serving check reports it all)."""
+    if not config.stash.get(REACHABILITY_VERDICT_KEY, False):
+        return None
+    needed = cluster.nodes if settings.launch else [cluster.head]
+    for node in unreachable(cluster, needed):
+        error = cluster.unreachable(node)
+        assert error is not None
+        return unreachable_reason(node.name, error)
+    return None
 
 
 @pytest.fixture(scope="session")
@@ -184,7 +249,8 @@ def spark_serving(pytestconfig: pytest.Config, spark_serving_state: ServingState
     with live progress, fails fast with every node's log tail, never hangs. A test that
     uses it is skipped, naming the root cause, when the cluster is not serving."""
     if spark_serving_state.info is None:
-        not_serving(pytestconfig, spark_serving_state.problem or "not serving")
+        state = spark_serving_state
+        not_serving(pytestconfig, state.problem or "not serving", state.cited)
     return spark_serving_state.info
 
 
@@ -250,7 +316,7 @@ def spark_api_state(
         if base is None:
             serving: ServingState = request.getfixturevalue("spark_serving_state")
             if serving.problem is not None:
-                yield ApiState(None, serving.problem)
+                yield ApiState(None, serving.problem, serving.cited)
                 return
             cluster = pytestconfig.stash[CLUSTER_KEY]
             base, tunnel = route_to_api(cluster, settings.port)
@@ -275,8 +341,37 @@ def spark_api(pytestconfig: pytest.Config, spark_api_state: ApiState) -> ApiEndp
     """The served API; a test that uses it is skipped, naming the root cause, when the
     cluster is not serving or the API cannot be used (test_cluster_serving fails then)."""
     if spark_api_state.endpoint is None:
-        not_serving(pytestconfig, spark_api_state.problem or "no API endpoint")
+        state = spark_api_state
+        not_serving(pytestconfig, state.problem or "no API endpoint", state.cited)
     return spark_api_state.endpoint
+
+
+@pytest.fixture(scope="session")
+def spark_server_command(
+    request: pytest.FixtureRequest, pytestconfig: pytest.Config, spark_settings: Settings
+) -> ServerCommand | None:
+    """What the serving head's server was started with (its container's command, the
+    ``vllm serve`` process in it, vLLM's non-default args line of this start, or
+    --spark-serve-args); None when nothing says (--spark-api-url alone, not serving)."""
+    from pytest_spark.servercmd import parse_serve_args_text, read_server_command
+
+    if not spark_settings.head:
+        return parse_serve_args_text(spark_settings.serve_args)
+    serving: ServingState = request.getfixturevalue("spark_serving_state")
+    if serving.info is None:
+        return None
+    cluster = pytestconfig.stash[CLUSTER_KEY]
+    try:
+        head, container = cluster.head, spark_settings.container
+        return read_server_command(head, container, spark_settings.serve_args)
+    except RemoteError:
+        return parse_serve_args_text(spark_settings.serve_args)
+
+
+def verdict_in_session(session: pytest.Session, name: str) -> bool:
+    """Whether the check ``name`` (a test function's name) runs in this session: only then
+    may a dependent check skip citing it (else it must report the problem itself)."""
+    return any(getattr(item, "originalname", item.name) == name for item in session.items)
 
 
 def route_to_api(cluster: Cluster, port: int) -> tuple[str, Any]:

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import shlex
 
+from pytest_spark.checks.links import link_is_usable
 from pytest_spark.cluster import Cluster, Node
 from pytest_spark.collective import CollectiveRun, CollectiveUnavailable, run_allreduce
 from pytest_spark.facts.links import NodeLinkFacts
-from pytest_spark.linkstate import fabric_ifs, node_link_facts
+from pytest_spark.linkstate import fabric_ifs, node_link_facts, port_of
 from pytest_spark.remote.base import RemoteError
 
 NCCL_ENV = (
@@ -21,6 +22,33 @@ NCCL_ENV = (
     "UCX_NET_DEVICES",
     "NCCL_DEBUG",
 )
+
+
+SOCKET_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+
+
+def named_interfaces(value: str) -> list[str]:
+    """The interfaces an ``NCCL_SOCKET_IFNAME`` value names (``=`` exact match, comma
+    list); an exclusion list (``^docker0,lo``) names none to use."""
+    if value.startswith("^"):
+        return []
+    return [name for name in value.removeprefix("=").split(",") if name]
+
+
+def down_socket_ports(cluster: Cluster, envs: dict[str, dict[str, str]]) -> list[str]:
+    """Each fabric port a rank's NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME names that is
+    down on its node, in the link-up check's words: NCCL would bootstrap over it and hang."""
+    ifs = fabric_ifs(cluster)
+    reasons = []
+    for node in cluster.nodes:
+        env = envs.get(node.name) or {}
+        facts = node_link_facts(cluster, node)
+        named = {i: v for v in SOCKET_VARS for i in named_interfaces(env.get(v, "")) if i in ifs}
+        for ifname, var in named.items():
+            usable, reason = link_is_usable(port_of(facts, ifname), node.name)
+            if not usable:
+                reasons.append(f"{var}={env[var]} on {node.name} names a down port: {reason}")
+    return reasons
 
 
 def container_env(node: Node, container: str) -> dict[str, str] | None:
@@ -51,13 +79,14 @@ def master_address(cluster: Cluster, env: dict[str, str]) -> str | None:
     return str(addrs[0].ip) if addrs else None
 
 
-def collective_run(cluster: Cluster) -> CollectiveRun | str:
-    """Run (once per session) the sweep; a string says why it could not run."""
+def rank_envs(cluster: Cluster) -> dict[str, dict[str, str]] | str:
+    """Each rank's NCCL environment: its serving container's, else what the launcher
+    would set (once per session); a string says why it cannot be known."""
 
-    def compute() -> CollectiveRun | str:
-        settings, profile = cluster.settings, cluster.profile
+    def compute() -> dict[str, dict[str, str]] | str:
+        container = cluster.settings.container
         rank_env: dict[str, dict[str, str]] = {}
-        envs = cluster.map(lambda node: container_env(node, settings.container))  # at once
+        envs = cluster.map(lambda node: container_env(node, container))  # at once
         for node in cluster.nodes:
             if cluster.unreachable(node) is not None:
                 return f"node unreachable: {cluster.unreachable(node)}"
@@ -67,6 +96,19 @@ def collective_run(cluster: Cluster) -> CollectiveRun | str:
             rank_env[node.name] = (
                 env if env is not None else fallback_env(cluster, node_link_facts(cluster, node))
             )
+        return rank_env
+
+    return cluster.cached("rank-envs", compute)
+
+
+def collective_run(cluster: Cluster) -> CollectiveRun | str:
+    """Run (once per session) the sweep; a string says why it could not run."""
+
+    def compute() -> CollectiveRun | str:
+        settings, profile = cluster.settings, cluster.profile
+        rank_env = rank_envs(cluster)
+        if isinstance(rank_env, str):
+            return rank_env
         master = master_address(cluster, rank_env[cluster.head.name])
         if master is None:
             return (

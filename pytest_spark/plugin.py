@@ -14,6 +14,7 @@ import pytest
 from pytest_spark import fixtures, hooks
 from pytest_spark.cluster import Cluster, node_names
 from pytest_spark.measure import Measurements
+from pytest_spark.reachability import REACHABILITY_VERDICT_KEY
 from pytest_spark.report import register as register_reports
 from pytest_spark.results import CATEGORIES, CATEGORY_PROP, ResultsRecorder
 from pytest_spark.settings import (
@@ -51,7 +52,7 @@ SIGTERM_KEY = pytest.StashKey[Any]()
 SUITE_KEY = pytest.StashKey[list[Path]]()  # the installed suite, when collection went there
 COLLECTED_KEY = pytest.StashKey[int]()  # items collected, before -m/-k deselect
 API_FIXTURES = {"spark_api", "spark_api_state"}
-NODE_FIXTURES = {"spark_node", "_spark_node", "host"}
+NODE_FIXTURES = {"spark_node", "spark_node_unchecked", "_spark_node", "host"}
 CLUSTER_FIXTURES = NODE_FIXTURES | {
     "spark_cluster",
     "spark_head",
@@ -92,6 +93,11 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         "spark_serving_verdict: this check fails when the cluster is not serving; while it "
         "runs, the checks that need the server skip naming the root cause",
+    )
+    config.addinivalue_line(
+        "markers",
+        "spark_reachability_verdict: this check fails when a node cannot be reached; while "
+        "it runs, the checks that need that node skip naming it",
     )
     if asked_for(config) is None:  # installed, not asked for: a good neighbour
         config.pluginmanager.register(InactiveGuard(), "spark.inactive")
@@ -264,6 +270,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         return
     config.stash[SERVING_VERDICT_KEY] = any(
         item.get_closest_marker("spark_serving_verdict") for item in session.items
+    )
+    config.stash[REACHABILITY_VERDICT_KEY] = any(
+        item.get_closest_marker("spark_reachability_verdict") for item in session.items
     )
     if config.stash.get(COLLECTED_KEY, 0) == 0 and not session.testsfailed:
         raise pytest.UsageError(_nothing_collected(config))

@@ -529,3 +529,29 @@ def test_failure_messages_follow_style(name: str, make: Callable[[], Finding]) -
     assert f.message.startswith(f"{NODE} {IF}: ")
     assert_style(f)
     assert f.evidence, "failures carry evidence for the report"
+
+
+def test_no_carrier_caused_by_the_peers_admin_down_end() -> None:
+    """On a direct cable, this end's NO-CARRIER is the peer's admin-down: cited, not failed."""
+    from pytest_spark.checks.links import peer_took_the_link_down
+    from pytest_spark.facts.links import PortFacts
+
+    def port(**kw: object) -> PortFacts:
+        base = dict.fromkeys(
+            ("dev", "roce_up", "ib_state", "phys_state", "rate_gbps", "active_mtu", "mtu"), None
+        )
+        return PortFacts("enp1s0f1np1", **base, operstate="DOWN", lower_up=None, carrier=None, **kw)  # type: ignore[arg-type]
+
+    mine = port(admin_up=True, no_carrier=True, exists=True)
+    assert (
+        peer_took_the_link_down(mine, {"spark-worker-1": port(admin_up=False)}) == "spark-worker-1"
+    )
+    assert (
+        peer_took_the_link_down(mine, {"spark-worker-1": port(admin_up=True, no_carrier=True)})
+        is None
+    )
+    # this end administratively down: its own failure, whatever the peer shows
+    assert (
+        peer_took_the_link_down(port(admin_up=False), {"spark-worker-1": port(admin_up=False)})
+        is None
+    )

@@ -265,6 +265,7 @@ def test_a_missing_script_names_the_path_it_tried() -> None:
 
 def script_head(text: str) -> Callable[[str], tuple[int, str, str]]:
     """A head whose launch-cluster.sh reads ``text``: the preflight's grep runs for real."""
+
     def answer(command: str) -> tuple[int, str, str]:
         assert command.startswith('test -f "$HOME"/spark-vllm-docker/launch-cluster.sh')
         pattern = re.search(r"grep -qE -- '([^']+)'", command)

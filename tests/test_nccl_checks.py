@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -327,3 +328,23 @@ def test_a_low_gloo_figure_mentions_the_cpu() -> None:
     assert low.level == "fail" and "gloo, which reduces on the CPU" in low.message
     nccl = check_busbw(output_with_busbw(13.5), SPARK)
     assert "reduces on the CPU" not in nccl.message
+
+
+def test_hang_message_states_the_timeout_that_applied_and_the_down_port() -> None:
+    """The ranks' own 60 s init bound ended the run, not the 300 s the run was given."""
+    run = dataclasses.replace(
+        make_run(
+            rank("spark-head", 0, "gloo_init_timeout_rank0.txt", rc=3),
+            rank("spark-worker-1", 1, "gloo_lo_rank1.txt", rc=3),
+        ),
+        init_timeout_s=60.0,
+        timeout_s=300.0,
+    )
+    assert run.hang_timeout_s == 60.0
+    hang = check_collective(run, SIM, timeout_s=300)[0]
+    assert "no result row within 60 s" in hang.message and "300 s" not in hang.message
+    down = "link not usable: spark-worker-1 enp1s0f1np1: link administratively down"
+    finding = check_init_hang(hung=True, timeout_s=60, logs={}, down_ports=[down])
+    assert f"A fabric port is down ({down})" in finding.message
+    silent = dataclasses.replace(run, ranks=(), timed_out=True)
+    assert silent.hang_timeout_s == 300.0  # no rank said so: the whole run's bound ended it

@@ -183,3 +183,21 @@ def test_unfinished_timeline_and_hostile_labels_still_draw() -> None:
     ]
     plot = timeline_plot(spans)
     assert _png(plot.uri)[:4] == b"\x89PNG" and "never became ready" in plot.note
+
+
+def test_attached_load_is_not_measured_and_says_why() -> None:
+    """Attached, the wait for /health is no load time: terminal, HTML and JSON say so."""
+    doc = {
+        "checks": [],
+        "serving": {
+            "launched": False,
+            "ready_s": 0.1,
+            "timeline": [{"phase": "ready", "start_s": 0.1, "end_s": 0.1}],
+        },
+    }
+    figures = figures_of(doc)
+    assert figures.load_s is None
+    assert dict(key_figures(figures))["load"] == "not measured (attached)"
+    assert not any(name.startswith("load") for name in metrics_of(figures))
+    launched = figures_of({"checks": [], "serving": {**doc["serving"], "launched": True}})
+    assert dict(key_figures(launched))["load"] == "0.1 s"

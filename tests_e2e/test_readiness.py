@@ -9,11 +9,13 @@ import pytest
 
 from pytest_spark import Cluster, Finding, Node, SparkCheck
 from pytest_spark.api import ApiEndpoint
-from pytest_spark.fixtures import ApiState, ServingState
+from pytest_spark.cluster import node_names
+from pytest_spark.fixtures import ApiState, ServingState, not_serving_reason
 from pytest_spark.parsers.ray import parse_ray_status
 from pytest_spark.serveargs import parse_serve_args
 from pytest_spark.settings import Settings
 from pytest_spark.standup import ServingInfo, serving_nodes
+from pytest_spark.state import SERVING_VERDICT_KEY
 
 pytestmark = pytest.mark.readiness
 
@@ -28,13 +30,20 @@ def test_cluster_serving(
     """The cluster serves: launched and ready (or found serving when attached) and its API
     answers /v1/models. When not, this check fails with the evidence (signature, fix, every
     node's log tail) and every check that needs the server skips, pointing here."""
-    problem = spark_api_state.problem
+    problem, cited = spark_api_state.problem, spark_api_state.cited
     if spark_settings.api_url is None:
         serving: ServingState = request.getfixturevalue("spark_serving_state")
-        problem = serving.problem or problem
+        problem, cited = serving.problem or problem, serving.cited or cited
+    if cited is not None:
+        pytest.skip(cited)  # another check's failure (an unreachable node) is the cause
     if problem is not None or spark_api_state.endpoint is None:
         spark_check.require(
-            Finding.failed("not serving", "serving", message=problem or "no API endpoint")
+            Finding.failed(
+                "not serving",
+                "serving",
+                node=_named_node(spark_settings, problem or ""),
+                message=problem or "no API endpoint",
+            )
         )
         return
     api = spark_api_state.endpoint
@@ -45,6 +54,13 @@ def test_cluster_serving(
             message=f"{api.base_url} serves {api.model!r}",
         )
     )
+
+
+def _named_node(settings: Settings, problem: str) -> str | None:
+    """The node the problem's headline names first (the JSON's ``node``), if any."""
+    headline = next((line for line in problem.splitlines() if line.strip()), "")
+    found = [(headline.find(name), name) for name, _, _ in node_names(settings)]
+    return min(((i, n) for i, n in found if i >= 0), default=(0, None))[1]
 
 
 def test_startup_within_budget(
@@ -133,6 +149,7 @@ def test_served_model_matches_launch_args(
 
 
 def test_serving_container_running(
+    request: pytest.FixtureRequest,
     spark_serving_state: ServingState,
     spark_cluster: Cluster,
     spark_node: Node,
@@ -163,6 +180,10 @@ def test_serving_container_running(
                 f"no container {spark_settings.container!r} on {spark_node.name} nor on the "
                 "head: the server is not run by the launcher here"
             )
+    problem = spark_serving_state.problem
+    if state != "running" and problem and request.config.stash.get(SERVING_VERDICT_KEY, False):
+        # The lost rank is why the cluster is not serving: one failure, there.
+        pytest.skip(f"{spark_node.name}: container {state!r}; {not_serving_reason(problem)}")
     if state == "running":
         spark_check.require(Finding.passed(state, "running", node=spark_node.name))
     else:

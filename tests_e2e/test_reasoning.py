@@ -16,7 +16,16 @@ import pytest
 
 from pytest_spark.api import ApiEndpoint
 from pytest_spark.checks.base import Finding
-from pytest_spark.fixtures import SparkCheck
+from pytest_spark.checks.preflight import Skip
+from pytest_spark.checks.server import (
+    REASONING_VERDICT,
+    TOOLS_VERDICT,
+    check_reasoning_parser,
+    missing_reasoning_parser,
+    missing_tool_parser,
+)
+from pytest_spark.fixtures import SparkCheck, verdict_in_session
+from pytest_spark.servercmd import ServerCommand
 from pytest_spark.serving import (
     MISCONFIGURED_TOOLS,
     NO_REASONING_FIELD,
@@ -33,6 +42,7 @@ from pytest_spark.serving import (
     check_truncated,
     compare_stream,
 )
+from pytest_spark.serving.toolturns import cited_calls_in_content
 from pytest_spark.settings import Settings
 
 pytestmark = pytest.mark.reasoning
@@ -56,10 +66,16 @@ STREAMED = pytest.mark.parametrize("streamed", [False, True], ids=["plain", "str
 
 
 class ReasoningTurns:
-    def __init__(self, client: ServingClient, settings: Settings) -> None:
+    def __init__(
+        self, client: ServingClient, settings: Settings, no_parser: str | None = None
+    ) -> None:
         profile = settings.profile
         self.client = client
         self.expected = bool(profile.get("reasoning.expected", True))
+        # Why every reasoning check skips: the server has no --reasoning-parser and
+        # test_server_has_reasoning_parser reports it, quoting the command line.
+        self.no_parser = no_parser
+        self.no_tools: str | None = None  # the same for the tool flags (reasoning then tool)
         self.max_tokens = int(profile.get("reasoning.max_tokens", 2048))
         self.cut_tokens = int(profile.get("reasoning.truncate_tokens", 8))
         self.profile = profile.name
@@ -82,11 +98,24 @@ class ReasoningTurns:
 
 
 @pytest.fixture(scope="module")
-def turns(spark_api: ApiEndpoint, spark_settings: Settings) -> Iterator[ReasoningTurns]:
+def turns(
+    request: pytest.FixtureRequest,
+    spark_api: ApiEndpoint,
+    spark_settings: Settings,
+    spark_server_command: ServerCommand | None,
+) -> Iterator[ReasoningTurns]:
     timeout = float(spark_settings.profile.get("reasoning.request_timeout_s", 300.0))
     client = ServingClient(spark_api, timeout=timeout, idle_timeout=spark_api.timeout)
+    expected = bool(spark_settings.profile.get("reasoning.expected", True))
+    no_parser = missing_reasoning_parser(spark_server_command, expected=expected)
+    if not verdict_in_session(request.session, REASONING_VERDICT):
+        no_parser = None  # nothing else reports it: the checks below do
+    reasoning = ReasoningTurns(client, spark_settings, no_parser)
+    if verdict_in_session(request.session, TOOLS_VERDICT):
+        tools_expected = bool(spark_settings.profile.get("tool_calls.expected", True))
+        reasoning.no_tools = missing_tool_parser(spark_server_command, expected=tools_expected)
     try:
-        yield ReasoningTurns(client, spark_settings)
+        yield reasoning
     finally:
         client.close()
 
@@ -120,7 +149,10 @@ LABELS = {
 
 def _needs_reasoning(turns: ReasoningTurns, turn: Turn | None = None) -> None:
     """Skip, with the reason, where the profile does not expect a reasoning parser and the
-    server shows none; where it does expect one, the checks report the missing field."""
+    server shows none; where it does expect one and the server was started without it,
+    skip citing test_server_has_reasoning_parser (one failure, not one per check)."""
+    if turns.no_parser is not None:
+        pytest.skip(turns.no_parser)
     if turns.expected:
         return
     if turn is None:
@@ -138,6 +170,26 @@ def _full_reasoning(turns: ReasoningTurns) -> str | None:
         return turns.turn("thinking", False).reasoning
     except ServingError:
         return None
+
+
+def test_server_has_reasoning_parser(
+    spark_api: ApiEndpoint,
+    spark_server_command: ServerCommand | None,
+    spark_settings: Settings,
+    spark_check: SparkCheck,
+) -> None:
+    """The server was started with --reasoning-parser where the profile expects reasoning
+    (read from the container's command, the vllm serve process or vLLM's non-default args
+    line); the reasoning checks below skip citing this one when it fails."""
+    profile = spark_settings.profile
+    result = check_reasoning_parser(
+        spark_server_command,
+        expected=bool(profile.get("reasoning.expected", True)),
+        profile=profile.name,
+    )
+    if isinstance(result, Skip):
+        pytest.skip(result.reason)
+    spark_check.require(result)
 
 
 @STREAMED
@@ -201,10 +253,18 @@ def test_truncated_inside_thinking(
 
 @STREAMED
 def test_reasoning_then_tool_call(
-    turns: ReasoningTurns, spark_check: SparkCheck, streamed: bool
+    request: pytest.FixtureRequest, turns: ReasoningTurns, spark_check: SparkCheck, streamed: bool
 ) -> None:
     """A thinking model asked to use a tool: reasoning first, then a valid tool call."""
     _needs_reasoning(turns)
+    if turns.no_tools is not None:
+        pytest.skip(turns.no_tools)
     turn = _ask(turns, spark_check, "tool", streamed)
     req = ToolRequest((WEATHER,), "auto", ("get_weather",), streamed)
-    spark_check.require(check_reasoning_then_tool(turn, req, server=turns.client.server))
+    finding = check_reasoning_then_tool(turn, req, server=turns.client.server)
+    if not finding.ok:
+        # The call left in content is the tool parser's failure: one verdict, there.
+        cited = cited_calls_in_content(request, request.getfixturevalue("tool_turns"), turn, req)
+        if cited is not None:
+            pytest.skip(cited)
+    spark_check.require(finding)

@@ -7,126 +7,49 @@ behaviour that broke and carries the request and the response or stream excerpt.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
-
 import pytest
 
 from pytest_spark.api import ApiEndpoint
 from pytest_spark.checks.base import Finding
-from pytest_spark.fixtures import SparkCheck
+from pytest_spark.checks.preflight import Skip
+from pytest_spark.checks.server import TOOLS_VERDICT, check_tool_parser, missing_tool_parser
+from pytest_spark.fixtures import SparkCheck, verdict_in_session
+from pytest_spark.servercmd import ServerCommand
 from pytest_spark.serving import (
     MISCONFIGURED_TOOLS,
-    ServingClient,
     ServingError,
     ToolRequest,
     Turn,
-    TurnCache,
     auto_declined,
     check_auto_refused,
     check_tool_calls,
     compare_arguments,
 )
+from pytest_spark.serving.tools import Mode
+from pytest_spark.serving.toolturns import ToolTurns, cited_calls_in_content
 from pytest_spark.settings import Settings
 
 pytestmark = pytest.mark.tool_calls
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Weather forecast for a city, for a number of days",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "description": "City name, e.g. Paris"},
-                "days": {"type": "integer", "description": "Number of forecast days"},
-                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-            },
-            "required": ["city", "days"],
-        },
-    },
-}
-TIME = {
-    "type": "function",
-    "function": {
-        "name": "get_time",
-        "description": "Current local time in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "description": "City name"}},
-            "required": ["city"],
-        },
-    },
-}
-TOOLS = (WEATHER, TIME)
-ONE_CALL = "What is the weather in Paris for the next 2 days? Use the get_weather tool."
-TWO_CALLS = (
-    "What is the weather in Paris and in Tokyo for the next 3 days? "
-    "Call get_weather once for each city, in parallel."
-)
-SEED = 1234
 
-
-class ToolTurns:
-    """Asks each question once per (mode, streaming) and remembers the answer, so the
-    streaming test can compare with the non-streaming one."""
-
-    def __init__(self, client: ServingClient, settings: Settings) -> None:
-        self.client = client
-        profile = settings.profile
-        self.max_tokens = int(profile.get("tool_calls.max_tokens", 1024))
-        self.strict_streaming = bool(profile.get("tool_calls.require_streamed_arguments", True))
-        self.expected = bool(profile.get("tool_calls.expected", True))
-        # False for a model too small to choose a tool by itself (real vLLM on CPU): under
-        # auto a plain-text answer is then the model's choice, skipped with the reason.
-        self.auto_emits_calls = bool(profile.get("tool_calls.auto_emits_calls", True))
-        self.profile = profile.name
-        self.cache = TurnCache(client)
-
-    def request(self, mode: str, streamed: bool, parallel: bool = False) -> ToolRequest:
-        names = ("get_weather", "get_weather") if parallel else ("get_weather",)
-        return ToolRequest(
-            TOOLS,
-            mode,
-            names,
-            streamed,  # type: ignore[arg-type]
-            self.strict_streaming,
-        )
-
-    def body(self, mode: str, parallel: bool) -> dict[str, Any]:
-        choice: Any = mode
-        if mode == "named":
-            choice = {"type": "function", "function": {"name": "get_weather"}}
-        return self.client.body(
-            TWO_CALLS if parallel else ONE_CALL,
-            tools=list(TOOLS),
-            tool_choice=choice,
-            temperature=0,
-            seed=SEED,
-            max_tokens=self.max_tokens,
-        )
-
-    def turn(self, mode: str, streamed: bool, parallel: bool = False) -> Turn:
-        key = (mode, streamed, parallel)
-        return self.cache.turn(key, lambda: self.body(mode, parallel), streamed)
-
-
-@pytest.fixture(scope="module")
-def tool_turns(spark_api: ApiEndpoint, spark_settings: Settings) -> Iterator[ToolTurns]:
-    timeout = float(spark_settings.profile.get("tool_calls.request_timeout_s", 180.0))
-    client = ServingClient(spark_api, timeout=timeout, idle_timeout=spark_api.timeout)
-    try:
-        yield ToolTurns(client, spark_settings)
-    finally:
-        client.close()
+def tools_flags_missing(request: pytest.FixtureRequest, turns: ToolTurns) -> str | None:
+    """Why the auto checks skip: the server lacks the tool flags (the verdict says so)."""
+    if not verdict_in_session(request.session, TOOLS_VERDICT):
+        return None
+    return missing_tool_parser(turns.server_command, expected=turns.expected)
 
 
 def _ask(
-    turns: ToolTurns, spark_check: SparkCheck, mode: str, streamed: bool, parallel: bool = False
+    request: pytest.FixtureRequest,
+    turns: ToolTurns,
+    spark_check: SparkCheck,
+    mode: Mode,
+    streamed: bool,
+    parallel: bool = False,
 ) -> Turn:
     """The turn, or the right verdict when there is none: misconfiguration (skip here,
-    reported once by test_auto_tool_choice_enabled) or a request failure (fail)."""
+    reported once by test_server_has_tool_parser or test_auto_tool_choice_enabled) or a
+    request failure (fail)."""
     req = turns.request(mode, streamed, parallel)
     try:
         return turns.turn(mode, streamed, parallel)
@@ -135,7 +58,8 @@ def _ask(
             refused = check_auto_refused(exc.status, exc.error, exc.exchange.evidence())
             if refused is not None:
                 pytest.skip(
-                    f"{MISCONFIGURED_TOOLS}: tool_choice=auto refused with HTTP 400 "
+                    tools_flags_missing(request, turns)
+                    or f"{MISCONFIGURED_TOOLS}: tool_choice=auto refused with HTTP 400 "
                     "(reported by test_auto_tool_choice_enabled)"
                 )
         spark_check.require(exc.finding(f"{turns.client.server}: {req.label}"))
@@ -156,9 +80,34 @@ def _skip_if_model_declined(turns: ToolTurns, turn: Turn, req: ToolRequest) -> N
         )
 
 
-def test_auto_tool_choice_enabled(tool_turns: ToolTurns, spark_check: SparkCheck) -> None:
+def test_server_has_tool_parser(
+    spark_api: ApiEndpoint,
+    spark_server_command: ServerCommand | None,
+    spark_settings: Settings,
+    spark_check: SparkCheck,
+) -> None:
+    """The server was started with --enable-auto-tool-choice and --tool-call-parser where
+    the profile expects tool calls (read from the container's command, the vllm serve
+    process or vLLM's non-default args line); the auto checks skip citing this one."""
+    profile = spark_settings.profile
+    result = check_tool_parser(
+        spark_server_command,
+        expected=bool(profile.get("tool_calls.expected", True)),
+        profile=profile.name,
+    )
+    if isinstance(result, Skip):
+        pytest.skip(result.reason)
+    spark_check.require(result)
+
+
+def test_auto_tool_choice_enabled(
+    request: pytest.FixtureRequest, tool_turns: ToolTurns, spark_check: SparkCheck
+) -> None:
     """tool_choice auto is accepted: a 400 about the server flags is a misconfiguration
     (not a model failure) and says which flags are missing."""
+    missing = tools_flags_missing(request, tool_turns)
+    if missing is not None:
+        pytest.skip(missing)
     try:
         tool_turns.turn("auto", False)
     except ServingError as exc:
@@ -190,15 +139,19 @@ def test_auto_tool_choice_enabled(tool_turns: ToolTurns, spark_check: SparkCheck
 @pytest.mark.parametrize("streamed", [False, True], ids=["plain", "stream"])
 @pytest.mark.parametrize("mode", ["auto", "required", "named"])
 def test_tool_call(
-    tool_turns: ToolTurns, spark_check: SparkCheck, mode: str, streamed: bool
+    request: pytest.FixtureRequest,
+    tool_turns: ToolTurns,
+    spark_check: SparkCheck,
+    mode: Mode,
+    streamed: bool,
 ) -> None:
     """One call of get_weather: type function, right name, arguments a JSON string valid
     against the schema (days an integer), finish_reason by mode, no markup in content;
     streamed: fragments join into the same JSON with stable ids and indexes."""
     req = tool_turns.request(mode, streamed)
-    turn = _ask(tool_turns, spark_check, mode, streamed)
+    turn = _ask(request, tool_turns, spark_check, mode, streamed)
     _skip_if_model_declined(tool_turns, turn, req)
-    spark_check.require(check_tool_calls(turn, req, server=tool_turns.client.server))
+    _require(request, tool_turns, spark_check, turn, req)
     if streamed:
         try:
             plain = tool_turns.turn(mode, False)
@@ -212,11 +165,26 @@ def test_tool_call(
 
 @pytest.mark.parametrize("streamed", [False, True], ids=["plain", "stream"])
 def test_parallel_tool_calls(
-    tool_turns: ToolTurns, spark_check: SparkCheck, streamed: bool
+    request: pytest.FixtureRequest, tool_turns: ToolTurns, spark_check: SparkCheck, streamed: bool
 ) -> None:
     """Two cities, one tool: two calls come back (parallel tool calls), each valid, with
     distinct ids and indexes 0 and 1."""
     req = tool_turns.request("auto", streamed, parallel=True)
-    turn = _ask(tool_turns, spark_check, "auto", streamed, parallel=True)
+    turn = _ask(request, tool_turns, spark_check, "auto", streamed, parallel=True)
     _skip_if_model_declined(tool_turns, turn, req)
-    spark_check.require(check_tool_calls(turn, req, server=tool_turns.client.server))
+    _require(request, tool_turns, spark_check, turn, req)
+
+
+def _require(
+    request: pytest.FixtureRequest,
+    turns: ToolTurns,
+    spark_check: SparkCheck,
+    turn: Turn,
+    req: ToolRequest,
+) -> None:
+    finding = check_tool_calls(turn, req, server=turns.client.server, parser=turns.parser)
+    if not finding.ok:
+        cited = cited_calls_in_content(request, turns, turn, req)
+        if cited is not None:
+            pytest.skip(cited)
+    spark_check.require(finding)

@@ -19,9 +19,15 @@ from pytest_spark.checks.nccl import (
 from pytest_spark.codec import dump, load
 from pytest_spark.collective import CollectiveRun
 from pytest_spark.fixtures import ServingState, not_serving_reason
-from pytest_spark.linkstate import fabric_ifs, node_link_facts, require_unless_twin_down
+from pytest_spark.linkstate import (
+    fabric_ifs,
+    node_link_facts,
+    require_unless_twin_down,
+    unusable_fabric_links,
+)
 from pytest_spark.measure import Measured, measure_once
-from pytest_spark.nccl_run import collective_run, container_env
+from pytest_spark.nccl_run import collective_run, container_env, down_socket_ports, rank_envs
+from pytest_spark.reachability import require_reachable
 from pytest_spark.settings import Settings
 from pytest_spark.state import SERVING_VERDICT_KEY
 
@@ -32,9 +38,16 @@ pytestmark = pytest.mark.nccl
 def _allreduce(
     request: pytest.FixtureRequest, spark_cluster: Cluster, spark_settings: Settings
 ) -> Measured[CollectiveRun | str]:
+    # Every rank's node: an unreachable one is the reachability check's failure.
+    require_reachable(request.config, spark_cluster)
     if spark_settings.launch:
         # The benchmark runs where torch and NCCL live: the serving containers.
         request.getfixturevalue("spark_serving")
+    envs = rank_envs(spark_cluster)
+    down = down_socket_ports(spark_cluster, envs) if not isinstance(envs, str) else []
+    if down:
+        # NCCL would bootstrap over the down port and hang: the link is the root cause.
+        pytest.skip(f"{'; '.join(down)}: the all-reduce would hang at bootstrap")
     # Once per session, alone on the cluster, also under xdist (pytest_spark.measure).
     return measure_once(
         request.config,
@@ -74,13 +87,15 @@ def test_allreduce_does_not_hang_at_init(
     allreduce: CollectiveRun, spark_check: SparkCheck, spark_cluster: Cluster
 ) -> None:
     lines = [r.parsed.init_timeout for r in allreduce.ranks if r.parsed and r.parsed.init_timeout]
+    applied = allreduce.hang_timeout_s  # the bound that really ended it (init: 10-60 s)
     spark_check.require(
         check_init_hang(
             hung=allreduce.hung_at_init,
-            timeout_s=float(spark_cluster.profile["nccl.timeout_s"]),
+            timeout_s=applied if applied is not None else allreduce.duration_s,
             logs=allreduce.log_lines(),
             init_lines=lines,
             where=_where(allreduce),
+            down_ports=unusable_fabric_links(spark_cluster),
         )
     )
 

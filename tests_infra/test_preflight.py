@@ -21,6 +21,7 @@ from pytest_spark.checks.preflight import (
     check_link_flaps,
     check_model_identical,
     check_passwordless_ssh,
+    check_reachable,
     check_serving_env,
 )
 from pytest_spark.facts.preflight import ClockSample, ModelListing, NodePreflight
@@ -34,7 +35,8 @@ from pytest_spark.preflightstate import (
     serving_env,
     ssh_from_head,
 )
-from pytest_spark.remote.base import RemoteError
+from pytest_spark.reachability import require_reachable
+from pytest_spark.remote.base import HostKeyError, RemoteError
 from pytest_spark.standup import NotServing, ServingInfo, fabric_addresses
 
 pytestmark = pytest.mark.preflight
@@ -111,7 +113,28 @@ def test_disk_space(
     )
 
 
-def test_model_dir_identical(spark_cluster: Cluster, spark_check: SparkCheck) -> None:
+@pytest.mark.spark_reachability_verdict
+def test_node_reachable(
+    spark_node_unchecked: Node, spark_cluster: Cluster, spark_check: SparkCheck
+) -> None:
+    """The node answers over SSH. An unreachable node is this one failure; every check
+    that needs the node is skipped citing it."""
+    node = spark_node_unchecked
+    error = spark_cluster.unreachable(node)
+    spark_check.require(
+        check_reachable(
+            node.name,
+            node.conn.target.describe(),
+            None if error is None else str(error),
+            host_key=isinstance(error, HostKeyError),
+        )
+    )
+
+
+def test_model_dir_identical(
+    pytestconfig: pytest.Config, spark_cluster: Cluster, spark_check: SparkCheck
+) -> None:
+    require_reachable(pytestconfig, spark_cluster)
     where = model_dir(spark_cluster.settings)
     if where.path is None:
         pytest.skip(where.reason or "model directory not known")
@@ -128,7 +151,10 @@ def test_model_dir_identical(spark_cluster: Cluster, spark_check: SparkCheck) ->
     spark_check.require(check_model_identical(where.path, listings, where.source or ""))
 
 
-def test_clock_skew(spark_cluster: Cluster, spark_check: SparkCheck) -> None:
+def test_clock_skew(
+    pytestconfig: pytest.Config, spark_cluster: Cluster, spark_check: SparkCheck
+) -> None:
+    require_reachable(pytestconfig, spark_cluster)
     samples = []
     for name, sample in clock_samples(spark_cluster).items():
         if isinstance(sample, RemoteError):
@@ -141,10 +167,12 @@ def test_clock_skew(spark_cluster: Cluster, spark_check: SparkCheck) -> None:
 
 
 def test_passwordless_ssh_head_to_workers(
-    spark_cluster: Cluster, spark_head: Node, spark_check: SparkCheck
+    pytestconfig: pytest.Config, spark_cluster: Cluster, spark_head: Node, spark_check: SparkCheck
 ) -> None:
     """``ssh -o BatchMode=yes -o ConnectTimeout=5 ADDR true`` on the head, to every worker
-    address the launcher gets (--spark-launch-nodes, else each node's fabric address)."""
+    address the launcher gets (--spark-launch-nodes, else each node's fabric address). A
+    worker the suite cannot reach either is the reachability check's, not this one's."""
+    require_reachable(pytestconfig, spark_cluster)
     if not spark_cluster.workers:
         pytest.skip("no workers")
     try:

@@ -695,3 +695,17 @@ def check_fabric_twins(
         ),
         evidence=evidence,
     )
+
+
+def peer_took_the_link_down(port: PortFacts, peers: Mapping[str, PortFacts]) -> str | None:
+    """On a direct cable (two nodes), why this port sees no carrier: the peer whose end of
+    the same twin is administratively down or absent (its link-up check is the root cause;
+    this end is fine). None when this port's own state is the problem."""
+    if port.admin_up is False or port.exists is False:
+        return None
+    if not (port.no_carrier or port.lower_up is False or port.carrier is False):
+        return None
+    for name, other in peers.items():
+        if other.admin_up is False or other.exists is False:
+            return name
+    return None

@@ -422,8 +422,11 @@ def check_init_hang(
     logs: Mapping[str, Sequence[str]],
     init_lines: Iterable[str] = (),
     where: str = "cluster",
+    down_ports: Sequence[str] = (),
 ) -> Finding:
-    """A run that never printed a result row is the NCCL channel-setup hang, with its logs."""
+    """A run that never printed a result row is the NCCL channel-setup hang, with its logs.
+    ``timeout_s`` is the bound that really ended it; ``down_ports`` the fabric ports the
+    link checks found down (named first: the likeliest cause)."""
     if not hung:
         return Finding.passed(
             "started", "started", node=where, message=f"{where}: all ranks initialised and measured"
@@ -439,7 +442,16 @@ def check_init_hang(
         node=where,
         message=(
             f"{where}: all-reduce hung at initialisation: no result row within "
-            f"{timeout_s:g} s" + (f" ({said[0]})" if said else "") + ". This is the "
+            f"{timeout_s:g} s"
+            + (f" ({said[0]})" if said else "")
+            + ". "
+            + (
+                f"A fabric port is down ({'; '.join(down_ports)}): NCCL bootstraps over the "
+                "interface NCCL_SOCKET_IFNAME names, so a down one hangs it; bring the port up. "
+                if down_ports
+                else ""
+            )
+            + "This is the "
             "NCCL channel-setup hang that made SGLang multi-node unusable on this "
             "deployment: the ranks start but never finish connecting. Usual causes: "
             "NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME naming an interface the peer cannot "
@@ -462,7 +474,8 @@ def check_collective(
 ) -> list[Finding]:
     """Every collective finding for one run: hang, busbw, data, transport, NCCL_IB_HCA."""
     where = " <-> ".join(r.node for r in run.ranks) or "cluster"
-    limit = timeout_s if timeout_s is not None else run.duration_s
+    # the bound that really ended a hung run (a rank's init timeout) wins over the asked one
+    limit = run.hang_timeout_s or (timeout_s if timeout_s is not None else run.duration_s)
     result = run.result
     if run.hung_at_init:
         lines = [r.parsed.init_timeout for r in run.ranks if r.parsed and r.parsed.init_timeout]

@@ -661,3 +661,46 @@ def check_link_flaps(
         node=node,
         message=f"{node} {ifname}: {per_day:g} per 24 h ({source})",
     )
+
+
+def check_reachable(
+    node: str, target: str, error: str | None, *, host_key: bool = False
+) -> Finding:
+    """Reached over SSH, or unreachable with what usually fixes it (the one failure an
+    unreachable node gives; the checks that need it skip citing it)."""
+    if error is None:
+        return Finding.passed(
+            "reachable", "reachable", node=node, message=f"{node}: SSH to {target} works"
+        )
+    text = error
+    while text.startswith(f"{node}: "):
+        text = text.removeprefix(f"{node}: ")
+    lowered = text.lower()
+    if host_key:
+        fix = (
+            "the host key is unknown or changed: verify it and add it to known_hosts "
+            "(ssh-keyscan), never disable the check"
+        )
+    elif "refused" in lowered:
+        fix = (
+            "the node answers but nothing listens for SSH: start sshd there "
+            "(systemctl start ssh) or fix the port in the ssh_config"
+        )
+    elif "timed out" in lowered or "timeout" in lowered:
+        fix = (
+            "nothing answers at that address: check the node is powered on, its "
+            "management cable and the address (--spark-head / --spark-workers)"
+        )
+    elif "auth" in lowered or "permission" in lowered:
+        fix = "the key is not accepted: check IdentityFile and the node's authorized_keys"
+    else:
+        fix = "check the node, its management network and --spark-ssh-config"
+    return Finding.failed(
+        "unreachable",
+        "reachable over SSH",
+        node=node,
+        message=(
+            f"{node}: unreachable over SSH at {target}: {text}. Every check that needs "
+            f"{node} is skipped citing this. Usual fix: {fix}"
+        ),
+    )

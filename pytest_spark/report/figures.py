@@ -73,18 +73,25 @@ class Figures:
     sweep: list[SweepLevel] = field(default_factory=list)
     timeline: list[PhaseSpan] = field(default_factory=list)
     ready_s: float | None = None
+    # Attached to a running cluster: the suite saw no load, so none is reported (a figure
+    # that was not measured says so instead of showing the attach wait as a load time).
+    attached: bool = False
 
     def level(self, concurrency: int) -> SweepLevel | None:
         return next((lv for lv in self.sweep if lv.concurrency == concurrency), None)
 
     @property
     def load_s(self) -> float | None:
+        if self.attached:
+            return None
         if self.ready_s is not None:
             return self.ready_s
         ready = [p.start for p in self.timeline if p.phase == "ready"]
         return ready[0] if ready else None
 
     def phase_durations(self) -> dict[str, float]:
+        if self.attached:
+            return {}
         return {
             p.phase: round(p.end - p.start, 3)
             for p in self.timeline
@@ -212,7 +219,11 @@ def timeline(doc: dict[str, Any]) -> list[PhaseSpan]:
 def figures_of(doc: dict[str, Any]) -> Figures:
     serving = as_dict(doc.get("serving"))
     return Figures(
-        busbw_series(doc), sweep_levels(doc), timeline(doc), number(serving.get("ready_s"))
+        busbw_series(doc),
+        sweep_levels(doc),
+        timeline(doc),
+        number(serving.get("ready_s")),
+        attached=serving.get("launched") is False,
     )
 
 
@@ -277,5 +288,5 @@ def key_figures(figures: Figures) -> list[tuple[str, str]]:
         phases = ", ".join(f"{p} {s:.0f} s" for p, s in figures.phase_durations().items())
         out.append(("load", f"{load:.1f} s" + (f" ({phases})" if phases else "")))
     else:
-        out.append(("load", "not measured"))
+        out.append(("load", "not measured (attached)" if figures.attached else "not measured"))
     return out

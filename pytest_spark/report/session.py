@@ -22,7 +22,7 @@ import pytest
 
 from pytest_spark.report import html_active
 from pytest_spark.report.environment import environment
-from pytest_spark.report.figures import Figures, Metric, figures_of, metrics_of
+from pytest_spark.report.figures import Figures, Metric, figures_of, key_figures, metrics_of
 from pytest_spark.report.history import (
     Comparison,
     History,
@@ -89,6 +89,8 @@ class ReportState:
     def to_json(self) -> dict[str, Any]:
         return {
             "figures": {name: m.to_dict() for name, m in sorted(self.metrics.items())},
+            # as the terminal and the HTML show them; "not measured (attached)" included
+            "key_figures": dict(key_figures(self.figures)),
             "cluster_identity": self.identity,
             "history": str(self.history_path) if self.history_path else None,
             "history_note": self.history_note or None,

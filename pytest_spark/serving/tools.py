@@ -168,22 +168,73 @@ def auto_declined(turn: Turn, req: ToolRequest) -> str | None:
     return f"the model answered in plain text with no tool markup (content {short(content)})"
 
 
-def check_tool_calls(turn: Turn, req: ToolRequest, *, server: str = "") -> Finding:
+# What each vLLM tool parser reads (vllm/entrypoints/openai/tool_parsers/).
+PARSER_FORMATS = {
+    "qwen3_coder": "XML calls (<tool_call><function=NAME><parameter=KEY>)",
+    "qwen3_xml": "XML calls (<tool_call><function=NAME><parameter=KEY>)",
+    "hermes": 'JSON in tags (<tool_call>{"name": ..., "arguments": ...}</tool_call>)',
+    "llama3_json": 'bare JSON ({"name": ..., "parameters": ...})',
+    "mistral": "[TOOL_CALLS] followed by JSON",
+    "pythonic": "a Python list of calls ([f(x=1)])",
+}
+
+
+def model_tool_format(content: str | None, names: tuple[str, ...]) -> str | None:
+    """The format the model wrote its call in, read from content; None for plain text."""
+    text = content or ""
+    if "<function=" in text or "<parameter=" in text:
+        return "XML calls (<tool_call><function=NAME><parameter=KEY>), the qwen3_coder format"
+    if "<tool_call>" in text:
+        return 'JSON in tags (<tool_call>{"name": ...}</tool_call>), the hermes format'
+    if "[TOOL_CALLS]" in text:
+        return "[TOOL_CALLS] JSON, the mistral format"
+    if _json_call_in(text, names):
+        return 'bare JSON ({"name": ..., "arguments": ...}), the llama3_json format'
+    return None
+
+
+def formats_of(content: str | None, names: tuple[str, ...], parser: str | None) -> str | None:
+    """``the model wrote <format>; the server runs <parser>, which reads <format>``, or
+    None when content holds no call."""
+    written = model_tool_format(content, names)
+    if written is None:
+        return None
+    if parser is None:
+        reads = "the server's --tool-call-parser (not read from its command line)"
+    else:
+        fmt = PARSER_FORMATS.get(parser, "its own format")
+        reads = f"--tool-call-parser {parser}, which reads {fmt}"
+    return f"the model wrote {written}; the server runs {reads}"
+
+
+def calls_in_content(turn: Turn, req: ToolRequest, *, parser: str | None = None) -> str | None:
+    """The model wrote its call into content and no tool_calls came back: which format the
+    model wrote and which the server's parser reads. None when that is not the case."""
+    if turn.tool_calls:
+        return None
+    formats = formats_of(turn.content, req.names, parser)
+    return None if formats is None else f"the call was left in content: {formats}"
+
+
+def check_tool_calls(
+    turn: Turn, req: ToolRequest, *, server: str = "", parser: str | None = None
+) -> Finding:
     """Every tool-call property of one turn; the message lists each one that broke."""
     problems: list[str] = []
     content = turn.content
     leaked = markup_in(content)
+    formats = formats_of(content, req.names, parser)
     if not turn.tool_calls:
         if leaked:
             problems.append(
                 f"the call was left in content as raw markup ({', '.join(leaked)})"
                 f" and no tool_calls came back: the tool parser did not parse the "
-                f"model's output; {FIX_PARSER}"
+                f"model's output ({formats}); {FIX_PARSER}"
             )
         elif _json_call_in(content, req.names):
             problems.append(
                 "the call was written into content as JSON and no tool_calls came "
-                f"back: the tool parser did not recognise it; {FIX_PARSER}"
+                f"back: the tool parser did not recognise it ({formats}); {FIX_PARSER}"
             )
         elif req.mode == "auto":
             problems.append(

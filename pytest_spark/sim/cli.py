@@ -131,6 +131,11 @@ def _add_serving_faults(kinds: Any, common: argparse.ArgumentParser, node_help: 
     )
     k.add_argument("node", metavar="NODE", help=node_help)
     k.add_argument("--name", default=None, help="container (default: every vllm-node one)")
+    k.add_argument(
+        "--stop",
+        action="store_true",
+        help="docker stop (the container exits as on a shutdown) instead of docker kill",
+    )
     k = kinds.add_parser(
         "engine",
         parents=[common],
@@ -237,7 +242,7 @@ def run(argv: list[str] | None = None) -> int:
         elif args.kind == "stale-container":
             msgs = serving.stale_container(state_dir, topo, args.node, args.name, args.port)
         elif args.kind == "worker-kill":
-            msgs = serving.worker_kill(state_dir, topo, args.node, args.name)
+            msgs = serving.worker_kill(state_dir, topo, args.node, args.name, stop=args.stop)
         elif args.kind == "engine":
             msgs = serving.engine_fault(state_dir, topo, args.names, args.node)
         elif args.kind == "model":

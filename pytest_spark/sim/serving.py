@@ -417,8 +417,11 @@ def _serve_pid(state_dir: Path, node: NodeSpec, cid: str, timeout: float = 10.0)
     return int(_docker(state_dir, node, "inspect", "-f", "{{.State.Pid}}", cid).strip() or 0)
 
 
-def worker_kill(state_dir: Path, topo: Topology, spec: str, name: str | None = None) -> list[str]:
-    """Kill the serving container(s) on a node, as a crash or power loss would."""
+def worker_kill(
+    state_dir: Path, topo: Topology, spec: str, name: str | None = None, *, stop: bool = False
+) -> list[str]:
+    """Kill the serving container(s) on a node, as a crash or power loss would; with
+    ``stop``, ``docker stop`` them (the container exits, as on an operator's stop)."""
     node = _node(topo, spec)
     if name is None:
         listed = _docker(
@@ -442,9 +445,10 @@ def worker_kill(state_dir: Path, topo: Topology, spec: str, name: str | None = N
             f"{node.name}: no serving container is running (docker ps "
             f"--filter {SERVING_IMAGE_FILTER})"
         )
-    _docker(state_dir, node, "kill", *names)
+    _docker(state_dir, node, "stop" if stop else "kill", *names)
     _record(state_dir, "worker-kill", node, ",".join(names))
-    return [f"{node.name}: killed container {n}" for n in names]
+    done = "stopped" if stop else "killed"
+    return [f"{node.name}: {done} container {n}" for n in names]
 
 
 def _etc(state_dir: Path, node: NodeSpec) -> Path:

@@ -43,7 +43,8 @@ TRIM = (
     "--spark-history=off",
 )
 # Where each run's per-category verdicts are written, to read when a row disagrees.
-OBSERVED = Path("/tmp/pytest-spark-fault-matrix")
+# SPARK_FAULT_MATRIX_OBSERVED moves it (several matrix runs on one machine).
+OBSERVED = Path(os.environ.get("SPARK_FAULT_MATRIX_OBSERVED", "/tmp/pytest-spark-fault-matrix"))
 RUNS = ("launch", "serving", "restart")
 PHASES = ["start", "weights", "kv", "graphs", "api", "ready"]
 
@@ -53,12 +54,15 @@ class Row:
     fault: str
     inject: tuple[tuple[str, ...], ...]  # spark-sim fault argv's
     serve_args: str  # appended to the launch's serve args
+    drop_args: str  # removed from the launch's serve args (a flag and its value)
     run: str  # launch | serving | restart
     fails: tuple[str, ...]
     may_fail: tuple[str, ...]  # a measured consequence that may or may not cross its floor
     node: str | None
     says: dict[str, str]  # category -> words one of its failures says ("*": every category)
     because: str | None
+    causes: int = 1  # root causes: the failed + error checks outside may_fail, exactly
+    over: int = 0  # failures over the causes, known and not yet folded into one (see the doc)
     mode: str = "ray"  # launch rows: --spark-ray=on (ray) or off (no-ray, issue #17)
 
     @property
@@ -85,30 +89,44 @@ def parse_matrix(text: str) -> list[Row]:
         if len(cells) != len(COLUMNS):
             raise ValueError(f"{MATRIX}: {len(cells)} cells in {line!r}")
         values = dict(zip(COLUMNS, cells, strict=True))
-        inject, serve_args = [], ""
+        inject, serve_args, drop_args = [], "", ""
         for part in (_cell(values["inject"]) or "").split(";"):
             part = part.strip()
             if part.startswith("+serve-args "):
                 serve_args = part.removeprefix("+serve-args ").strip()
+            elif part.startswith("-serve-args "):
+                drop_args = part.removeprefix("-serve-args ").strip()
             elif part:
                 inject.append(tuple(shlex.split(part)))
         words = (_cell(values["fails"]) or "").split()
+        counts = {"causes": 1, "over": 0}
+        for word in [w for w in words if "=" in w]:
+            key, _, number = word.partition("=")
+            if key not in counts or not number.isdigit():
+                raise ValueError(f"{MATRIX}: bad count {word!r} in {line!r}")
+            counts[key] = int(number)
+            words.remove(word)
         fails = tuple(w for w in words if not w.endswith("?"))
         may_fail = tuple(w.removesuffix("?") for w in words if w.endswith("?"))
         unknown = set(fails + may_fail) - set(CATEGORIES)
         if unknown or values["run"] not in RUNS:
             raise ValueError(f"{MATRIX}: bad row {line!r}")
+        if fails and counts["causes"] + counts["over"] < len(fails):
+            raise ValueError(f"{MATRIX}: fewer failures allowed than failing categories: {line!r}")
         rows.append(
             Row(
                 fault=values["fault"],
                 inject=tuple(inject),
                 serve_args=serve_args,
+                drop_args=drop_args,
                 run=values["run"],
                 fails=fails,
                 may_fail=may_fail,
                 node=_cell(values["node"]),
                 says=_says(_cell(values["says"]), fails + may_fail),
                 because=_cell(values["because"]),
+                causes=counts["causes"],
+                over=counts["over"],
             )
         )
     return rows
@@ -179,18 +197,31 @@ def test_matrix_covers_every_fault_the_issue_lists() -> None:
 
 def test_matrix_parser_rejects_what_it_cannot_hold_to() -> None:
     head = "## Matrix\n\n| " + " | ".join(COLUMNS) + " |\n|---|---|---|---|---|---|---|\n"
-    good = "| x | engine http-5xx | serving | readiness tool_calls | - | tool_calls: 500 | 500 |\n"
+    good = (
+        "| x | engine http-5xx | serving | readiness tool_calls over=1 | - | tool_calls: 500 "
+        "| 500 |\n"
+    )
     (row,) = parse_matrix(head + good)
     assert row.inject == (("engine", "http-5xx"),) and row.fails == ("readiness", "tool_calls")
     assert row.says == {"tool_calls": "500"} and row.node is None and row.id == "x"
-    (row,) = parse_matrix(head + good.replace("tool_calls |", "tool_calls? |", 1))
+    assert row.causes == 1 and row.over == 1  # one root cause unless the row says more
+    (row,) = parse_matrix(head + good.replace("tool_calls over=1 |", "tool_calls? |", 1))
     assert row.fails == ("readiness",) and row.may_fail == ("tool_calls",)
+    assert (row.causes, row.over) == (1, 0)
+    (row,) = parse_matrix(head + good.replace("over=1", "causes=2 over=3", 1))
+    assert row.fails == ("readiness", "tool_calls") and (row.causes, row.over) == (2, 3)
+    dropped = good.replace("engine http-5xx", "-serve-args --reasoning-parser qwen3", 1)
+    (row,) = parse_matrix(head + dropped)
+    assert row.drop_args == "--reasoning-parser qwen3" and not row.inject
     for bad in (
         "| x | - | serving | - | - | - |\n",  # a cell missing
         "| x | - | somewhere | - | - | - | - |\n",  # unknown run
         "| x | - | launch | links | - | - | - |\n",  # unknown category
         "| x | - | launch | link | - | nccl: slow | - |\n",  # says for a category not failing
         "| x | - | launch | link nccls? | - | - | - |\n",  # unknown optional category
+        "| x | - | launch | link causes=x | - | - | - |\n",  # a count that is no number
+        "| x | - | launch | link roots=1 | - | - | - |\n",  # an unknown count
+        "| x | - | launch | link nccl causes=1 | - | - | - |\n",  # two categories, one failure
     ):
         with pytest.raises(ValueError):
             parse_matrix(head + bad)
@@ -357,7 +388,15 @@ def matrix(
 
 def _serve_args(sim: SimCluster, row: Row) -> str:
     base: str = sim.info["launch"]["serve_args"]
-    return f"{base} {row.serve_args}".strip()
+    drop = row.drop_args.split()
+    argv = base.split()
+    for i in range(len(argv) - len(drop) + 1):
+        if drop and argv[i : i + len(drop)] == drop:
+            argv = argv[:i] + argv[i + len(drop) :]
+            break
+    else:
+        assert not drop, f"{row.drop_args!r} is not in the launch's serve args {base!r}"
+    return " ".join([*argv, row.serve_args]).strip()
 
 
 def compose_serve_args(sim: SimCluster, rank: int = 0) -> list[str]:
@@ -504,14 +543,30 @@ def test_fault(matrix: Matrix, row: Row) -> None:
         for check in checks:
             if check["category"] == category and check["outcome"] in ("failed", "error"):
                 assert not words or words.lower() in check["message"].lower(), check
+    # One root cause, one failure: the failed + error checks (a `?` category's measured
+    # consequence aside) are exactly the row's root causes (plus its known `over`).
+    bad = [
+        c
+        for c in checks
+        if c["outcome"] in ("failed", "error") and c["category"] not in row.may_fail
+    ]
+    stray = [f"{c['nodeid']}: {c['message'][:300]}" for c in bad if c["category"] not in row.fails]
+    assert not stray, "failures outside the row's categories:\n" + "\n".join(stray)
+    counted = [f"{c['nodeid']} ({c['outcome']}): {c['message'][:200]}" for c in bad]
+    assert len(counted) == row.causes + row.over, (
+        f"{len(counted)} failures for {row.causes} root cause(s)"
+        + (f" + {row.over} known over" if row.over else "")
+        + ":\n"
+        + "\n".join(counted)
+    )
+    # Every other non-passing check is a skip citing the root cause (or skipped as in
+    # the healthy run of the same mode), whatever its category.
     baseline = BASELINE_SKIPS.get(f"{row.run}/{row.mode}", set())
     for check in checks:
-        if check["category"] in row.fails or check["outcome"] == "passed":
-            continue
-        if check["category"] in row.may_fail and check["outcome"] == "failed":
+        if check["outcome"] in ("passed", "failed", "error"):
             continue
         where = f"{check['nodeid']} ({check['outcome']}): {check['message'][:400]}"
-        assert check["outcome"] == "skipped", f"unrelated category not passing: {where}"
+        assert check["outcome"] == "skipped", f"not passing, failing or skipped: {where}"
         if check["nodeid"] in baseline:
             continue
         assert row.because and row.because.lower() in check["message"].lower(), (

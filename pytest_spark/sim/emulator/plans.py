@@ -53,7 +53,9 @@ def build_chat_plan(engine: Engine, body: dict[str, Any], prompt: str) -> Plan:
         steps += rsn.reasoning_steps(text, fields, faults, newline)
         plan.has_reasoning = True
     parser = engine.args.tool_call_parser or "qwen3_coder"
-    if calls and "tool-in-content" in faults:
+    if calls and "tool-in-content" in faults and not guided:
+        # The tool parser's failure: only under auto. required and named calls come from
+        # guided decoding (structured outputs), which no tool parser touches.
         markup = tc.hermes_markup(calls) if parser == "hermes" else tc.qwen3_coder_markup(calls)
         steps += content_steps(markup)
         steps.append(eos_step())

@@ -1,0 +1,256 @@
+"""One root cause, one failure: an unreachable node is one error naming it (the checks
+that need it skip citing it); the server's command line read from the container, its
+process or vLLM's non-default args line; a missing parser flag is one failure quoting it;
+a model's calls left in content name the model's format and the parser's."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+
+from pytest_spark.checks.base import Finding
+from pytest_spark.checks.preflight import Skip, check_reachable
+from pytest_spark.checks.server import (
+    check_reasoning_parser,
+    check_tool_parser,
+    missing_reasoning_parser,
+    missing_tool_parser,
+)
+from pytest_spark.reachability import unreachable_reason
+from pytest_spark.servercmd import (
+    MARK,
+    ServerCommand,
+    parse_non_default_args,
+    parse_probe,
+    serve_line_of,
+)
+from pytest_spark.serving.evidence import Exchange
+from pytest_spark.serving.tools import ToolRequest, calls_in_content, check_tool_calls
+from pytest_spark.serving.turn import Turn, from_response
+
+REPO = Path(__file__).resolve().parents[1]
+LOGS = REPO / "fixtures" / "vllm_logs"
+SERVE = (
+    "vllm serve /models/Qwen3.5-122B-A10B-FP8 --served-model-name qwen3.5-122b "
+    "--tensor-parallel-size 2 --reasoning-parser qwen3 --tool-call-parser qwen3_coder "
+    "--enable-auto-tool-choice"
+)
+BARE = "vllm serve /models/Qwen3.5-122B-A10B-FP8 --tensor-parallel-size 2"
+
+
+# --- unreachable node ------------------------------------------------------------------
+
+
+def test_refused_names_the_node_once_and_the_fix() -> None:
+    # the error text as the jump fallback wraps it: the node's name twice
+    error = "spark-worker-1: spark-worker-1: SSH connection to 198.18.0.12 refused (is sshd?)"
+    finding = check_reachable("spark-worker-1", "root@198.18.0.12:22", error)
+    assert finding.level == "fail" and finding.node == "spark-worker-1"
+    assert finding.message.startswith("spark-worker-1: unreachable over SSH at root@198.18")
+    assert "spark-worker-1: spark-worker-1" not in finding.message
+    assert "start sshd" in finding.message
+
+
+def test_timeout_and_host_key_have_their_own_fix() -> None:
+    cut = check_reachable("spark-head", "h", "spark-head: SSH connect to h timed out after 10 s")
+    assert "powered on" in cut.message and cut.node == "spark-head"
+    key = check_reachable("spark-head", "h", "spark-head: host key changed", host_key=True)
+    assert "known_hosts" in key.message
+    ok = check_reachable("spark-head", "h", None)
+    assert ok.level == "pass" and ok.node == "spark-head"
+
+
+def test_skip_reason_names_node_error_and_verdict() -> None:
+    reason = unreachable_reason("spark-worker-1", "spark-worker-1: spark-worker-1: refused")
+    assert reason == "spark-worker-1 unreachable: refused (test_node_reachable has the evidence)"
+
+
+SUITE = """
+import pytest
+from pytest_spark.checks.preflight import check_reachable
+
+pytestmark = pytest.mark.preflight
+
+@pytest.mark.spark_reachability_verdict
+def test_node_reachable(spark_node_unchecked, spark_cluster, spark_check):
+    error = spark_cluster.unreachable(spark_node_unchecked)
+    spark_check.require(
+        check_reachable(spark_node_unchecked.name, "x", None if error is None else str(error))
+    )
+
+def test_needs_node(spark_node):
+    pass
+
+def test_needs_head(spark_head):
+    pass
+"""
+
+
+@pytest.fixture
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _run_unreachable(pytester: pytest.Pytester, port: int, *extra: str) -> pytest.RunResult:
+    pytester.makepyfile(test_suite=SUITE)
+    config = pytester.path / "ssh_config"
+    config.write_text(f"Host 127.0.0.1\n  Port {port}\n  User root\n")
+    return pytester.runpytest(
+        "-rs",
+        "--spark-head=127.0.0.1",
+        f"--spark-ssh-config={config}",
+        f"--spark-results={pytester.path / 'results.json'}",
+        *extra,
+    )
+
+
+def test_unreachable_node_is_one_failure_and_the_rest_skip_citing_it(
+    pytester: pytest.Pytester, closed_port: int
+) -> None:
+    result = _run_unreachable(pytester, closed_port)
+    result.assert_outcomes(failed=1, skipped=2)
+    result.stdout.fnmatch_lines(
+        [
+            "*spark-head unreachable: SSH connection to 127.0.0.1:* refused*"
+            "(test_node_reachable has the evidence)*"
+        ]
+    )
+    checks = json.loads((pytester.path / "results.json").read_text())["checks"]
+    by_name = {c["nodeid"].split("::")[1]: c for c in checks}
+    verdict = by_name["test_node_reachable[spark-head]"]
+    assert verdict["outcome"] == "failed" and verdict["node"] == "spark-head"  # never null
+    assert by_name["test_needs_node[spark-head]"]["node"] == "spark-head"
+
+
+def test_without_the_verdict_the_checks_fail_themselves(
+    pytester: pytest.Pytester, closed_port: int
+) -> None:
+    """-k without the reachability check: nothing else reports the node, so they fail."""
+    result = _run_unreachable(pytester, closed_port, "-k", "needs")
+    result.assert_outcomes(errors=2)
+    result.stdout.fnmatch_lines(["*node unreachable: spark-head: SSH connection*refused*"])
+
+
+# --- the server's command line ---------------------------------------------------------
+
+
+def _probe(inspect: str = "", top: str = "", log: str = "") -> str:
+    return f"{MARK}inspect\n{inspect}\n{MARK}top\n{top}\n{MARK}log\n{log}\n"
+
+
+def test_container_command_that_is_vllm_serve() -> None:
+    argv = json.dumps(SERVE.split()[1:])
+    cmd = parse_probe(_probe(inspect=f'"vllm" {argv}'), None)
+    assert cmd is not None and cmd.source == "the container's command"
+    assert cmd.args.reasoning_parser == "qwen3" and cmd.args.tool_call_parser == "qwen3_coder"
+
+
+def test_bash_c_command_is_read_inside_its_string() -> None:
+    assert serve_line_of(["/bin/bash", "-c", f"source .env && {BARE}"]) == BARE
+
+
+def test_sleep_infinity_container_reads_the_exec_process() -> None:
+    """The launcher's docker exec model: the container sleeps, vllm serve is a process."""
+    top = f"COMMAND\nsleep infinity\n/opt/venv/bin/python3 /opt/venv/bin/{BARE}\n"
+    cmd = parse_probe(_probe(inspect='"sleep" ["infinity"]', top=top), SERVE)
+    assert cmd is not None and cmd.source == "the vllm serve process"
+    assert cmd.line == BARE and cmd.args.reasoning_parser is None
+
+
+def test_real_non_default_args_line() -> None:
+    line = next(
+        x
+        for x in (LOGS / "vllm-0.32.0-cpu-smollm2.log").read_text().splitlines()
+        if "non-default args" in x
+    )
+    args = parse_non_default_args(line)
+    assert args is not None
+    assert args.tool_call_parser == "hermes" and args.auto_tool_choice
+    assert args.reasoning_parser is None and args.served_names == ("smollm2",)
+    cmd = parse_probe(_probe(inspect='"sleep" ["infinity"]', top="COMMAND\nsleep", log=line), None)
+    assert cmd is not None and cmd.source == "vLLM's non-default args line"
+    assert cmd.line.startswith("non-default args: {'model_tag'")
+
+
+def test_falls_back_to_the_launch_args_then_to_nothing() -> None:
+    gone = _probe(inspect="Error: No such object: vllm_node", top="Error", log="")
+    cmd = parse_probe(gone, SERVE)
+    assert cmd is not None and cmd.source == "--spark-serve-args"
+    assert parse_probe(gone, None) is None
+
+
+def _cmd(line: str) -> ServerCommand:
+    cmd = parse_probe(_probe(inspect='"vllm" ' + json.dumps(line.split()[1:])), None)
+    assert cmd is not None
+    return cmd
+
+
+def test_missing_reasoning_parser_is_one_failure_quoting_the_line() -> None:
+    finding = check_reasoning_parser(_cmd(BARE), expected=True, profile="spark")
+    assert isinstance(finding, Finding) and finding.level == "fail"
+    assert "without --reasoning-parser" in finding.message and BARE in finding.message
+    assert "the container's command" in finding.message
+    reason = missing_reasoning_parser(_cmd(BARE), expected=True)
+    assert reason and "test_server_has_reasoning_parser" in reason
+    assert missing_reasoning_parser(_cmd(SERVE), expected=True) is None
+    assert check_reasoning_parser(_cmd(SERVE), expected=True, profile="spark").ok  # type: ignore[union-attr]
+
+
+def test_profile_that_expects_no_parser_skips_with_the_reason() -> None:
+    skip = check_reasoning_parser(_cmd(BARE), expected=False, profile="vllm-cpu")
+    assert isinstance(skip, Skip) and "reasoning.expected = false" in skip.reason
+    assert missing_reasoning_parser(_cmd(BARE), expected=False) is None
+    skip = check_tool_parser(_cmd(BARE), expected=False, profile="vllm-cpu")
+    assert isinstance(skip, Skip) and "tool_calls.expected = false" in skip.reason
+
+
+def test_missing_tool_flags_name_each_flag() -> None:
+    half = BARE + " --tool-call-parser hermes"
+    finding = check_tool_parser(_cmd(half), expected=True, profile="spark")
+    assert isinstance(finding, Finding) and finding.level == "fail"
+    assert "without --enable-auto-tool-choice," in finding.message and half in finding.message
+    both = check_tool_parser(_cmd(BARE), expected=True, profile="spark")
+    assert "--enable-auto-tool-choice and --tool-call-parser" in both.message  # type: ignore[union-attr]
+    assert missing_tool_parser(_cmd(SERVE), expected=True) is None
+    assert "test_server_has_tool_parser" in (missing_tool_parser(_cmd(half), expected=True) or "")
+
+
+# --- tool calls in content -------------------------------------------------------------
+
+
+def _content_turn(content: str) -> Turn:
+    msg = {"role": "assistant", "content": content}
+    data = {"id": "c1", "choices": [{"index": 0, "message": msg, "finish_reason": "stop"}]}
+    return from_response(data, Exchange("POST", "http://x/v1/chat/completions"))
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather"}}
+REQ = ToolRequest((WEATHER,), "auto", ("get_weather",))
+
+
+def test_calls_in_content_name_the_models_format_and_the_parsers() -> None:
+    xml = (
+        "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+        "</function>\n</tool_call>"
+    )
+    said = calls_in_content(_content_turn(xml), REQ, parser="hermes")
+    assert said is not None and "qwen3_coder format" in said and "--tool-call-parser hermes" in said
+    as_json = '{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}'
+    said = calls_in_content(_content_turn(as_json), REQ, parser="hermes")
+    assert said is not None and "llama3_json format" in said and "<tool_call>{" in said
+    assert calls_in_content(_content_turn("It is sunny."), REQ) is None
+    message = check_tool_calls(_content_turn(as_json), REQ, parser="hermes").message
+    assert "written into content as JSON" in message and "llama3_json format" in message
+
+
+def test_socket_ifname_names_interfaces_unless_it_excludes() -> None:
+    from pytest_spark.nccl_run import named_interfaces
+
+    assert named_interfaces("enp1s0f1np1") == ["enp1s0f1np1"]
+    assert named_interfaces("=enp1s0f1np1,enP2p1s0f1np1") == ["enp1s0f1np1", "enP2p1s0f1np1"]
+    assert named_interfaces("^docker0,lo") == []
