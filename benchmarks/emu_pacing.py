@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SIM_DIR = REPO / "pytest_spark" / "sim"
+SIM_DIR = REPO / "sparksim"
 
 
 def machine_cpu_s() -> float:

@@ -42,7 +42,7 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from pytest_spark.api import ApiEndpoint  # noqa: E402
+from pytest_spark.access.api import ApiEndpoint  # noqa: E402
 from pytest_spark.serving.load import (  # noqa: E402
     LevelResult,
     LoadClient,
@@ -73,7 +73,7 @@ def start_emulator(rate: float, ttft: float, log: Path) -> tuple[subprocess.Pope
     argv = [
         sys.executable,
         "-m",
-        "pytest_spark.sim.emulator",
+        "sparksim.emulator",
         "serve",
         "/models/qwen",
         "--served-model-name",

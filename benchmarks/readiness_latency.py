@@ -25,11 +25,11 @@ import urllib.request
 from datetime import datetime
 from pathlib import Path
 
-from pytest_spark.cluster import Cluster
-from pytest_spark.profiles import load_profile
-from pytest_spark.readiness import StartupFailed, remote_now, wait_ready
-from pytest_spark.settings import OPTIONS, Settings
-from pytest_spark.simcontrol import SimCluster, sim_up
+from pytest_spark.access.cluster import Cluster
+from pytest_spark.access.simcontrol import SimCluster, sim_up
+from pytest_spark.readiness.wait import StartupFailed, remote_now, wait_ready
+from pytest_spark.settings.profiles import load_profile
+from pytest_spark.settings.resolve import OPTIONS, Settings
 
 
 def cluster_for(sim: SimCluster) -> Cluster:

@@ -32,7 +32,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from pytest_spark.simcontrol import SimCluster, sim_up
+from pytest_spark.access.simcontrol import SimCluster, sim_up
 
 REPO = Path(__file__).resolve().parents[1]
 

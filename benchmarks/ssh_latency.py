@@ -15,8 +15,8 @@ from pathlib import Path
 
 import testinfra
 
-from pytest_spark.remote.ssh import SSHConnection, resolve_target
-from pytest_spark.simcontrol import sim_up
+from pytest_spark.access.simcontrol import sim_up
+from pytest_spark.access.ssh import SSHConnection, resolve_target
 
 
 def median_ms(fn: Callable[[], object], runs: int) -> float:

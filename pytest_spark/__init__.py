@@ -3,7 +3,7 @@
 Import name ``pytest_spark`` (PyPI's unrelated ``pytest-spark`` PySpark plugin uses the
 same import name: do not install both in one environment).
 
-The public names below are imported lazily, so the simulator (``pytest_spark.sim``, which
+The public names below are imported lazily, so the simulator (``sparksim``, which
 needs only the standard library) starts without loading paramiko, httpx or pytest.
 """
 
@@ -15,20 +15,20 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "Cluster": "pytest_spark.cluster",
-    "Node": "pytest_spark.cluster",
-    "CommandFailed": "pytest_spark.remote.base",
-    "CommandResult": "pytest_spark.remote.base",
-    "CommandTimeout": "pytest_spark.remote.base",
-    "HostKeyError": "pytest_spark.remote.base",
-    "NodeUnreachable": "pytest_spark.remote.base",
-    "RemoteError": "pytest_spark.remote.base",
+    "Cluster": "pytest_spark.access.cluster",
+    "Node": "pytest_spark.access.cluster",
+    "CommandFailed": "pytest_spark.access.base",
+    "CommandResult": "pytest_spark.access.base",
+    "CommandTimeout": "pytest_spark.access.base",
+    "HostKeyError": "pytest_spark.access.base",
+    "NodeUnreachable": "pytest_spark.access.base",
+    "RemoteError": "pytest_spark.access.base",
     "Finding": "pytest_spark.checks.base",
     "SparkCheck": "pytest_spark.fixtures",
     "SparkCheckWarning": "pytest_spark.fixtures",
-    "Profile": "pytest_spark.profiles",
-    "load_profile": "pytest_spark.profiles",
-    "Settings": "pytest_spark.settings",
+    "Profile": "pytest_spark.settings.profiles",
+    "load_profile": "pytest_spark.settings.profiles",
+    "Settings": "pytest_spark.settings.resolve",
 }
 
 __all__ = [
@@ -50,11 +50,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from pytest_spark.checks.base import Finding
-    from pytest_spark.cluster import Cluster, Node
-    from pytest_spark.fixtures import SparkCheck, SparkCheckWarning
-    from pytest_spark.profiles import Profile, load_profile
-    from pytest_spark.remote.base import (
+    from pytest_spark.access.base import (
         CommandFailed,
         CommandResult,
         CommandTimeout,
@@ -62,7 +58,11 @@ if TYPE_CHECKING:
         NodeUnreachable,
         RemoteError,
     )
-    from pytest_spark.settings import Settings
+    from pytest_spark.access.cluster import Cluster, Node
+    from pytest_spark.checks.base import Finding
+    from pytest_spark.fixtures import SparkCheck, SparkCheckWarning
+    from pytest_spark.settings.profiles import Profile, load_profile
+    from pytest_spark.settings.resolve import Settings
 
 
 def __getattr__(name: str) -> Any:

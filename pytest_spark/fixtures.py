@@ -11,22 +11,22 @@ from typing import Any, NoReturn
 import pytest
 import testinfra.host
 
-from pytest_spark.api import ApiEndpoint
+from pytest_spark.access.api import ApiEndpoint
+from pytest_spark.access.base import RemoteError
+from pytest_spark.access.cluster import Cluster, Node
+from pytest_spark.access.testinfra import testinfra_host
 from pytest_spark.checks.base import Finding
-from pytest_spark.cluster import Cluster, Node
-from pytest_spark.reachability import (
+from pytest_spark.facts.server import ServerCommand
+from pytest_spark.readiness.reachability import (
     REACHABILITY_VERDICT_KEY,
     require_reachable,
     unreachable,
     unreachable_reason,
 )
-from pytest_spark.remote.base import RemoteError
-from pytest_spark.remote.testinfra import testinfra_host
-from pytest_spark.results import DATA_PREFIX, NODE_PROP, finding_property
-from pytest_spark.servercmd import ServerCommand
-from pytest_spark.settings import Settings
-from pytest_spark.standup import ServingInfo
-from pytest_spark.startup import StartupWatch
+from pytest_spark.readiness.session import ServingInfo
+from pytest_spark.readiness.watch import StartupWatch
+from pytest_spark.report.results import DATA_PREFIX, NODE_PROP, finding_property
+from pytest_spark.settings.resolve import Settings
 from pytest_spark.state import (
     CLUSTER_KEY,
     RUN_DIR_KEY,
@@ -101,11 +101,6 @@ def spark_workers(pytestconfig: pytest.Config, spark_cluster: Cluster) -> list[N
 def host(spark_node: Node) -> testinfra.host.Host:
     """testinfra's ``host`` for each node, over the suite's own SSH connection."""
     return testinfra_host(spark_node.name, spark_node)
-
-
-@pytest.fixture(scope="session")
-def spark_head_host(spark_head: Node) -> testinfra.host.Host:
-    return testinfra_host(spark_head.name, spark_head)
 
 
 class SparkCheck:
@@ -183,7 +178,7 @@ def spark_serving_state(
     """Launch (--spark-launch) or attach, once; never raises. The readiness check
     ``test_cluster_serving`` reports a problem with its evidence; checks that need the
     server skip pointing at it, so one dead worker is one failure, not fifty."""
-    from pytest_spark.standup import NotServing, ensure_serving
+    from pytest_spark.readiness.session import NotServing, ensure_serving
 
     cluster = pytestconfig.stash.get(CLUSTER_KEY, None) or _cluster(pytestconfig)
     cluster.connect()
@@ -211,7 +206,7 @@ def _down_port_cause(request: pytest.FixtureRequest, cluster: Cluster, problem: 
     names a fabric port that is down (the engine dies when its bootstrap link drops): the
     link-up check reports that port, so the serving checks skip citing it. None otherwise,
     or when no link-up check runs in this session."""
-    from pytest_spark.nccl_run import down_socket_ports, rank_envs
+    from pytest_spark.gathering.nccl import down_socket_ports, rank_envs
 
     if not verdict_in_session(request.session, "test_link_up"):
         return None
@@ -306,7 +301,7 @@ def spark_api_state(
     """The served API once ready (base URL direct or through an SSH tunnel via the head,
     model id, key), or why it cannot be used; never raises. With --spark-api-url alone,
     that server directly."""
-    from pytest_spark.api import ApiError, discover, engine_failing, read_api_key
+    from pytest_spark.access.api import ApiError, discover, engine_failing, read_api_key
 
     settings = spark_settings
     tunnel = None
@@ -353,7 +348,7 @@ def spark_server_command(
     """What the serving head's server was started with (its container's command, the
     ``vllm serve`` process in it, vLLM's non-default args line of this start, or
     --spark-serve-args); None when nothing says (--spark-api-url alone, not serving)."""
-    from pytest_spark.servercmd import parse_serve_args_text, read_server_command
+    from pytest_spark.facts.server import parse_serve_args_text, read_server_command
 
     if not spark_settings.head:
         return parse_serve_args_text(spark_settings.serve_args)
@@ -378,7 +373,7 @@ def route_to_api(cluster: Cluster, port: int) -> tuple[str, Any]:
     """Direct to the head's address when it answers, else an SSH tunnel via the head."""
     import httpx
 
-    from pytest_spark.remote.tunnel import Tunnel
+    from pytest_spark.access.tunnel import Tunnel
 
     direct = f"http://{cluster.head.conn.target.hostname}:{port}"
     try:

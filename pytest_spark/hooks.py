@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from pytest_spark.cluster import Cluster
+    from pytest_spark.access.cluster import Cluster
 
 
 @pytest.hookspec

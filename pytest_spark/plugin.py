@@ -12,20 +12,20 @@ from typing import Any
 import pytest
 
 from pytest_spark import fixtures, hooks
-from pytest_spark.cluster import Cluster, node_names
-from pytest_spark.measure import Measurements
-from pytest_spark.reachability import REACHABILITY_VERDICT_KEY
+from pytest_spark.access.cluster import Cluster, node_names
+from pytest_spark.access.simcontrol import sim_attach, sim_up
+from pytest_spark.gathering.measure import Measurements
+from pytest_spark.readiness.reachability import REACHABILITY_VERDICT_KEY
+from pytest_spark.readiness.session import stop_if_launched
 from pytest_spark.report import register as register_reports
-from pytest_spark.results import CATEGORIES, CATEGORY_PROP, ResultsRecorder
-from pytest_spark.settings import (
+from pytest_spark.report.results import CATEGORIES, CATEGORY_PROP, ResultsRecorder
+from pytest_spark.settings.resolve import (
     Settings,
     add_options,
     asked_for,
     refuse_spaced_paths,
     resolve,
 )
-from pytest_spark.simcontrol import sim_attach, sim_up
-from pytest_spark.standup import stop_if_launched
 from pytest_spark.state import (
     CLUSTER_KEY,
     MEASURE_KEY,
@@ -57,7 +57,6 @@ CLUSTER_FIXTURES = NODE_FIXTURES | {
     "spark_cluster",
     "spark_head",
     "spark_workers",
-    "spark_head_host",
     "spark_twin",
     "spark_serving",
     "spark_serving_state",

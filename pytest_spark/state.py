@@ -9,12 +9,12 @@ import pytest
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from pytest_spark.cluster import Cluster
-    from pytest_spark.measure import Measurements
-    from pytest_spark.results import ResultsRecorder
-    from pytest_spark.settings import Settings
-    from pytest_spark.simcontrol import SimCluster
-    from pytest_spark.standup import ServingInfo
+    from pytest_spark.access.cluster import Cluster
+    from pytest_spark.access.simcontrol import SimCluster
+    from pytest_spark.gathering.measure import Measurements
+    from pytest_spark.readiness.session import ServingInfo
+    from pytest_spark.report.results import ResultsRecorder
+    from pytest_spark.settings.resolve import Settings
 
 SETTINGS_KEY: pytest.StashKey[Settings] = pytest.StashKey()
 CLUSTER_KEY: pytest.StashKey[Cluster] = pytest.StashKey()

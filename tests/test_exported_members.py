@@ -35,7 +35,7 @@ def test_public_surface_is_stable() -> None:
 
 def test_simulator_imports_without_the_plugin_dependencies() -> None:
     code = (
-        "import sys; import pytest_spark.sim.cli; "
+        "import sys; import sparksim.cli; "
         "bad = [m for m in ('paramiko', 'httpx', 'pytest') if m in sys.modules]; "
         "print(bad); sys.exit(1 if bad else 0)"
     )

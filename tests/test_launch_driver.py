@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
-from pytest_spark import settings as settings_mod
-from pytest_spark.cluster import Cluster, Node
-from pytest_spark.launch import (
+from pytest_spark.access.base import CommandResult
+from pytest_spark.access.cluster import Cluster, Node
+from pytest_spark.parsers.serveargs import mode_of_processes, parse_serve_args
+from pytest_spark.readiness.launch import (
     Launcher,
     LaunchError,
     LaunchSpec,
@@ -22,9 +23,7 @@ from pytest_spark.launch import (
     parse_dotenv,
     shell_path,
 )
-from pytest_spark.remote.base import CommandResult
-from pytest_spark.serveargs import mode_of_processes, parse_serve_args
-from pytest_spark.standup import (
+from pytest_spark.readiness.session import (
     NotServing,
     apply_dotenv,
     configured_mode,
@@ -32,6 +31,7 @@ from pytest_spark.standup import (
     refuse_running,
     serving_nodes,
 )
+from pytest_spark.settings import resolve as settings_mod
 
 SERVE = "vllm serve /models/Qwen3.5-122B-A10B-FP8 --tensor-parallel-size 2 --port 8000"
 

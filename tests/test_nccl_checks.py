@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from pytest_spark.bench.allreduce import header_lines, row_line
 from pytest_spark.checks.nccl import (
     busbw_series,
     check_busbw,
@@ -18,9 +17,10 @@ from pytest_spark.checks.nccl import (
     check_transport,
     check_wrong_values,
 )
-from pytest_spark.collective import CollectiveRun, RankOutput
+from pytest_spark.collective.allreduce import header_lines, row_line
+from pytest_spark.collective.runner import CollectiveRun, RankOutput
 from pytest_spark.parsers.nccl import NcclOutput, parse_nccl_tests
-from pytest_spark.profiles import Profile, load_profile
+from pytest_spark.settings.profiles import Profile, load_profile
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "nccl"
 SPARK = load_profile("dgx-spark-2node")

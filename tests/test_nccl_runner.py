@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from pytest_spark import collective
-from pytest_spark.bench import script_text
+from pytest_spark.access.base import CommandResult, CommandTimeout
 from pytest_spark.checks.nccl import check_collective
-from pytest_spark.collective import (
+from pytest_spark.collective import runner as collective
+from pytest_spark.collective.runner import (
     CollectiveUnavailable,
     detect_launcher,
     kill_command,
@@ -29,8 +29,8 @@ from pytest_spark.collective import (
     run_allreduce,
     stage_command,
 )
-from pytest_spark.profiles import load_profile
-from pytest_spark.remote.base import CommandResult, CommandTimeout
+from pytest_spark.collective.script import script_text
+from pytest_spark.settings.profiles import load_profile
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "nccl"
 HAS_TORCH = importlib.util.find_spec("torch") is not None

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_spark.bench import allreduce as ar
-from pytest_spark.bench import script_text
+from pytest_spark.collective import allreduce as ar
+from pytest_spark.collective.script import script_text
 from pytest_spark.parsers.nccl import parse_nccl_tests
 
 SCRIPT = Path(ar.__file__)

@@ -133,7 +133,7 @@ def test_unrelated_tests_run_without_head(pytester: pytest.Pytester) -> None:
 
 
 def test_help_lists_every_option_with_ini_and_env(pytester: pytest.Pytester) -> None:
-    from pytest_spark.settings import OPTIONS
+    from pytest_spark.settings.resolve import OPTIONS
 
     result = pytester.runpytest("--help")
     out = result.stdout.str()

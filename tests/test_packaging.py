@@ -58,7 +58,7 @@ def test_package_list_covers_every_package() -> None:
     listed = set(config["packages"])
     found = {
         name
-        for name in find_namespace_packages(str(REPO), include=["pytest_spark*"])
+        for name in find_namespace_packages(str(REPO), include=["pytest_spark*", "sparksim*"])
         if "__pycache__" not in name
     }
     assert found - listed == set(), "add these to [tool.setuptools] packages"
@@ -82,8 +82,12 @@ def test_wheel_carries_the_suite_and_no_top_level_tests(wheel: Path) -> None:
         }
         assert shipped == in_checkout, folder
     assert not [n for n in names if n.split("/")[0].startswith("tests")]
-    for data in ("sim/launcher/launch-cluster.sh", "sim/launcher/image/vllm", "profiles/sim.toml"):
-        assert f"pytest_spark/{data}" in names
+    for data in (
+        "sparksim/launcher/launch-cluster.sh",
+        "sparksim/launcher/image/vllm",
+        "pytest_spark/settings/profiles/sim.toml",
+    ):
+        assert data in names
 
 
 def test_suite_paths_wheel_and_checkout_layouts(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_spark.profiles import ProfileError, load_profile
+from pytest_spark.settings.profiles import ProfileError, load_profile
 
 
 def test_builtin_reference_figures() -> None:

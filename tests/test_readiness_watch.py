@@ -19,12 +19,12 @@ from typing import Any
 
 import pytest
 
-from pytest_spark import readiness
-from pytest_spark.cluster import Cluster, Node
-from pytest_spark.readiness import SEP, StartupFailed, wait_ready
-from pytest_spark.remote.base import CommandResult, NodeUnreachable
-from pytest_spark.remote.retry import for_connection
-from pytest_spark.startup import StartupWatch
+from pytest_spark.access.base import CommandResult, NodeUnreachable
+from pytest_spark.access.cluster import Cluster, Node
+from pytest_spark.access.retry import for_connection
+from pytest_spark.readiness import wait as readiness
+from pytest_spark.readiness.wait import SEP, StartupFailed, wait_ready
+from pytest_spark.readiness.watch import StartupWatch
 
 CONTAINER = "vllm_node"
 PORT = 8000

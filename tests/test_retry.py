@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_spark.remote.retry import Backoff, RetryState, for_connection
+from pytest_spark.access.retry import Backoff, RetryState, for_connection
 
 
 def test_default_connect_timeout_gives_five_doubling_retries() -> None:

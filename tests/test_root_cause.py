@@ -19,14 +19,14 @@ from pytest_spark.checks.server import (
     missing_reasoning_parser,
     missing_tool_parser,
 )
-from pytest_spark.reachability import unreachable_reason
-from pytest_spark.servercmd import (
+from pytest_spark.facts.server import (
     MARK,
     ServerCommand,
     parse_non_default_args,
     parse_probe,
     serve_line_of,
 )
+from pytest_spark.readiness.reachability import unreachable_reason
 from pytest_spark.serving.evidence import Exchange
 from pytest_spark.serving.tools import ToolRequest, calls_in_content, check_tool_calls
 from pytest_spark.serving.turn import Turn, from_response
@@ -249,7 +249,7 @@ def test_calls_in_content_name_the_models_format_and_the_parsers() -> None:
 
 
 def test_socket_ifname_names_interfaces_unless_it_excludes() -> None:
-    from pytest_spark.nccl_run import named_interfaces
+    from pytest_spark.gathering.nccl import named_interfaces
 
     assert named_interfaces("enp1s0f1np1") == ["enp1s0f1np1"]
     assert named_interfaces("=enp1s0f1np1,enP2p1s0f1np1") == ["enp1s0f1np1", "enP2p1s0f1np1"]

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from pytest_spark.api import ApiEndpoint
+from pytest_spark.access.api import ApiEndpoint
 from pytest_spark.serving import (
     ServingClient,
     ServingError,

@@ -145,8 +145,8 @@ FLAGS = "--reasoning-parser qwen3 --tool-call-parser qwen3_coder --enable-auto-t
 
 
 def _emulator_missing() -> str | None:
-    if not (REPO / "pytest_spark" / "sim" / "emulator" / "__main__.py").exists():
-        return "the vLLM emulator (pytest_spark.sim.emulator) is not there yet"
+    if not (REPO / "sparksim" / "emulator" / "__main__.py").exists():
+        return "the vLLM emulator (sparksim.emulator) is not there yet"
     return None
 
 
@@ -167,7 +167,7 @@ class Run:
 
 
 class Emulator:
-    """One ``python -m pytest_spark.sim.emulator serve`` on a free loopback port."""
+    """One ``python -m sparksim.emulator serve`` on a free loopback port."""
 
     def __init__(self, workdir: Path, server_flags: bool = True) -> None:
         self.port = _free_port()
@@ -178,7 +178,7 @@ class Emulator:
         argv = [
             sys.executable,
             "-m",
-            "pytest_spark.sim.emulator",
+            "sparksim.emulator",
             "serve",
             "/models/qwen",
             "--served-model-name",

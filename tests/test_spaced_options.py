@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_spark.settings import spaced_path_values
+from pytest_spark.settings.resolve import spaced_path_values
 
 
 @pytest.fixture

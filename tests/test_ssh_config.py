@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_spark.remote.ssh import _split_host, resolve_target
+from pytest_spark.access.ssh import _split_host, resolve_target
 
 CONFIG = """
 Host head

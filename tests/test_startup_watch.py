@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from pytest_spark.parsers.vllm_log import classify, split_prefix
-from pytest_spark.startup import StartupWatch
+from pytest_spark.readiness.watch import StartupWatch
 
 LOGS = Path(__file__).parent.parent / "fixtures" / "vllm_logs"
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pytest_spark.profiles import load_profile
 from pytest_spark.serving import ToolRequest, auto_declined
 from pytest_spark.serving.transcript import read_turn
+from pytest_spark.settings.profiles import load_profile
 
 VLLM = Path(__file__).resolve().parents[1] / "fixtures" / "vllm"
 SMOL = VLLM / "vllm-0.32.0-cpu"

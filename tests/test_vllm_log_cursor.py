@@ -9,9 +9,9 @@ called stalled. The polls below are the readiness loop's: the node's probe outpu
 
 from __future__ import annotations
 
-from pytest_spark.readiness import POLL_S, SEP, LogCursor, parse_probe
-from pytest_spark.remote.base import CommandResult
-from pytest_spark.startup import StartupWatch
+from pytest_spark.access.base import CommandResult
+from pytest_spark.readiness.wait import POLL_S, SEP, LogCursor, parse_probe
+from pytest_spark.readiness.watch import StartupWatch
 
 SINCE = "2026-11-29T20:00:00.000000000Z"
 NODE = "spark-worker-1"

@@ -30,9 +30,9 @@ from typing import Any
 import httpx
 import pytest
 
-from pytest_spark.api import ApiEndpoint
-from pytest_spark.serveargs import parse_serve_args
-from pytest_spark.settings import Settings
+from pytest_spark.access.api import ApiEndpoint
+from pytest_spark.parsers.serveargs import parse_serve_args
+from pytest_spark.settings.resolve import Settings
 
 REPO = Path(__file__).resolve().parents[1]
 RECORD_DIR = Path(os.environ.get("SPARK_CONFORMANCE_OUT", REPO / "out" / "conformance"))
@@ -202,7 +202,7 @@ class Emulator:
                    SPARKSIM_EMU_TTFT_S="0.01", SPARKSIM_EMU_DECODE_TOK_S="400")  # fmt: skip
         env.pop("VLLM_API_KEY", None)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "pytest_spark.sim.emulator", "serve", *args,
+            [sys.executable, "-m", "sparksim.emulator", "serve", *args,
              "--host", "127.0.0.1", "--port", str(self.port)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=REPO,
         )  # fmt: skip

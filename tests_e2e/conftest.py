@@ -6,11 +6,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from pytest_spark.api import ApiEndpoint
-from pytest_spark.servercmd import ServerCommand
+from pytest_spark.access.api import ApiEndpoint
+from pytest_spark.facts.server import ServerCommand
 from pytest_spark.serving import ServingClient
 from pytest_spark.serving.toolturns import ToolTurns
-from pytest_spark.settings import Settings
+from pytest_spark.settings.resolve import Settings
 
 
 @pytest.fixture(scope="session")

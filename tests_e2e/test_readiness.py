@@ -8,13 +8,13 @@ import httpx
 import pytest
 
 from pytest_spark import Cluster, Finding, Node, SparkCheck
-from pytest_spark.api import ApiEndpoint
-from pytest_spark.cluster import node_names
+from pytest_spark.access.api import ApiEndpoint
+from pytest_spark.access.cluster import node_names
 from pytest_spark.fixtures import ApiState, ServingState, not_serving_reason
 from pytest_spark.parsers.ray import parse_ray_status
-from pytest_spark.serveargs import parse_serve_args
-from pytest_spark.settings import Settings
-from pytest_spark.standup import ServingInfo, serving_nodes
+from pytest_spark.parsers.serveargs import parse_serve_args
+from pytest_spark.readiness.session import ServingInfo, serving_nodes
+from pytest_spark.settings.resolve import Settings
 from pytest_spark.state import SERVING_VERDICT_KEY
 
 pytestmark = pytest.mark.readiness

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from pytest_spark.api import ApiEndpoint
+from pytest_spark.access.api import ApiEndpoint
 from pytest_spark.checks.base import Finding
 from pytest_spark.checks.preflight import Skip
 from pytest_spark.checks.server import (
@@ -24,8 +24,8 @@ from pytest_spark.checks.server import (
     missing_reasoning_parser,
     missing_tool_parser,
 )
+from pytest_spark.facts.server import ServerCommand
 from pytest_spark.fixtures import SparkCheck, verdict_in_session
-from pytest_spark.servercmd import ServerCommand
 from pytest_spark.serving import (
     MISCONFIGURED_TOOLS,
     NO_REASONING_FIELD,
@@ -43,7 +43,7 @@ from pytest_spark.serving import (
     compare_stream,
 )
 from pytest_spark.serving.toolturns import cited_calls_in_content
-from pytest_spark.settings import Settings
+from pytest_spark.settings.resolve import Settings
 
 pytestmark = pytest.mark.reasoning
 

@@ -13,14 +13,14 @@ from typing import Any
 
 import pytest
 
-from pytest_spark.api import ApiEndpoint
+from pytest_spark.access.api import ApiEndpoint
 from pytest_spark.checks.base import Finding
-from pytest_spark.codec import dump, load_as
 from pytest_spark.fixtures import SparkCheck
-from pytest_spark.measure import measure_once
-from pytest_spark.profiles import Profile
+from pytest_spark.gathering.codec import dump, load_as
+from pytest_spark.gathering.measure import measure_once
 from pytest_spark.serving import LevelResult, LoadSpec, ServingError, SweepResult, run_sweep
-from pytest_spark.settings import Settings
+from pytest_spark.settings.profiles import Profile
+from pytest_spark.settings.resolve import Settings
 
 pytestmark = pytest.mark.throughput
 
@@ -109,8 +109,8 @@ def _sweep(
     request: pytest.FixtureRequest, spark_api: ApiEndpoint, spark_settings: Settings
 ) -> tuple[Sweep, dict[str, Any]]:
     spec = load_spec(spark_settings.profile, spark_api)
-    # Once per session, alone on the cluster, also under xdist (pytest_spark.measure): tok/s
-    # taken while other tests send requests would not be a measurement.
+    # Once per session, alone on the cluster, also under xdist (pytest_spark.gathering.measure):
+    # tok/s taken while other tests send requests would not be a measurement.
     measured = measure_once(
         request.config,
         "throughput-sweep",

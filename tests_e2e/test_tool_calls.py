@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_spark.api import ApiEndpoint
+from pytest_spark.access.api import ApiEndpoint
 from pytest_spark.checks.base import Finding
 from pytest_spark.checks.preflight import Skip
 from pytest_spark.checks.server import TOOLS_VERDICT, check_tool_parser, missing_tool_parser
+from pytest_spark.facts.server import ServerCommand
 from pytest_spark.fixtures import SparkCheck, verdict_in_session
-from pytest_spark.servercmd import ServerCommand
 from pytest_spark.serving import (
     MISCONFIGURED_TOOLS,
     ServingError,
@@ -27,7 +27,7 @@ from pytest_spark.serving import (
 )
 from pytest_spark.serving.tools import Mode
 from pytest_spark.serving.toolturns import ToolTurns, cited_calls_in_content
-from pytest_spark.settings import Settings
+from pytest_spark.settings.resolve import Settings
 
 pytestmark = pytest.mark.tool_calls
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_spark.cluster import Cluster, Node
+from pytest_spark.access.cluster import Cluster, Node
 from pytest_spark.facts.links import NodeLinkFacts, PortFacts
-from pytest_spark.linkstate import fabric_ifs, node_link_facts, port_of
+from pytest_spark.gathering.links import fabric_ifs, node_link_facts, port_of
 
 
 @pytest.fixture

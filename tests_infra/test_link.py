@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from pytest_spark import Cluster, Node, SparkCheck
+from pytest_spark.access.base import RemoteError
 from pytest_spark.checks.links import (
     check_fabric_twins,
     check_link_rate,
@@ -21,10 +22,9 @@ from pytest_spark.checks.links import (
     twin_key,
 )
 from pytest_spark.facts.links import NodeLinkFacts, PortFacts, discover_fabric_ifs, ping_command
-from pytest_spark.linkstate import all_link_facts, fabric_ifs, node_link_facts, port_of
+from pytest_spark.gathering.links import all_link_facts, fabric_ifs, node_link_facts, port_of
 from pytest_spark.parsers.links import parse_ping
-from pytest_spark.reachability import require_reachable, unreachable_reason
-from pytest_spark.remote.base import RemoteError
+from pytest_spark.readiness.reachability import require_reachable, unreachable_reason
 
 pytestmark = pytest.mark.link
 

@@ -16,19 +16,19 @@ from pytest_spark.checks.nccl import (
     check_transport,
     check_wrong_values,
 )
-from pytest_spark.codec import dump, load
-from pytest_spark.collective import CollectiveRun
+from pytest_spark.collective.runner import CollectiveRun
 from pytest_spark.fixtures import ServingState, not_serving_reason
-from pytest_spark.linkstate import (
+from pytest_spark.gathering.codec import dump, load
+from pytest_spark.gathering.links import (
     fabric_ifs,
     node_link_facts,
     require_unless_twin_down,
     unusable_fabric_links,
 )
-from pytest_spark.measure import Measured, measure_once
-from pytest_spark.nccl_run import collective_run, container_env, down_socket_ports, rank_envs
-from pytest_spark.reachability import require_reachable
-from pytest_spark.settings import Settings
+from pytest_spark.gathering.measure import Measured, measure_once
+from pytest_spark.gathering.nccl import collective_run, container_env, down_socket_ports, rank_envs
+from pytest_spark.readiness.reachability import require_reachable
+from pytest_spark.settings.resolve import Settings
 from pytest_spark.state import SERVING_VERDICT_KEY
 
 pytestmark = pytest.mark.nccl
@@ -48,7 +48,7 @@ def _allreduce(
     if down:
         # NCCL would bootstrap over the down port and hang: the link is the root cause.
         pytest.skip(f"{'; '.join(down)}: the all-reduce would hang at bootstrap")
-    # Once per session, alone on the cluster, also under xdist (pytest_spark.measure).
+    # Once per session, alone on the cluster, also under xdist (pytest_spark.gathering.measure).
     return measure_once(
         request.config,
         "collective-run",

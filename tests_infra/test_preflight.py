@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from pytest_spark import Cluster, Finding, Node, SparkCheck
+from pytest_spark.access.base import HostKeyError, RemoteError
 from pytest_spark.checks.preflight import (
     Skip,
     check_clock_skew,
@@ -25,8 +26,8 @@ from pytest_spark.checks.preflight import (
     check_serving_env,
 )
 from pytest_spark.facts.preflight import ClockSample, ModelListing, NodePreflight
-from pytest_spark.linkstate import require_unless_twin_down
-from pytest_spark.preflightstate import (
+from pytest_spark.gathering.links import require_unless_twin_down
+from pytest_spark.gathering.preflight import (
     address_owners,
     all_preflight,
     clock_samples,
@@ -35,9 +36,8 @@ from pytest_spark.preflightstate import (
     serving_env,
     ssh_from_head,
 )
-from pytest_spark.reachability import require_reachable
-from pytest_spark.remote.base import HostKeyError, RemoteError
-from pytest_spark.standup import NotServing, ServingInfo, fabric_addresses
+from pytest_spark.readiness.reachability import require_reachable
+from pytest_spark.readiness.session import NotServing, ServingInfo, fabric_addresses
 
 pytestmark = pytest.mark.preflight
 

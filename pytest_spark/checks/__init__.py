@@ -1,1 +1,4 @@
-"""Pure evaluation of facts against thresholds: no I/O, no pytest."""
+"""Pure evaluation of facts against thresholds: no I/O, no pytest.
+
+May import: parsers, facts, settings.
+"""

@@ -41,7 +41,6 @@ DEPENDS_ON_LINK_UP: frozenset[str] = frozenset(
 )
 """Checks that only make sense on a port whose link is up (see :func:`link_is_usable`)."""
 
-ROCE_MTU_OVERHEAD = 104
 """netdev MTU minus the largest RoCE active_mtu it allows: 4096 needs an MTU >= 4200."""
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pytest_spark.checks.base import Finding
 from pytest_spark.checks.preflight import Skip
-from pytest_spark.servercmd import ServerCommand
+from pytest_spark.facts.server import ServerCommand
 
 REASONING_VERDICT = "test_server_has_reasoning_parser"
 TOOLS_VERDICT = "test_server_has_tool_parser"

@@ -1,1 +1,4 @@
-"""Pure parsers of command output: text in, typed facts out. No I/O."""
+"""Pure parsers of command output: text in, typed facts out. No I/O.
+
+May import: nothing else of pytest_spark.
+"""

@@ -1,8 +1,8 @@
-"""The reports operators read: HTML (pytest-html) with plots and a verdict summary, run
-history with regression checks, a terminal summary, and secret redaction everywhere.
+"""The reports operators read: JSON results (``results``), HTML (pytest-html) with plots and
+a verdict summary, run history with regression checks, a terminal summary, and secret
+redaction everywhere.
 
-Light on purpose: settings.py imports ``report.options``; the plugin classes load in
-:func:`register`.
+May import: the wiring's state (stash keys), checks, parsers, access, settings.
 """
 
 from __future__ import annotations

@@ -20,9 +20,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_spark.report.options import FAMILIES
-
-PERCENTILES = ("p50", "p90", "p99")
+from pytest_spark.settings.options import FAMILIES
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_spark.report.figures import key_figures
+from pytest_spark.report.results import CATEGORY_PROP, FINDING_PROP, NODE_PROP, category_of
 from pytest_spark.report.summary import measured_expected, remediation
-from pytest_spark.results import CATEGORY_PROP, FINDING_PROP, NODE_PROP, category_of
 
 if TYPE_CHECKING:
     from pytest_spark.report.session import ReportPlugin, ReportState

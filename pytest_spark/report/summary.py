@@ -7,7 +7,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_spark.results import CATEGORIES
+from pytest_spark.report.results import CATEGORIES
 
 CLUSTER = "cluster"  # checks that are about the whole cluster (no single node)
 RANK = {"fail": 4, "warn": 3, "pass": 2, "skip": 1, "none": 0}

@@ -3,6 +3,8 @@
 Pure validators (``tools``, ``reasoning``, ``schema``, ``wire``) turn what the server sent
 into ``Finding``s with raw evidence; ``stream`` reads SSE exactly and bounds every request
 in time; ``load`` is the concurrency-sweep load client.
+
+May import: checks, facts, parsers, access, settings.
 """
 
 from pytest_spark.serving.client import ServingClient, TurnCache

@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 
-from pytest_spark.api import ApiEndpoint
+from pytest_spark.access.api import ApiEndpoint
 from pytest_spark.serving.evidence import Exchange
 from pytest_spark.serving.stream import ServingError, post_json, stream_chat
 from pytest_spark.serving.turn import Turn, from_response, from_stream

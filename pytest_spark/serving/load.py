@@ -27,7 +27,7 @@ from typing import Any
 
 import httpx
 
-from pytest_spark.api import ApiEndpoint
+from pytest_spark.access.api import ApiEndpoint
 from pytest_spark.serving.stats import Summary
 from pytest_spark.serving.stream import ServingError, astream_chat
 from pytest_spark.serving.wire import kv_cache_metric, parse_metrics

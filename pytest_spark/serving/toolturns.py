@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from pytest_spark.servercmd import ServerCommand
+from pytest_spark.facts.server import ServerCommand
 from pytest_spark.serving.client import ServingClient, TurnCache
 from pytest_spark.serving.stream import ServingError
 from pytest_spark.serving.tools import Mode, ToolRequest, calls_in_content
 from pytest_spark.serving.turn import Turn
-from pytest_spark.settings import Settings
+from pytest_spark.settings.resolve import Settings
 
 WEATHER = {
     "type": "function",

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-SIM_DIR = REPO / "pytest_spark" / "sim"
+SIM_DIR = REPO / "sparksim"
 TRANSCRIPTS = Path(__file__).resolve().parent / "transcripts"
 
 FAST_ENV = {

@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def load_standalone(name: str, directory: Path) -> ModuleType:
     """Import a package from ``directory`` under ``name``, without its parent package:
-    the way the sim (``python3 pytest_spark/sim``) and the node tools run."""
+    the way the sim (``python3 sparksim``) and the node tools run."""
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(
@@ -43,7 +43,7 @@ def load_standalone(name: str, directory: Path) -> ModuleType:
 @pytest.fixture(scope="session")
 def sparksim() -> ModuleType:
     """The sim package (stdlib only), loaded as ``sparksim_under_test``."""
-    load_standalone("sparksim_under_test", REPO / "pytest_spark" / "sim")
+    load_standalone("sparksim_under_test", REPO / "sparksim")
     for sub in ("topology", "node", "netns"):
         importlib.import_module(f"sparksim_under_test.{sub}")
     return sys.modules["sparksim_under_test"]
@@ -52,7 +52,7 @@ def sparksim() -> ModuleType:
 @pytest.fixture(scope="session")
 def tools() -> ModuleType:
     """The node tools package, loaded standalone as on a node."""
-    load_standalone("sparksim_tools_under_test", REPO / "pytest_spark" / "sim" / "tools")
+    load_standalone("sparksim_tools_under_test", REPO / "sparksim" / "tools")
     for sub in ("ports", "links", "gpu"):
         importlib.import_module(f"sparksim_tools_under_test.{sub}")
     return sys.modules["sparksim_tools_under_test"]
@@ -84,8 +84,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 # The sim run as a directory: standard library only, without importing pytest_spark
-# (whose dependencies cost ~1 s per call); `-m pytest_spark.sim` is tested separately.
-SPARK_SIM = [sys.executable, "-I", str(REPO / "pytest_spark" / "sim")]
+# (whose dependencies cost ~1 s per call); `-m sparksim` is tested separately.
+SPARK_SIM = [sys.executable, "-I", str(REPO / "sparksim")]
 
 
 def spark_sim(state_dir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:

@@ -161,14 +161,14 @@ def test_usage_errors_exit_2_and_bad_targets_exit_1(
 
 
 def test_module_entry_point_and_env_default(tmp_path: Path) -> None:
-    """`python -m pytest_spark.sim` (what the spark-sim script runs) and SPARKSIM_STATE_DIR."""
+    """`python -m sparksim` (what the spark-sim script runs) and SPARKSIM_STATE_DIR."""
     env = {
         **os.environ,
         "SPARKSIM_STATE_DIR": str(tmp_path / "envdir"),
         "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
     }
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest_spark.sim", "status", "--json"],
+        [sys.executable, "-m", "sparksim", "status", "--json"],
         capture_output=True,
         text=True,
         env=env,

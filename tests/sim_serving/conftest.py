@@ -63,7 +63,7 @@ def spark_sim(
     env.pop("SPARKSIM_STATE_DIR", None)
     env.pop("SPARKSIM_NO_DOCKER", None)
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest_spark.sim", "--state-dir", str(state_dir), *args],
+        [sys.executable, "-m", "sparksim", "--state-dir", str(state_dir), *args],
         capture_output=True, text=True, env=env, cwd=REPO, timeout=timeout,
     )  # fmt: skip
     if check:

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from pytest_spark.serveargs import parse_serve_args
-from pytest_spark.sim import engines, serving
-from pytest_spark.sim.netns import SimError
-from pytest_spark.sim.topology import build
+from pytest_spark.parsers.serveargs import parse_serve_args
+from sparksim import engines, serving
+from sparksim.netns import SimError
+from sparksim.topology import build
 
 REPO = Path(__file__).resolve().parents[2]
-VLLM_SHIM = REPO / "pytest_spark/sim/launcher/image/vllm"
+VLLM_SHIM = REPO / "sparksim/launcher/image/vllm"
 
 
 @pytest.fixture

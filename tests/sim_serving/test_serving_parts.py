@@ -17,14 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from pytest_spark.sim import image, models, serving
-from pytest_spark.sim.emulator.config import ENV_PREFIX, Knobs
-from pytest_spark.sim.emulator.tp import PeerLink
-from pytest_spark.sim.netns import SimError
+from sparksim import image, models, serving
+from sparksim.emulator.config import ENV_PREFIX, Knobs
+from sparksim.emulator.tp import PeerLink
+from sparksim.netns import SimError
 
 REPO = Path(__file__).resolve().parents[2]
-LAUNCHER = REPO / "pytest_spark/sim/launcher/launch-cluster.sh"
-SHIMS = REPO / "pytest_spark/sim/launcher/image"
+LAUNCHER = REPO / "sparksim/launcher/launch-cluster.sh"
+SHIMS = REPO / "sparksim/launcher/image"
 
 
 # ------------------------------------------------------------------ checkpoint
@@ -90,7 +90,7 @@ def test_image_tarball_holds_python_the_emulator_and_the_shims(
         py["zip"],
     ):
         assert wanted.lstrip("/") in names, wanted
-    site = next(n for n in names if n.endswith("pytest_spark/sim/emulator/__main__.py"))
+    site = next(n for n in names if n.endswith("sparksim/emulator/__main__.py"))
     assert site.replace("/sim/emulator/__main__.py", "/__init__.py") in names
     assert any(n.endswith("/libgcc_s.so.1") for n in names), "glibc dlopens it at thread exit"
     assert len(names) < 400, "the standard library travels as one zip"
@@ -508,7 +508,7 @@ def test_vllm_shim_merges_the_nodes_engine_settings(tmp_path: Path) -> None:
     assert "SPARKSIM_EMU_TIME_SCALE=0.5" in lines
     assert f"SPARKSIM_EMU_CONTROL={etc}/control.json" in lines
     assert "SPARKSIM_EMU_HEAD_IP=198.19.0.1" in lines
-    assert "ARGS -m pytest_spark.sim.emulator.vllm serve /models/m --port 8000" in lines
+    assert "ARGS -m sparksim.emulator.vllm serve /models/m --port 8000" in lines
 
 
 def _free_port() -> int:
@@ -603,7 +603,7 @@ def _serve(tmp_path: Path, name: str, *extra: str, env: dict[str, str]) -> subpr
     """``vllm serve`` of the emulator (TP=2 over two --nnodes ranks), its log in a file."""
     with (tmp_path / f"{name}.log").open("w") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", "pytest_spark.sim.emulator", "serve", "/models/m", "-tp", "2",
+            [sys.executable, "-m", "sparksim.emulator", "serve", "/models/m", "-tp", "2",
              "--host", "127.0.0.1", *extra],
             stdout=log, stderr=subprocess.STDOUT, text=True, env=env,
         )  # fmt: skip

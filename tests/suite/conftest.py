@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from pytest_spark.simcontrol import SimCluster, sim_up
+from pytest_spark.access.simcontrol import SimCluster, sim_up
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -25,7 +25,7 @@ from conftest import (  # type: ignore[import-not-found]
     run_suite,
     sim_fault,
 )
-from pytest_spark.simcontrol import SimCluster, sim_up
+from pytest_spark.access.simcontrol import SimCluster, sim_up
 
 pytestmark = pytest.mark.sim
 MATRIX = REPO / "docs" / "FAULT_MATRIX.md"

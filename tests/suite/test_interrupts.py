@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, serving_containers, sim_fault  # type: ignore[import-not-found]
-from pytest_spark.simcontrol import SimCluster
+from pytest_spark.access.simcontrol import SimCluster
 
 pytestmark = pytest.mark.sim
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, run_suite, sim_fault  # type: ignore[import-not-found]
-from pytest_spark.simcontrol import SimCluster
+from pytest_spark.access.simcontrol import SimCluster
 
 pytestmark = pytest.mark.sim
 INFRA = str(REPO / "tests_infra" / "test_link.py")

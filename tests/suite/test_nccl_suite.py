@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, launch_args, run_suite, sim_fault  # type: ignore[import-not-found]
-from pytest_spark.simcontrol import SimCluster
+from pytest_spark.access.simcontrol import SimCluster
 
 pytestmark = pytest.mark.sim
 NCCL = str(REPO / "tests_infra" / "test_nccl.py")

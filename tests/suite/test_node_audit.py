@@ -19,7 +19,7 @@ import pytest
 from nodeaudit import Snapshot, describe, diff, parse, snapshot, snapshot_script  # type: ignore[import-not-found]
 
 from conftest import REPO, launch_args, run_suite, sim_fault  # type: ignore[import-not-found]
-from pytest_spark.simcontrol import SimCluster
+from pytest_spark.access.simcontrol import SimCluster
 
 # What --spark-launch may leave behind (README): launch-cluster.sh bind-mounts
 # $HF_HOME (default ~/.cache/huggingface) into the containers, and docker creates it on

@@ -21,7 +21,7 @@ from conftest import (  # type: ignore[import-not-found]
     serving_containers,
     sim_fault,
 )
-from pytest_spark.simcontrol import SimCluster
+from pytest_spark.access.simcontrol import SimCluster
 
 pytestmark = pytest.mark.sim
 READINESS = str(REPO / "tests_e2e" / "test_readiness.py")

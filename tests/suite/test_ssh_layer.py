@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_spark.remote.base import CommandTimeout, HostKeyError, NodeUnreachable
-from pytest_spark.remote.ssh import SSHConnection, resolve_target
-from pytest_spark.simcontrol import SimCluster
+from pytest_spark.access.base import CommandTimeout, HostKeyError, NodeUnreachable
+from pytest_spark.access.simcontrol import SimCluster
+from pytest_spark.access.ssh import SSHConnection, resolve_target
 
 pytestmark = pytest.mark.sim
 

@@ -18,8 +18,8 @@ from conftest import (  # type: ignore[import-not-found]
     serving_containers,
     sim_fault,
 )
-from pytest_spark.results import CATEGORIES
-from pytest_spark.simcontrol import SimCluster
+from pytest_spark.access.simcontrol import SimCluster
+from pytest_spark.report.results import CATEGORIES
 
 pytestmark = pytest.mark.sim
 

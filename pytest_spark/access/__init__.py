@@ -1,0 +1,24 @@
+"""Access to the nodes: SSH command execution (``base``, ``ssh``, ``retry``, ``tunnel``,
+``testinfra``), the Cluster/Node model (``cluster``), the served API endpoint (``api``) and
+the driver of the ``spark-sim`` CLI (``simcontrol``, which never imports sparksim).
+
+May import: settings.
+"""
+
+from pytest_spark.access.base import (
+    CommandFailed,
+    CommandResult,
+    CommandTimeout,
+    HostKeyError,
+    NodeUnreachable,
+    RemoteError,
+)
+
+__all__ = [
+    "CommandFailed",
+    "CommandResult",
+    "CommandTimeout",
+    "HostKeyError",
+    "NodeUnreachable",
+    "RemoteError",
+]

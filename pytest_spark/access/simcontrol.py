@@ -1,0 +1,87 @@
+"""Drive sparksim through its CLI (the suite never imports the simulator)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+
+def _cli() -> list[str]:
+    exe = Path(sys.executable).with_name("spark-sim")
+    if exe.exists():
+        return [str(exe)]
+    found = shutil.which("spark-sim")
+    return [found] if found else [sys.executable, "-m", "sparksim.cli"]
+
+
+@dataclass
+class SimCluster:
+    """A sparksim instance stood up for this session."""
+
+    state_dir: Path
+    info: dict[str, Any]
+    owned: bool = True
+
+    @property
+    def head(self) -> str:
+        return str(self.info["nodes"][0]["mgmt"])
+
+    @property
+    def workers(self) -> tuple[str, ...]:
+        return tuple(str(n["mgmt"]) for n in self.info["nodes"][1:])
+
+    @property
+    def ssh_config(self) -> Path:
+        return Path(self.info["ssh_config"])
+
+    def cli(self, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*_cli(), "--state-dir", str(self.state_dir), *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+    def down(self) -> None:
+        if not self.owned:
+            return
+        result = self.cli("down")
+        if result.returncode != 0:
+            sys.stderr.write(f"spark-sim down failed:\n{result.stderr}\n")
+        shutil.rmtree(self.state_dir, ignore_errors=True)
+        self.owned = False
+
+
+def sim_up(nodes: int, extra: tuple[str, ...] = ()) -> SimCluster:
+    if os.geteuid() != 0:
+        raise pytest.UsageError(
+            "--spark-sim needs root (it creates network namespaces, links and an sshd per "
+            "node); run as root or point --spark-head at a real cluster"
+        )
+    state_dir = Path(tempfile.mkdtemp(prefix="sparksim-"))
+    sim = SimCluster(state_dir, {})
+    result = sim.cli("up", "--nodes", str(nodes), *extra, timeout=600)
+    if result.returncode != 0:
+        sim.down()
+        raise pytest.UsageError(
+            f"spark-sim up failed (exit {result.returncode}):\n"
+            f"{result.stderr.strip() or result.stdout.strip()}"
+        )
+    sim.info = json.loads((state_dir / "cluster.json").read_text())
+    return sim
+
+
+def sim_attach(cluster_json: Path) -> SimCluster:
+    """A worker process (xdist) attaching to the controller's sim; it never tears down."""
+    info = json.loads(cluster_json.read_text())
+    return SimCluster(cluster_json.parent, info, owned=False)

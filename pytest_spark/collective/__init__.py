@@ -1,0 +1,6 @@
+"""The all-reduce benchmark: the runner (``runner``) and the scripts shipped to the nodes
+(``allreduce``; ``script.script_text`` reads their text). The shipped scripts are standalone
+(stdlib, plus torch): they import nothing of pytest_spark.
+
+May import: checks, facts, parsers, access, settings.
+"""

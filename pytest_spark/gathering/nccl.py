@@ -1,0 +1,132 @@
+"""The all-reduce sweep across the cluster, run once per session and shared by the NCCL
+checks: ranks meet over the fabric, with the serving containers' NCCL environment."""
+
+from __future__ import annotations
+
+import shlex
+
+from pytest_spark.access.base import RemoteError
+from pytest_spark.access.cluster import Cluster, Node
+from pytest_spark.checks.links import link_is_usable
+from pytest_spark.collective.runner import CollectiveRun, CollectiveUnavailable, run_allreduce
+from pytest_spark.facts.links import NodeLinkFacts
+from pytest_spark.gathering.links import fabric_ifs, node_link_facts, port_of
+
+NCCL_ENV = (
+    "NCCL_SOCKET_IFNAME",
+    "NCCL_IB_HCA",
+    "NCCL_IB_DISABLE",
+    "NCCL_NET",
+    "GLOO_SOCKET_IFNAME",
+    "TP_SOCKET_IFNAME",
+    "UCX_NET_DEVICES",
+    "NCCL_DEBUG",
+)
+
+
+SOCKET_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+
+
+def named_interfaces(value: str) -> list[str]:
+    """The interfaces an ``NCCL_SOCKET_IFNAME`` value names (``=`` exact match, comma
+    list); an exclusion list (``^docker0,lo``) names none to use."""
+    if value.startswith("^"):
+        return []
+    return [name for name in value.removeprefix("=").split(",") if name]
+
+
+def down_socket_ports(cluster: Cluster, envs: dict[str, dict[str, str]]) -> list[str]:
+    """Each fabric port a rank's NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME names that is
+    down on its node, in the link-up check's words: NCCL would bootstrap over it and hang."""
+    ifs = fabric_ifs(cluster)
+    reasons = []
+    for node in cluster.nodes:
+        env = envs.get(node.name) or {}
+        facts = node_link_facts(cluster, node)
+        named = {i: v for v in SOCKET_VARS for i in named_interfaces(env.get(v, "")) if i in ifs}
+        for ifname, var in named.items():
+            usable, reason = link_is_usable(port_of(facts, ifname), node.name)
+            if not usable:
+                reasons.append(f"{var}={env[var]} on {node.name} names a down port: {reason}")
+    return reasons
+
+
+def container_env(node: Node, container: str) -> dict[str, str] | None:
+    """The NCCL-related environment of the node's serving container, or None if absent."""
+    fmt = "{{range .Config.Env}}{{println .}}{{end}}"
+    result = node.run(f"docker inspect -f {shlex.quote(fmt)} {shlex.quote(container)}", timeout=20)
+    if not result.ok:
+        return None
+    env = dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line)
+    return {k: v for k, v in env.items() if k in NCCL_ENV and k != "NCCL_DEBUG"}
+
+
+def fallback_env(cluster: Cluster, facts: NodeLinkFacts) -> dict[str, str]:
+    """What launch-cluster.sh would set from the node's Up fabric twins."""
+    ifs = fabric_ifs(cluster)
+    devs = [m.dev for m in facts.roce if m.netdev in ifs]
+    env = {"NCCL_IB_HCA": ",".join(devs)} if devs else {}
+    if ifs:
+        env["NCCL_SOCKET_IFNAME"] = env["GLOO_SOCKET_IFNAME"] = ifs[-1]
+    return env
+
+
+def master_address(cluster: Cluster, env: dict[str, str]) -> str | None:
+    """The head's address on the interface its rank bootstraps over."""
+    facts = node_link_facts(cluster, cluster.head)
+    ifname = env.get("GLOO_SOCKET_IFNAME") or env.get("NCCL_SOCKET_IFNAME", "")
+    addrs = facts.ip_addrs.get(ifname.split(",")[0].lstrip("^="), [])
+    return str(addrs[0].ip) if addrs else None
+
+
+def rank_envs(cluster: Cluster) -> dict[str, dict[str, str]] | str:
+    """Each rank's NCCL environment: its serving container's, else what the launcher
+    would set (once per session); a string says why it cannot be known."""
+
+    def compute() -> dict[str, dict[str, str]] | str:
+        container = cluster.settings.container
+        rank_env: dict[str, dict[str, str]] = {}
+        envs = cluster.map(lambda node: container_env(node, container))  # at once
+        for node in cluster.nodes:
+            if cluster.unreachable(node) is not None:
+                return f"node unreachable: {cluster.unreachable(node)}"
+            env = envs[node.name]
+            if isinstance(env, RemoteError):
+                return str(env)
+            rank_env[node.name] = (
+                env if env is not None else fallback_env(cluster, node_link_facts(cluster, node))
+            )
+        return rank_env
+
+    return cluster.cached("rank-envs", compute)
+
+
+def collective_run(cluster: Cluster) -> CollectiveRun | str:
+    """Run (once per session) the sweep; a string says why it could not run."""
+
+    def compute() -> CollectiveRun | str:
+        settings, profile = cluster.settings, cluster.profile
+        rank_env = rank_envs(cluster)
+        if isinstance(rank_env, str):
+            return rank_env
+        master = master_address(cluster, rank_env[cluster.head.name])
+        if master is None:
+            return (
+                f"{cluster.head.name}: no IPv4 address on the bootstrap interface "
+                f"{rank_env[cluster.head.name]}: the fabric is down or unaddressed "
+                "(see the link checks)"
+            )
+        try:
+            return run_allreduce(
+                cluster.nodes,
+                master_addr=master,
+                rank_env=rank_env,
+                container=settings.container,
+                min_bytes=int(profile["nccl.min_bytes"]),
+                max_bytes=int(profile["nccl.max_bytes"]),
+                timeout=float(profile["nccl.timeout_s"]),
+            )
+        except CollectiveUnavailable as exc:
+            return str(exc)
+
+    return cluster.cached("collective-run", compute)

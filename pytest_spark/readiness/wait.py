@@ -1,0 +1,559 @@
+"""Wait for the serving cluster to become ready, watching every node.
+
+Every poll (twice a second) is one SSH round trip per node, all nodes at once: the head's
+``/health`` (asked on the head itself, as operators do with curl), the serving container's
+state, and the log lines it printed since the last poll. The lines feed a ``StartupWatch``
+that keeps the phase timeline and fails fast on a fatal signature, an exited container, a
+hang signature or silence.
+
+A node whose probe fails (connection lost, probe timed out) is retried with exponential
+backoff (``remote/retry.py``: attempts and total bounded by the connect timeout), each
+retry announced through ``notify``; the other nodes go on being polled meanwhile. A node
+that answers again within the window costs nothing; one that does not is reported with
+the last error and what to check. Silence while a node is being retried is not a hang.
+
+Each node's log is read from its serving container's own start (``.State.StartedAt``, the
+node's own clock), never from another node's clock or an earlier start of the container:
+a ``docker start``ed container keeps its previous run's output in ``docker logs``.
+
+The real launcher's containers run ``sleep infinity`` and get vLLM (and Ray) through
+``docker exec``, so a crashed server leaves its container running: the probe also lists
+the container's serving processes (``docker top``), and a node whose server was seen and
+is gone while its container still runs is a dead rank."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+from pytest_spark.access.base import CommandResult, RemoteError
+from pytest_spark.access.cluster import Cluster, Node
+from pytest_spark.access.retry import Backoff, RetryState, for_connection
+from pytest_spark.readiness.watch import StartupFailure, StartupWatch
+
+SEP = "__PYTEST_SPARK_PROBE__"
+POLL_S = 0.5
+PROBE_TIMEOUT_S = 15.0
+# ``since`` meaning "from this container's current start" (its .State.StartedAt).
+SINCE_START = "start"
+# Serving processes in a container, as ``docker top`` lists them: the API server and
+# headless ranks (``vllm serve``, vLLM's ``VLLM::`` process titles) and Ray's.
+VLLM_PROCESS = re.compile(r"\bvllm serve\b|VLLM::")
+RAY_PROCESS = re.compile(r"\bray start\b|\braylet\b|ray::")
+SERVER_PROCESS = re.compile(f"{VLLM_PROCESS.pattern}|{RAY_PROCESS.pattern}")
+PROCESS_NAMES = {"vllm": "vllm serve", "ray": "ray"}
+# Log signatures that a rank dying elsewhere makes its peers print: a dead rank found in the
+# same poll is the root cause. (A CUDA OOM or a watchdog timeout is a cause of its own.)
+CONSEQUENCES = frozenset({"nccl-error", "ray-actor-died", "engine-dead", "engine-init-failed"})
+MISSING_LIMIT_S = 30.0  # a container still missing this long (at least hang_timeout) is gone
+
+
+class StartupFailed(Exception):
+    def __init__(self, failure: StartupFailure, watch: StartupWatch) -> None:
+        super().__init__(failure.message())
+        self.failure = failure
+        self.watch = watch
+
+
+@dataclass
+class NodeProbe:
+    health: str | None
+    status: str  # running | exited (code N) | missing | ...
+    lines: list[str]
+    launcher_alive: bool | None = None
+    launcher_output: str = ""
+    started_at: str | None = None  # the container's .State.StartedAt, fixed width
+    processes: list[str] | None = None  # serving processes (docker top), when asked
+
+    @property
+    def kinds(self) -> set[str]:
+        """What serves in the container: ``vllm`` (the API server or a headless rank),
+        ``ray`` (Ray's processes: in Ray mode vLLM's ranks run under them)."""
+        found = set()
+        for line in self.processes or ():
+            if VLLM_PROCESS.search(line):
+                found.add("vllm")
+            if RAY_PROCESS.search(line):
+                found.add("ray")
+        return found
+
+
+def fixed_ts(stamp: str) -> str:
+    """An RFC 3339 UTC time with nine fractional digits, as ``docker logs --timestamps``
+    prints it, so it compares as text with the log's stamps (``docker inspect`` trims
+    trailing zeros: ``20:00:00Z`` would sort after ``20:00:00.5…Z``)."""
+    if not stamp.endswith("Z") or "T" not in stamp:
+        return stamp
+    whole, _, frac = stamp[:-1].partition(".")
+    return f"{whole}.{(frac + '0' * 9)[:9]}Z"
+
+
+def probe_command(
+    container: str,
+    since: str,
+    port: int | None,
+    launcher_pid: int | None,
+    launcher_log: str | None = None,
+    log_offset: int = 0,
+    processes: bool = False,
+) -> str:
+    """One round trip: [health], container state and start time, new container log lines
+    (``since`` a log time of this node, or ``SINCE_START``: from the container's current
+    start), [serving processes], [new launcher output], [launcher alive]. Sections are
+    marked ``SEP name``."""
+    c = shlex.quote(container)
+    parts = []
+    if port is not None:
+        parts.append(
+            f"echo {SEP} health; if command -v curl >/dev/null; then curl -s -o "
+            f"/dev/null -m 2 -w '%{{http_code}}' http://127.0.0.1:{int(port)}/health;"
+            " else echo nocurl; fi; echo"
+        )
+    parts.append(
+        f"echo {SEP} state; st=$(docker inspect -f '{{{{.State.Status}}}} "
+        f"{{{{.State.ExitCode}}}} {{{{.State.StartedAt}}}}' {c} 2>&1 | grep . | head -n 1);"
+        ' echo "$st"'
+    )
+    since_arg = '"${st##* }"' if since == SINCE_START else shlex.quote(since)
+    parts.append(
+        f"echo {SEP} logs; docker logs --timestamps --since {since_arg} {c} 2>&1 | tail -n 2000"
+    )
+    if processes:
+        parts.append(
+            f'echo {SEP} procs; case "$st" in running*) docker top {c} -eo pid,args '
+            "2>/dev/null | grep -E 'vllm|VLLM::|ray' | cut -c1-1000 | head -n 50;; esac"
+        )
+    if launcher_log is not None:
+        parts.append(
+            f"echo {SEP} launcher; tail -c +{int(log_offset) + 1} "
+            f"{shlex.quote(launcher_log)} 2>/dev/null | head -c 1048576"
+        )
+    if launcher_pid is not None:
+        parts.append(
+            f"echo {SEP} alive; s=$(ps -o stat= -p {int(launcher_pid)} 2>/dev/null); "
+            'case "$s" in ""|Z*) echo dead;; *) echo alive;; esac'
+        )
+    return "; ".join(parts)
+
+
+def parse_probe(result: CommandResult, with_health: bool = True) -> NodeProbe:
+    sections: dict[str, str] = {}
+    for chunk in result.stdout.split(SEP + " ")[1:]:
+        name, _, body = chunk.partition("\n")
+        sections[name.strip()] = body
+    health = sections["health"].strip() if "health" in sections else None
+    state = sections.get("state", "").strip()
+    logs = sections.get("logs", "")
+    alive = None
+    if "alive" in sections:
+        alive = sections["alive"].strip() == "alive"
+    started_at = None
+    if not state or "No such object" in state or "No such container" in state:
+        status = "missing"
+    elif state.startswith(("running", "created", "restarting", "exited", "dead")):
+        parts = state.split()
+        status = parts[0]
+        if status in ("exited", "dead"):
+            status = f"{parts[0]} (code {parts[1]})" if len(parts) > 1 else parts[0]
+        if len(parts) > 2 and parts[2][:4].isdigit():
+            started_at = fixed_ts(parts[2])
+    else:
+        status = f"unknown: {state[:200]}"
+    if status == "missing" or status.startswith("unknown"):
+        logs = ""  # docker's own "No such container" error, not the container's log
+    processes = None
+    if "procs" in sections:
+        processes = [
+            line.strip() for line in sections["procs"].splitlines() if SERVER_PROCESS.search(line)
+        ]
+    return NodeProbe(
+        health,
+        status,
+        split_segments(logs),
+        alive,
+        sections.get("launcher", ""),
+        started_at,
+        processes,
+    )
+
+
+def split_segments(logs: str) -> list[str]:
+    """``docker logs --timestamps`` lines -> one entry per ``\\r`` segment (a tqdm bar redraws
+    with ``\\r`` inside one line), each carrying its line's timestamp, so that the cursor can
+    tell a segment it already fed from a new one."""
+    out: list[str] = []
+    for raw in logs.split("\n"):  # not splitlines(): it splits at "\r" too
+        ts, sep, text = raw.partition(" ")
+        if not _is_timestamp(ts):
+            ts, sep, text = "", "", raw
+        out.extend(f"{ts}{sep}{seg}" for seg in text.split("\r") if seg.strip())
+    return out
+
+
+def _is_timestamp(word: str) -> bool:
+    return len(word) >= 20 and word[:4].isdigit() and word[4] == "-" and "T" in word
+
+
+@dataclass
+class LogCursor:
+    """Remembers the last docker log timestamp seen on a node, to fetch only new lines.
+
+    ``docker logs --since TS`` returns the lines stamped TS again on the next poll, so the
+    entries at the newest timestamp are counted (a tqdm line's ``\\r`` segments share its
+    stamp, and may repeat): one is fresh only past the count already fed. The cursor so
+    re-feeds nothing, and a progress bar that stops moving is silence."""
+
+    since: str
+    seen_at_since: Counter[str] = field(default_factory=Counter)
+
+    def new_lines(self, lines: list[str]) -> list[str]:
+        fresh: list[str] = []
+        polled: Counter[str] = Counter()
+        for line in lines:
+            ts, _, text = line.partition(" ")
+            if not _is_timestamp(ts):  # not docker's: nothing to order it by
+                fresh.append(line)
+                continue
+            if ts < self.since:
+                continue
+            if ts > self.since:
+                self.since, self.seen_at_since, polled = ts, Counter(), Counter()
+            polled[line] += 1
+            if polled[line] <= self.seen_at_since[line]:
+                continue
+            self.seen_at_since[line] = polled[line]
+            fresh.append(text)
+        return fresh
+
+
+def remote_now(node: Node) -> str:
+    result = node.run("date -u +%Y-%m-%dT%H:%M:%S.%NZ", timeout=10)
+    return result.stdout.strip() or "1970-01-01T00:00:00Z"
+
+
+def wait_ready(
+    cluster: Cluster,
+    *,
+    container: str,
+    port: int,
+    ready_timeout: float,
+    hang_timeout: float,
+    placement_timeout: float,
+    since: str | None = None,
+    launcher_pid: int | None = None,
+    launcher_log: Callable[[], str] | None = None,
+    launcher_log_path: str | None = None,
+    progress: Callable[[StartupWatch, float], None] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    retry: Backoff | None = None,
+    notify: Callable[[str], None] | None = None,
+    nodes: Sequence[Node] | None = None,
+    head_log_visible: bool = True,
+) -> StartupWatch:
+    """Return the watch once the head's /health answers 200; raise StartupFailed otherwise.
+
+    ``since``: where every node's log starts (default ``SINCE_START``: each container's
+    current start, on that node's clock). ``nodes``: the nodes that serve (the launcher
+    trims the list to TP x PP x DP; default all). ``head_log_visible=False``: the head's
+    vLLM output is not where the watch can read it (attached, Ray mode, no
+    ``--spark-serve-log``), so silence is no evidence of a stall: the wait goes on until
+    ``/health`` answers, a process or container dies, or ``ready_timeout``."""
+    start = clock()
+    policy = retry or for_connection(cluster.settings.connect_timeout, PROBE_TIMEOUT_S)
+    retrying: dict[str, RetryState] = {}
+    watch = StartupWatch(hang_timeout, placement_timeout, start)
+    serving_nodes = list(nodes) if nodes else list(cluster.nodes)
+    if cluster.head not in serving_nodes:
+        serving_nodes.insert(0, cluster.head)
+    cursors = {node.name: LogCursor(since or SINCE_START) for node in serving_nodes}
+    missing_since: dict[str, float] = {}
+    missing_limit = max(hang_timeout, MISSING_LIMIT_S)
+    # Nodes whose serving container has been seen: while launching, a container not yet
+    # seen is not yet started (the launcher starts the nodes one after another), not gone.
+    seen: set[str] = set()
+    # Nodes where a serving process (vLLM's or Ray's) was seen in the running container,
+    # and since when a running container has had none.
+    serving: dict[str, set[str]] = {}
+    idle_since: dict[str, float] = {}
+    # The head's probe found the launcher dead in an earlier poll (not this one: a worker's
+    # probe races the head's), so a container still missing will not come, on any node.
+    launcher_exited = False
+    for node in serving_nodes:
+        watch.node_seen(node.name)
+
+    offset = {"bytes": 0}
+    launcher_name = f"{cluster.head.name} (launcher)"
+
+    def probe(node: Node) -> NodeProbe:
+        is_head = node is cluster.head
+        cmd = probe_command(
+            container,
+            cursors[node.name].since,
+            port if is_head else None,
+            launcher_pid if is_head else None,
+            launcher_log_path if is_head else None,
+            offset["bytes"],
+            processes=True,
+        )
+        return parse_probe(node.run(cmd, timeout=PROBE_TIMEOUT_S), is_head)
+
+    poll_start: dict[str, StartupFailure | None] = {"failure": None}
+
+    def may_blame(name: str) -> bool:
+        """No verdict yet, or only one from another node's log in this very poll: a rank
+        found dead is the root cause of what its peers then print (NCCL errors, engine
+        death), so it wins over them."""
+        failure = watch.failure
+        return failure is None or (
+            failure is not poll_start["failure"]
+            and failure.kind == "fatal"
+            and failure.node != name
+            and failure.signature in CONSEQUENCES
+        )
+
+    def peer_note() -> str:
+        """What the verdict being overridden had found (a peer's consequence line)."""
+        peer = watch.failure
+        if peer is None or not peer.line:
+            return ""
+        return f". {peer.node} then logged: {peer.line.strip()[:300]}"
+
+    def rank_dead(name: str, signature: str, remediation: str) -> None:
+        remediation += peer_note()
+        tails = watch.snapshot_tails()
+        tail = tails.get(name, [])
+        watch.failure = StartupFailure(
+            "fatal",
+            name,
+            signature,
+            tail[-1] if tail else "",
+            remediation,
+            {name: tail, **{n: t for n, t in tails.items() if n != name}},  # its node first
+        )
+
+    def lost(node: Node, error: RemoteError, now: float) -> None:
+        state = retrying.get(node.name)
+        if state is None:
+            state = retrying[node.name] = RetryState(policy, now, str(error))
+        node.conn.close()  # the next attempt connects afresh (a clean timeout or refusal)
+        delay = None if node._error is not None else state.failed(now, str(error))
+        if delay is not None:
+            if notify is not None:
+                notify(
+                    f"lost connection to {node.name}, retry {state.retries}/{policy.attempts} "
+                    f"in {delay:g} s ({error})"
+                )
+            return
+        if watch.failure is None:
+            tried = f"{state.retries} retries over {now - state.started:.0f} s"
+            watch.failure = StartupFailure(
+                "unreachable",
+                node.name,
+                f"no SSH connection after {tried}; last error: {state.last_error}",
+                "",
+                f"{node.name} stopped answering over SSH while the cluster was starting: "
+                f"check its power, its management link ({node.conn.target.describe()}, "
+                "ping it from here) and that sshd runs on it",
+                watch.snapshot_tails(),
+            )
+
+    def back(node: Node, now: float) -> None:
+        state = retrying.pop(node.name, None)
+        if state is None:
+            return
+        watch.last_activity = max(watch.last_activity, now)  # silence while gone: no hang
+        if notify is not None:
+            notify(
+                f"{node.name} answers again after {now - state.started:.1f} s "
+                f"({state.retries} {'retry' if state.retries == 1 else 'retries'})"
+            )
+
+    while True:
+        tick = clock()
+        due = [n for n in serving_nodes if n.name not in retrying or retrying[n.name].due(tick)]
+        results = cluster.map(probe, due)
+        now = clock()
+        head_health = None
+        poll_start["failure"] = watch.failure
+        for name, outcome in results.items():
+            node = cluster.node(name)
+            if isinstance(outcome, RemoteError):
+                lost(node, outcome, now)
+                continue
+            back(node, now)
+            cursor = cursors[name]
+            if cursor.since == SINCE_START and outcome.started_at:
+                cursor.since = outcome.started_at  # this start only, on this node's clock
+            watch.feed(name, cursor.new_lines(outcome.lines), now)
+            if outcome.launcher_output:
+                # The launcher's own output (vLLM's log when `exec` runs in the foreground).
+                # Fed up to the last line end or tqdm redraw (\r): a bar that redraws shows
+                # each step; the unfinished rest is read again on the next poll.
+                text = outcome.launcher_output
+                end = max(text.rfind("\n"), text.rfind("\r")) + 1
+                offset["bytes"] += len(text[:end].encode())
+                lines = [seg for seg in re.split(r"[\r\n]", text[:end]) if seg.strip()]
+                watch.feed(launcher_name, lines, now)
+        # Every node's lines first, then what the containers and processes say: a rank found
+        # dead then wins over what its peers print because of it, never over a root cause
+        # that a log shows in the same poll.
+        for name, outcome in results.items():
+            if isinstance(outcome, RemoteError):
+                continue
+            if outcome.status.startswith(("exited", "dead")):
+                if may_blame(name):
+                    note = peer_note()
+                    watch.failure = None
+                    watch.container_exited(name, f"container {container} {outcome.status}", now)
+                    if note and watch.failure is not None:
+                        failure = watch.failure
+                        watch.failure = replace(failure, remediation=failure.remediation + note)
+            elif outcome.status == "missing":
+                missing_since.setdefault(name, now)
+                launcher_dead = (
+                    outcome.launcher_alive is False
+                    or launcher_exited
+                    or (launcher_pid is None and now - start > 5)
+                )
+                waited = now - missing_since[name]
+                if (launcher_dead or waited > missing_limit) and may_blame(name):
+                    log = launcher_log() if launcher_log else ""
+                    why = (
+                        "the launcher has exited"
+                        if outcome.launcher_alive is False or launcher_exited
+                        else f"still missing after {waited:.0f} s (limit {missing_limit:.0f} s)"
+                    )
+                    watch.failure = StartupFailure(
+                        "exited",
+                        name,
+                        f"no container named {container!r} ({why})",
+                        log.strip().splitlines()[-1] if log.strip() else "",
+                        "the launcher did not start the container on this node: read the "
+                        "launcher output below (SSH from head to workers, image present, "
+                        "docker running, the launcher's .env CONTAINER_NAME)",
+                        {**watch.snapshot_tails(), "launcher": log.splitlines()[-15:]},
+                    )
+            else:
+                missing_since.pop(name, None)
+            if outcome.status == "running" and outcome.processes is not None:
+                kinds = outcome.kinds
+                lost_kinds = serving.get(name, set()) - kinds
+                serving[name] = serving.get(name, set()) | kinds
+                if kinds:
+                    idle_since.pop(name, None)
+                else:
+                    idle_since.setdefault(name, now)
+                idle = now - idle_since.get(name, now)
+                if lost_kinds and may_blame(name):
+                    what = " and ".join(f"`{PROCESS_NAMES[k]}`" for k in sorted(lost_kinds))
+                    rank_dead(
+                        name,
+                        f"{what} exited inside the running container {container!r} "
+                        f"(docker top lists no {' or '.join(sorted(lost_kinds))} process)",
+                        f"vLLM (or Ray) on {name} died and the container stays up (it runs "
+                        "`sleep infinity`): its log tail below says why; restart the cluster "
+                        "(launch-cluster.sh stop, then launch again)",
+                    )
+                elif (
+                    not kinds
+                    and (launcher_exited or (launcher_pid is None and idle > MISSING_LIMIT_S))
+                    and may_blame(name)
+                ):
+                    rank_dead(
+                        name,
+                        f"no vllm or ray process in the running container {container!r}"
+                        + (
+                            " and the launcher has exited"
+                            if launcher_exited
+                            else f" for {idle:.0f} s (limit {MISSING_LIMIT_S:.0f} s)"
+                        ),
+                        f"the container on {name} runs but nothing serves in it: the launcher's "
+                        "`docker exec` of vLLM (or Ray) failed or it died before this wait; "
+                        "its log tail below says why; restart the cluster",
+                    )
+            if outcome.status != "missing":
+                seen.add(name)
+            if outcome.health is not None:
+                head_health = outcome.health
+        launcher_exited = launcher_exited or any(
+            isinstance(o, NodeProbe) and o.launcher_alive is False for o in results.values()
+        )
+        if head_health == "200":
+            watch.mark_ready(now)
+            return watch
+        gone = [
+            (name, o.status)
+            for name, o in results.items()
+            if isinstance(o, NodeProbe)
+            and (
+                o.status.startswith(("exited", "dead"))
+                or (o.status == "missing" and (launcher_pid is None or name in seen))
+            )
+        ]
+        # Attached: a container that runs (sleep infinity) with nothing serving in it while
+        # /health answers 5xx is the dead rank (launching, it may wait for its docker exec).
+        empty = [n for n in idle_since if n not in retrying] if launcher_pid is None else []
+        if head_health and head_health[0] == "5" and empty and not gone and may_blame(empty[0]):
+            rank_dead(
+                empty[0],
+                f"no vllm or ray process in the running container {container!r}; /health "
+                f"answers {head_health}",
+                f"the rank on {empty[0]} is gone (its container stays up: it runs `sleep "
+                "infinity`), so the engine is dead: its log tail below says why; restart the "
+                "cluster",
+            )
+        if head_health and head_health[0] == "5" and gone and may_blame(gone[0][0]):
+            name, status = gone[0]
+            watch.failure = StartupFailure(
+                "exited",
+                name,
+                f"container {container} {status}; /health answers {head_health}",
+                "",
+                f"the TP rank on {name} is gone, so the engine is dead: "
+                f"`docker logs` on {name} (if the container is kept) and the head's log say "
+                f"why; restart the cluster{peer_note()}",
+                watch.snapshot_tails(),
+            )
+        # While launching, a node not started yet is why the engine is not up: wait for it
+        # (the launcher dying, or the node staying missing, fails above).
+        starting = launcher_pid is not None and any(n.name not in seen for n in serving_nodes)
+        if head_health and head_health[0] == "5" and watch.failure is None and not starting:
+            watch.failure = StartupFailure(
+                "fatal",
+                cluster.head.name,
+                f"engine unhealthy: /health answers {head_health}",
+                "",
+                "the API server is up but its engine is dead (a TP rank died: a worker "
+                "container crashed or its link dropped); the log tails below say which "
+                "node; restart the cluster",
+                watch.snapshot_tails(),
+            )
+        if head_health == "nocurl" and watch.failure is None:
+            watch.failure = StartupFailure(
+                "exited",
+                cluster.head.name,
+                "curl not found on the head",
+                "",
+                "install curl on the head node (the readiness probe asks /health there)",
+                watch.snapshot_tails(),
+            )
+        if not retrying and head_log_visible:
+            watch.check_stall(now)
+        if watch.failure is None and now - start >= ready_timeout:
+            watch.failure = StartupFailure(
+                "timeout",
+                None,
+                f"not ready after {ready_timeout:.0f} s (phase {watch.phase})",
+                "",
+                "raise --spark-ready-timeout if the load is progressing, else read the log tails",
+                watch.snapshot_tails(),
+            )
+        if watch.failure is not None:
+            raise StartupFailed(watch.failure, watch)
+        if progress is not None:
+            progress(watch, now)
+        time.sleep(max(0.0, POLL_S - (clock() - tick)))

@@ -1,0 +1,485 @@
+"""The serving image ``vllm-node:latest``: a minimal root filesystem built from this
+machine's files, imported into each node's Docker engine.
+
+Nothing can be pulled here, so the image is a tarball made with :mod:`tarfile` from the
+host: the system Python (interpreter, standard library, the shared libraries ``ldd``
+names), bash and a few core utilities, the ``vllm`` and ``ray`` commands of
+``launcher/image/`` in ``/usr/local/bin``, and a copy of ``sparksim`` in the
+interpreter's site directory, so that
+``python3 -m sparksim.emulator`` works with nothing bind-mounted.
+
+The tarball is built once per machine and cached under ``/var/cache/sparksim/images``
+(``SPARKSIM_CACHE_DIR`` overrides the cache root), keyed by a hash of everything that goes
+into it; ``spark-sim up`` runs ``docker import`` of it on every node.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import time
+import zipfile
+from collections.abc import Iterable
+from pathlib import Path
+
+from .netns import SimError
+from .registry import flock
+
+IMAGE = "vllm-node:latest"
+FORMAT = 6  # bump when the layout below changes (sparksim layout)
+CACHE_ENV = "SPARKSIM_CACHE_DIR"
+DEFAULT_CACHE = "/var/cache/sparksim"
+KEEP_TARBALLS = 3
+PYTHON_CANDIDATES = ("/usr/bin/python3",)
+PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+SIM_DIR = Path(__file__).resolve().parent
+SHIMS_DIR = SIM_DIR / "launcher" / "image"
+# Core utilities the launcher and the shims use inside the container, plus what an
+# operator types in `docker exec -it vllm_node bash`.
+BINARIES = (
+    "bash", "dash", "sleep", "cat", "env", "ls", "mkdir", "rm", "cp", "mv", "ln", "chmod",
+    "tail", "head", "tee", "touch", "wc", "sort", "id", "date", "uname", "nproc",
+    "basename", "dirname", "readlink", "realpath", "mktemp", "stat", "cut", "tr", "seq",
+    "xargs", "grep", "sed", "awk", "ps", "pgrep", "pkill", "kill", "hostname", "find",
+    "sha256sum", "du", "df", "timeout", "sync",
+    "lscpu",  # real vLLM on CPU (`--engine vllm-cpu`) reads the core layout with it
+)  # fmt: skip
+# Standard library parts a server never imports.
+STDLIB_SKIP = {
+    "test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3", "__phello__",
+    "site-packages", "dist-packages",
+}  # fmt: skip
+DYNLOAD_SKIP_PREFIXES = (
+    "_test", "xx", "_ctypes_test", "_tkinter", "_xxsub", "_xxtest", "nis", "_dbm", "_gdbm",
+    "_curses", "ossaudiodev", "audioop",
+)  # fmt: skip
+# System libraries real vLLM's extensions load (`spark-sim up --engine vllm-cpu` mounts its
+# venv into this image; torch's own are found by ldd below): in when the host has them.
+ENGINE_LIBRARIES = ("libnuma.so.1", "libgomp.so.1", "libutil.so.1")
+TOP_LEVEL = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get(CACHE_ENV) or DEFAULT_CACHE) / "images"
+
+
+def image_python() -> str:
+    for candidate in PYTHON_CANDIDATES:
+        if os.access(candidate, os.X_OK):
+            return candidate
+    raise SimError("no /usr/bin/python3 for the serving image: apt-get install python3")
+
+
+def _python_layout(python: str) -> dict[str, str]:
+    code = (
+        "import json, os, site, sys, sysconfig\n"
+        "stdlib = sysconfig.get_path('stdlib')\n"
+        "zips = [p for p in sys.path if p.endswith('.zip')]\n"
+        "print(json.dumps({'stdlib': stdlib, 'dynload': os.path.join(stdlib, 'lib-dynload'),\n"
+        "  'site': site.getsitepackages()[0], 'version': sys.version.split()[0],\n"
+        "  'exe': os.path.realpath(sys.executable), 'zip': zips[0] if zips else '',\n"
+        "  'tag': sys.implementation.cache_tag}))\n"
+    )
+    out = subprocess.run([python, "-I", "-c", code], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SimError(f"{python} failed to describe itself: {out.stderr.strip()}")
+    data: dict[str, str] = json.loads(out.stdout)
+    return data
+
+
+def _which(name: str) -> str | None:
+    for d in ("/usr/bin", "/bin", "/usr/sbin", "/sbin"):
+        path = os.path.join(d, name)
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def _canonical(path: str) -> str:
+    """Path with its directory resolved (``/lib/x86_64-linux-gnu/libc.so.6`` on a merged-/usr
+    system becomes ``/usr/lib/x86_64-linux-gnu/libc.so.6``), file name kept."""
+    return os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
+
+
+def _engine_libraries() -> list[str]:
+    found = []
+    for name in ENGINE_LIBRARIES:
+        for d in ("/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib"):
+            path = os.path.join(d, name)
+            if os.path.exists(path):
+                found.append(path)
+                break
+    return found
+
+
+def _shared_libraries(files: Iterable[str]) -> set[str]:
+    """Every library (and the ELF interpreter) ``ldd`` names for ``files``."""
+    files = list(files)
+    if not files:
+        return set()
+    proc = subprocess.run(["ldd", *files], capture_output=True, text=True)
+    libs = set()
+    for line in proc.stdout.splitlines():
+        parts = line.split()
+        if "=>" in parts:
+            i = parts.index("=>")
+            if i + 1 < len(parts) and parts[i + 1].startswith("/"):
+                libs.add(parts[i + 1])
+        elif parts and parts[0].startswith("/") and "(0x" in line:
+            libs.add(parts[0])  # the interpreter, e.g. /lib64/ld-linux-x86-64.so.2
+    return libs
+
+
+class _Tar:
+    """A tar stream with root-owned members and the host's modes and mtimes (the
+    standard library's .pyc files stay valid)."""
+
+    def __init__(self, fileobj: io.BufferedWriter) -> None:
+        self.tar = tarfile.TarFile(fileobj=fileobj, mode="w", format=tarfile.GNU_FORMAT)
+        self.seen: set[str] = set()
+
+    def _info(self, arc: str, kind: bytes, mode: int, mtime: float) -> tarfile.TarInfo:
+        info = tarfile.TarInfo(arc.lstrip("/"))
+        info.type = kind
+        info.mode = mode
+        info.uid = info.gid = 0
+        info.uname = info.gname = "root"
+        info.mtime = int(mtime)
+        return info
+
+    def dir(self, arc: str, mode: int = 0o755) -> None:
+        arc = arc.rstrip("/") or "/"
+        if arc in self.seen or arc == "/":
+            return
+        self.dir(os.path.dirname(arc))
+        self.seen.add(arc)
+        self.tar.addfile(self._info(arc, tarfile.DIRTYPE, mode, time.time()))
+
+    def symlink(self, arc: str, target: str) -> None:
+        if arc in self.seen:
+            return
+        self.dir(os.path.dirname(arc))
+        self.seen.add(arc)
+        info = self._info(arc, tarfile.SYMTYPE, 0o777, time.time())
+        info.linkname = target
+        self.tar.addfile(info)
+
+    def data(self, arc: str, data: bytes, mode: int = 0o644) -> None:
+        if arc in self.seen:
+            return
+        self.dir(os.path.dirname(arc))
+        self.seen.add(arc)
+        info = self._info(arc, tarfile.REGTYPE, mode, time.time())
+        info.size = len(data)
+        self.tar.addfile(info, io.BytesIO(data))
+
+    def file(self, arc: str, src: str) -> None:
+        """Regular file ``src`` (symlinks followed) stored at ``arc``."""
+        if arc in self.seen:
+            return
+        self.dir(os.path.dirname(arc))
+        self.seen.add(arc)
+        st = os.stat(src)
+        info = self._info(arc, tarfile.REGTYPE, st.st_mode & 0o7777, st.st_mtime)
+        info.size = st.st_size
+        with open(src, "rb") as fh:
+            self.tar.addfile(info, fh)
+
+    def tree(
+        self,
+        src: str,
+        arc: str,
+        skip: set[str] = frozenset(),  # type: ignore[assignment]
+        skip_prefixes: tuple[str, ...] = (),
+    ) -> None:
+        self.dir(arc)
+        for root, dirs, files in os.walk(src):
+            rel = os.path.relpath(root, src)
+            dirs[:] = sorted(
+                d for d in dirs if not (rel == "." and (d in skip or d.startswith("config-")))
+            )
+            base = arc if rel == "." else os.path.join(arc, rel)
+            self.dir(base)
+            for name in sorted(files):
+                if rel == "." and name.startswith(skip_prefixes):
+                    continue
+                path = os.path.join(root, name)
+                if os.path.islink(path) and not os.path.exists(path):
+                    continue
+                self.file(os.path.join(base, name), path)
+
+    def close(self) -> None:
+        self.tar.close()
+
+
+def _stdlib_zip(stdlib: str, tag: str) -> bytes:
+    """The pure-Python standard library, sources plus the host's compiled .pyc files
+    (stored where zipimport looks for them: next to the source)."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as zf:
+        for root, dirs, files in os.walk(stdlib):
+            rel = os.path.relpath(root, stdlib)
+            dirs[:] = sorted(
+                d
+                for d in dirs
+                if d != "__pycache__"
+                and not (
+                    rel == "."
+                    and (d in STDLIB_SKIP or d.startswith("config-") or d == "lib-dynload")
+                )
+            )
+            for name in sorted(files):
+                if not name.endswith(".py"):
+                    continue
+                src = os.path.join(root, name)
+                arc = os.path.normpath(os.path.join(rel, name))
+                zf.write(src, arc)
+                pyc = os.path.join(root, "__pycache__", f"{name[:-3]}.{tag}.pyc")
+                if os.path.exists(pyc):
+                    zf.write(pyc, arc + "c")
+    return buf.getvalue()
+
+
+def _sim_sources() -> list[Path]:
+    """The files of sparksim that go into the image (Python sources only)."""
+    return sorted(
+        p for p in SIM_DIR.rglob("*.py") if "__pycache__" not in p.parts and "tests" not in p.parts
+    )
+
+
+def _shims() -> list[Path]:
+    return sorted(p for p in SHIMS_DIR.iterdir() if p.is_file() and not p.name.startswith("."))
+
+
+def torch_site() -> str | None:
+    """The site-packages holding torch for the Python running the sim, if any (found without
+    importing torch, which costs seconds). The serving containers mount it read-only, as a
+    real vLLM image carries torch; the image then needs torch's system libraries."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.origin:
+        return None
+    site = Path(spec.origin).resolve().parent.parent
+    return None if any(c.isspace() for c in str(site)) else str(site)
+
+
+def engine_venv_site() -> str | None:
+    """The site-packages of real vLLM's venv, when ``scripts/setup-vllm-cpu`` has made one
+    (``spark-sim up --engine vllm-cpu`` mounts it into the containers). Its torch and vLLM
+    extensions load system libraries the sim's own Python may not (libstdc++, libpthread,
+    librt, libnuma): a checkout whose Python has no torch built an image without them, and
+    real vLLM died at ``import torch`` (libpthread.so.0: cannot open shared object file)."""
+    from .engines import load_vllm_cpu
+
+    try:
+        venv = Path(load_vllm_cpu()["venv"])
+    except SimError:  # not set up: only the emulator can serve
+        return None
+    sites = sorted(venv.glob("lib/python3*/site-packages"))
+    return str(sites[0]) if sites else None
+
+
+def _torch_libraries() -> list[str]:
+    """Shared objects of every torch (and vLLM) the containers may load."""
+    files: list[str] = []
+    for site in (torch_site(), engine_venv_site()):
+        if site is None:
+            continue
+        files += sorted(str(p) for p in (Path(site) / "torch" / "lib").glob("*.so*"))
+        files += sorted(str(p) for p in (Path(site) / "vllm").glob("*.so"))
+    return files
+
+
+def image_key() -> str:
+    """Hash of everything the tarball is made of (sources by content, host files by
+    path, size and mtime)."""
+    python = image_python()
+    h = hashlib.sha256(f"format {FORMAT}\n".encode())
+    real = os.path.realpath(python)
+    st = os.stat(real)
+    h.update(f"{real} {st.st_size} {st.st_mtime_ns}\n".encode())
+    for name in BINARIES:
+        path = _which(name)
+        if path:
+            st = os.stat(path)
+            h.update(f"{path} {st.st_size} {st.st_mtime_ns}\n".encode())
+    for p in _sim_sources() + _shims():
+        h.update(str(p.relative_to(SIM_DIR)).encode() + b"\n" + p.read_bytes())
+    h.update(f"torch {torch_site()} {engine_venv_site()}\n".encode())
+    return h.hexdigest()[:16]
+
+
+ETC_FILES = {
+    "/etc/passwd": "root:x:0:0:root:/root:/bin/bash\n"
+    "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+    "/etc/group": "root:x:0:\nnogroup:x:65534:\n",
+    "/etc/nsswitch.conf": "passwd: files\ngroup: files\nhosts: files dns\n",
+    "/etc/os-release": 'NAME="sparksim vllm-node"\nID=sparksim\n'
+    'PRETTY_NAME="sparksim vllm-node (vLLM emulator image)"\n',
+}
+
+
+def _write_tarball(fileobj: io.BufferedWriter, key: str) -> None:
+    python = image_python()
+    layout = _python_layout(python)
+    tar = _Tar(fileobj)
+    # Top-level directories mirror the host (merged /usr: bin -> usr/bin, ...).
+    for name in TOP_LEVEL:
+        host = f"/{name}"
+        if os.path.islink(host):
+            tar.symlink(host, os.readlink(host))
+    for d, mode in (
+        ("/tmp", 0o1777),
+        ("/var/tmp", 0o1777),
+        ("/root", 0o700),
+        ("/proc", 0o555),
+        ("/sys", 0o555),
+        ("/dev", 0o755),
+        ("/run", 0o755),
+        ("/workspace", 0o755),
+        ("/root/.cache/huggingface", 0o755),
+        ("/usr/local/bin", 0o755),
+        ("/usr/local/sbin", 0o755),
+    ):
+        tar.dir(d, mode)
+    for arc, text in ETC_FILES.items():
+        tar.data(arc, text.encode())
+    # vLLM images are Ubuntu-based: root has a ~/.bashrc, which older launchers'
+    # run-cluster-node.sh greps and `bash -i -c` reads.
+    tar.data("/root/.bashrc", b"# ~/.bashrc: executed by bash(1) for non-login shells.\n")
+    tar.data(
+        "/etc/sparksim-image.json",
+        json.dumps({"image": IMAGE, "key": key, "python": layout["version"]}, indent=2).encode()
+        + b"\n",
+    )
+
+    # Python: interpreter, standard library, extension modules.
+    exe = layout["exe"]
+    exe_arc = _canonical(exe)
+    tar.file(exe_arc, exe)
+    bindir = os.path.dirname(exe_arc)
+    tar.symlink(os.path.join(bindir, "python3"), os.path.basename(exe_arc))
+    tar.symlink(os.path.join(bindir, "python"), "python3")
+    stdlib = layout["stdlib"]
+    if layout["zip"]:
+        # The standard library as one zip on sys.path (a few files in the layer instead of
+        # ~1,400: every `docker import` and `down` is faster); os.py stays a file, it is
+        # the landmark the interpreter finds its prefix by.
+        tar.data(_canonical(layout["zip"]), _stdlib_zip(stdlib, layout["tag"]))
+        tar.file(os.path.join(_canonical(stdlib), "os.py"), os.path.join(stdlib, "os.py"))
+    else:
+        tar.tree(stdlib, _canonical(stdlib), skip=STDLIB_SKIP)
+    dynload = layout["dynload"]
+    dyn_files = []
+    if os.path.isdir(dynload):
+        dyn_files = [
+            os.path.join(dynload, f)
+            for f in sorted(os.listdir(dynload))
+            if f.endswith(".so") and not f.startswith(DYNLOAD_SKIP_PREFIXES)
+        ]
+        tar.dir(_canonical(dynload))
+        for f in dyn_files:
+            tar.file(os.path.join(_canonical(dynload), os.path.basename(f)), f)
+
+    # Shell and core utilities.
+    binaries = []
+    for name in BINARIES:
+        path = _which(name)
+        if path is None:
+            continue
+        binaries.append(os.path.realpath(path))
+        tar.file(_canonical(path), path)
+    if _which("dash"):
+        tar.symlink(_canonical("/bin/sh"), "dash")
+    elif _which("bash"):
+        tar.symlink(_canonical("/bin/sh"), "bash")
+
+    libs = _shared_libraries([exe, *dyn_files, *binaries, *_torch_libraries()])
+    libs |= set(_engine_libraries())
+    # Loaded with dlopen, so ldd does not name it: glibc needs it when a thread exits.
+    for lib in list(libs):
+        extra = os.path.join(os.path.dirname(lib), "libgcc_s.so.1")
+        if os.path.basename(lib) == "libc.so.6" and os.path.exists(extra):
+            libs.add(extra)
+    for lib in sorted(libs):
+        # Keep the soname link (libz.so.1 -> libz.so.1.2.13) and store the file once.
+        while os.path.islink(lib):
+            target = os.readlink(lib)
+            tar.symlink(_canonical(lib), target)
+            lib = os.path.join(os.path.dirname(lib), target)
+        tar.file(_canonical(lib), lib)
+
+    # The emulator: the sparksim package, compiled by the
+    # image's interpreter (no .pyc written in containers at every start).
+    site = _canonical(layout["site"])
+    with tempfile.TemporaryDirectory(prefix="sparksim-image-") as tmp:
+        pkg = Path(tmp) / "sparksim"
+        pkg.mkdir(parents=True)
+        for src in _sim_sources():
+            dest = pkg / src.relative_to(SIM_DIR)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest)
+        subprocess.run(
+            [python, "-I", "-m", "compileall", "-q", str(pkg)], check=False, capture_output=True
+        )
+        tar.tree(str(pkg), os.path.join(site, "sparksim"))
+    for shim in _shims():
+        tar.file(f"/usr/local/bin/{shim.name}", str(shim))
+    tar.close()
+
+
+def tarball() -> tuple[Path, bool]:
+    """The cached image tarball, built if missing; (path, built_now)."""
+    key = image_key()
+    cdir = cache_dir()
+    cdir.mkdir(parents=True, exist_ok=True)
+    path = cdir / f"vllm-node-{key}.tar"
+    with flock(cdir / ".lock"):
+        if path.exists():
+            os.utime(path)
+            return path, False
+        tmp = cdir / f".{path.name}.{os.getpid()}.tmp"
+        try:
+            with open(tmp, "wb") as fh:
+                _write_tarball(fh, key)
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        _prune(cdir, keep=path)
+    return path, True
+
+
+def _prune(cdir: Path, keep: Path) -> None:
+    old = sorted(
+        (p for p in cdir.glob("vllm-node-*.tar") if p != keep),
+        key=lambda p: p.stat().st_mtime,
+        reverse=True,
+    )
+    for p in old[KEEP_TARBALLS - 1 :]:
+        p.unlink(missing_ok=True)
+
+
+def import_changes() -> list[str]:
+    """Image config given to ``docker import --change``."""
+    return [
+        f"ENV PATH={PATH}",
+        "ENV PYTHONUNBUFFERED=1",
+        "WORKDIR /workspace",
+        'CMD ["/bin/bash"]',
+        "LABEL org.opencontainers.image.title=vllm-node",
+    ]
+
+
+def import_argv(docker_host: str, path: Path) -> list[str]:
+    argv = ["docker", "-H", docker_host, "import"]
+    for change in import_changes():
+        argv += ["--change", change]
+    return [*argv, "--message", f"sparksim serving image {path.name}", str(path), IMAGE]
