@@ -201,18 +201,28 @@ def spark_serving_state(
     return ServingState(info, None)
 
 
+# launch-cluster.sh's refusal when a node has neither 2 nor 4 RoCE devices Up.
+LAUNCHER_DEVICE_COUNT = "Unexpected number of active CX7 interfaces"
+
+
 def _down_port_cause(request: pytest.FixtureRequest, cluster: Cluster, problem: str) -> str | None:
     """The serving failure's root cause when a rank's NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME
     names a fabric port that is down (the engine dies when its bootstrap link drops): the
     link-up check reports that port, so the serving checks skip citing it. None otherwise,
     or when no link-up check runs in this session."""
-    from pytest_spark.gathering.nccl import down_socket_ports, rank_envs
+    from pytest_spark.gathering.nccl import down_fabric_ports, down_socket_ports, rank_envs
 
     if not verdict_in_session(request.session, "test_link_up"):
         return None
     try:
-        envs = rank_envs(cluster)
-        down = down_socket_ports(cluster, envs) if not isinstance(envs, str) else []
+        if LAUNCHER_DEVICE_COUNT in problem:  # the launcher refused: too few RoCE devices Up
+            down = [
+                f"launch-cluster.sh needs 2 or 4 RoCE devices Up: {r}"
+                for r in (down_fabric_ports(cluster))
+            ]
+        else:
+            envs = rank_envs(cluster)
+            down = down_socket_ports(cluster, envs) if not isinstance(envs, str) else []
     except (RemoteError, pytest.fail.Exception, pytest.skip.Exception):
         return None
     if not down:

@@ -182,8 +182,10 @@ def test_serving_container_running(
             )
     problem = spark_serving_state.problem
     if state != "running" and problem and request.config.stash.get(SERVING_VERDICT_KEY, False):
-        # The lost rank is why the cluster is not serving: one failure, there.
-        pytest.skip(f"{spark_node.name}: container {state!r}; {not_serving_reason(problem)}")
+        # The lost rank is why the cluster is not serving: one failure, there (or at the
+        # root cause test_cluster_serving itself cites: a down port, an unreachable node).
+        reason = spark_serving_state.cited or not_serving_reason(problem)
+        pytest.skip(f"{spark_node.name}: container {state!r}; {reason}")
     if state == "running":
         spark_check.require(Finding.passed(state, "running", node=spark_node.name))
     else:

@@ -51,6 +51,19 @@ def down_socket_ports(cluster: Cluster, envs: dict[str, dict[str, str]]) -> list
     return reasons
 
 
+def down_fabric_ports(cluster: Cluster) -> list[str]:
+    """Every fabric port that is down, in the link-up check's words (launch-cluster.sh
+    refuses to start unless 2 or 4 of a node's RoCE devices are Up)."""
+    reasons = []
+    for node in cluster.nodes:
+        facts = node_link_facts(cluster, node)
+        for ifname in fabric_ifs(cluster):
+            usable, reason = link_is_usable(port_of(facts, ifname), node.name)
+            if not usable:
+                reasons.append(reason)
+    return reasons
+
+
 def container_env(node: Node, container: str) -> dict[str, str] | None:
     """The NCCL-related environment of the node's serving container, or None if absent."""
     fmt = "{{range .Config.Env}}{{println .}}{{end}}"

@@ -47,6 +47,11 @@ VOLATILE_SYSCTLS = re.compile(
     r"kernel\.ns_last_pid|kernel\.pty\.nr|net\.netfilter\.nf_conntrack_count|"
     r"kernel\.sched_|vm\.stat_|fs\.aio-nr|kernel\.perf_|net\.ipv6\.route\.gc_)"
 )
+# A `docker exec` in flight: runc's exec through the runtime (and its GPU hook), there and
+# gone within the call; a kept launcher's periodic `docker exec` check starts one every 5 s.
+VOLATILE_PROCS = re.compile(
+    r"( exec --process /tmp/runc-process\S*|^/usr/bin/python3 -I -c import json, os, resource)"
+)
 SECTIONS = ("files", "procs", "docker", "net", "sysctl", "mounts")
 
 
@@ -154,7 +159,25 @@ def _processes(lines: Iterable[str], me: str) -> Counter[str]:
             pid = parent[pid]
         return False
 
-    return Counter(a for pid, a in args.items() if not in_session(pid))
+    launchers = {pid for pid, a in args.items() if "launch-cluster.sh" in a}
+
+    def launcher_child(pid: str) -> bool:
+        """Under a launch-cluster.sh that follows its head (its polling subshells, `sleep`
+        and `docker exec` checks come and go): the launcher itself is counted, once."""
+        seen = set()
+        pid = parent.get(pid, "")
+        while pid in parent and pid not in seen:
+            if pid in launchers:
+                return True
+            seen.add(pid)
+            pid = parent[pid]
+        return False
+
+    return Counter(
+        a
+        for pid, a in args.items()
+        if not in_session(pid) and not launcher_child(pid) and not VOLATILE_PROCS.search(a)
+    )
 
 
 def snapshot(ssh_config: Path, nodes: Mapping[str, str], state_dir: Path) -> dict[str, Snapshot]:

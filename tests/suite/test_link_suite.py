@@ -35,31 +35,33 @@ def test_healthy_sim_passes_every_link_check(clean: SimCluster, tmp_path: Path) 
     assert (rate["measured"], rate["unit"]) == (200.0, "Gb/s")
 
 
-def test_link_down_fails_link_up_on_both_ends_and_skips_dependents(
+def test_link_down_fails_link_up_at_the_down_end_and_skips_dependents(
     clean: SimCluster, tmp_path: Path
 ) -> None:
     sim_fault(clean, "link-down", "spark-2", "enp1s0f1np1")
     run = run_suite(tmp_path, INFRA, sim=clean)
     assert run.ret == 1
     failed = run.failed()
-    assert set(failed) == {
-        "test_fabric_twins_up[spark-head]",
-        "test_fabric_twins_up[spark-worker-1]",
-        "test_link_up[spark-head-twin1]",
-        "test_link_up[spark-worker-1-twin1]",
-    }, failed
+    # One root cause, one failure: the admin-down end. Its peer's no-carrier end and the
+    # twin count skip citing it, the twin's dependents skip pointing at the link-up check.
+    assert set(failed) == {"test_link_up[spark-worker-1-twin1]"}, failed
     down = failed["test_link_up[spark-worker-1-twin1]"]
     assert "spark-worker-1 enp1s0f1np1" in down and "administratively down" in down
     assert "ip link set enp1s0f1np1 up" in down
-    assert "no carrier" in failed["test_link_up[spark-head-twin1]"]
-    skipped = {k: v for k, v in run.outcomes().items() if v == "skipped"}
+    skipped = {c["nodeid"].split("::", 1)[1]: c["message"] for c in run.checks(outcome="skipped")}
     assert set(skipped) == {
+        "test_fabric_twins_up[spark-head]",
+        "test_fabric_twins_up[spark-worker-1]",
+        "test_link_up[spark-head-twin1]",
+    } | {
         f"test_{t}[{n}-twin1]"
         for t in ("roce_active", "link_rate", "ping_peer_at_full_mtu")
         for n in ("spark-head", "spark-worker-1")
-    }
-    reasons = {c["message"] for c in run.checks(outcome="skipped")}
-    assert all("see the link-up check" in r for r in reasons), reasons
+    }, skipped
+    assert "no carrier" in skipped["test_link_up[spark-head-twin1]"]
+    cited = "test_link_up[spark-worker-1-twin1] has the evidence"
+    for name, reason in skipped.items():
+        assert "see the link-up check" in reason or cited in reason, (name, reason)
 
 
 def test_degraded_rate_fails_the_rate_check_only(clean: SimCluster, tmp_path: Path) -> None:
@@ -74,18 +76,20 @@ def test_degraded_rate_fails_the_rate_check_only(clean: SimCluster, tmp_path: Pa
     assert (record["measured"], record["expected"]) == (100.0, 200.0)
 
 
-def test_mtu_mismatch_fails_consistency_and_full_mtu_ping_and_warns(
+def test_mtu_mismatch_fails_consistency_skips_the_full_mtu_ping_and_warns(
     clean: SimCluster, tmp_path: Path
 ) -> None:
     sim_fault(clean, "mtu", "spark-2", "1500", "enP2p1s0f1np1")
     run = run_suite(tmp_path, INFRA, sim=clean)
     failed = run.failed()
-    assert set(failed) == {
-        "test_mtu_consistent[twin0]",
-        "test_ping_peer_at_full_mtu[spark-head-twin0]",
-    }, failed
+    assert set(failed) == {"test_mtu_consistent[twin0]"}, failed
     assert "spark-head 9000, spark-worker-1 1500" in failed["test_mtu_consistent[twin0]"]
-    assert "MTU problem" in failed["test_ping_peer_at_full_mtu[spark-head-twin0]"]
+    # the lost full-MTU ping is the mismatch's consequence: skipped citing it
+    ping = run.checks(
+        nodeid="tests_infra/test_link.py::test_ping_peer_at_full_mtu[spark-head-twin0]"
+    )[0]
+    assert ping["outcome"] == "skipped", ping
+    assert "test_mtu_consistent[twin0] has the evidence" in ping["message"]
     warned = run.checks(nodeid="tests_infra/test_link.py::test_mtu[spark-worker-1-twin0]")[0]
     assert warned["outcome"] == "passed" and warned["level"] == "warn"
     assert "~5%" in warned["message"]

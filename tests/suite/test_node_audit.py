@@ -38,6 +38,21 @@ def _snap(sim: SimCluster) -> dict[str, Snapshot]:
     return snapshot(sim.ssh_config, _nodes(sim), sim.state_dir)
 
 
+# launch-cluster.sh without Ray follows the head's vLLM, checking every 5 s whether it has
+# exited; after `stop` it notices the container is gone at its next check.
+ORPHAN_LAUNCHER = (
+    "for i in $(seq 60); do pgrep -f 'launch-cluster.sh .* exec ' >/dev/null || exit 0; "
+    '[ -n "$(docker ps -q --filter name=^vllm_node$)" ] && exit 0; sleep 0.5; done; exit 1'
+)
+
+
+def _before(sim: SimCluster) -> dict[str, Snapshot]:
+    """The snapshot to compare against, once a launcher that an earlier test stopped has
+    noticed its container is gone (at most 30 s; else its exit would count as a change)."""
+    _ssh(sim, sim.head, ORPHAN_LAUNCHER)
+    return _snap(sim)
+
+
 SETTLE_S = 30.0  # a container still stopping, an SSH session still closing, on a busy machine
 
 
@@ -139,7 +154,7 @@ def test_planted_file_on_a_node_is_found(sim: SimCluster) -> None:
     """The audit sees what the node sees: a file made in the worker's own /tmp over SSH."""
     sim_fault(sim, "clear")
     worker = sim.workers[0]
-    before = _snap(sim)
+    before = _before(sim)
     _ssh(sim, worker, "echo x > /tmp/pytest-spark-audit-planted")
     try:
         changes = diff(before, _snap(sim))
@@ -167,7 +182,7 @@ def test_attached_run_changes_nothing_on_the_nodes(sim: SimCluster, tmp_path: Pa
             sim=sim,
         )
         assert kept.ret == 0, kept.output
-        before = _snap(sim)
+        before = _before(sim)
         run = run_suite(
             tmp_path / "attach",
             f"--spark-container={sim.info['launch']['container']}",
@@ -189,7 +204,7 @@ def test_launched_run_leaves_only_what_is_documented(sim: SimCluster, tmp_path: 
     remains is only what the README lists (LAUNCH_LEAVES)."""
     sim_fault(sim, "clear")
     launch = launch_args(sim)
-    before = _snap(sim)
+    before = _before(sim)
     try:
         run = run_suite(tmp_path, *launch, "--spark-history=off", sim=sim)
         assert run.results["serving"]["launched"] is True, run.output

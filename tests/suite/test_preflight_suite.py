@@ -28,6 +28,7 @@ PER_NODE = (
     "test_gpu_not_held_by_others",
     "test_gpu_visible",
     "test_disk_space",
+    "test_node_reachable",
 )
 CLUSTER = ("test_model_dir_identical", "test_clock_skew", "test_passwordless_ssh_head_to_workers")
 # sparksim's twin 1 (enP2p1s0f1np1, roceP2p1s0f1) is the suite's twin0: ibdev2netdev order.
