@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import subprocess
 from collections.abc import Callable
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -24,13 +25,16 @@ from pytest_spark.readiness.launch import (
     shell_path,
 )
 from pytest_spark.readiness.session import (
+    STATE,
     NotServing,
     apply_dotenv,
     configured_mode,
     ray_only_script,
     refuse_running,
     serving_nodes,
+    stop_if_launched,
 )
+from pytest_spark.report.results import write_json
 from pytest_spark.settings import resolve as settings_mod
 
 SERVE = "vllm serve /models/Qwen3.5-122B-A10B-FP8 --tensor-parallel-size 2 --port 8000"
@@ -173,6 +177,88 @@ def test_launch_is_refused_when_the_containers_already_run() -> None:
     )
     assert "Attach to it instead (run without --spark-launch)" in message
     refuse_running(FakeCluster(absent, absent), "vllm_node")  # nothing runs: launch
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 0.0
+        self.sleeps: list[float] = []
+
+    def now(self) -> float:
+        return self.t
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.t += seconds
+
+
+def states(*answers: str) -> Callable[[str], tuple[int, str, str]]:
+    """A node whose container is in these states, one per inspect (the last one stays)."""
+    seen = list(answers)
+
+    def answer(command: str) -> tuple[int, str, str]:
+        assert command.startswith("docker inspect -f '{{.State.Status}}' vllm_node")
+        state = seen.pop(0) if len(seen) > 1 else seen[0]
+        return (0, f"{state}\n", "") if state else (1, "", "Error: No such object: vllm_node")
+
+    return answer
+
+
+def test_launch_waits_for_an_earlier_runs_container_to_be_removed() -> None:
+    """`docker stop` of a --rm container returns before dockerd has removed it: the next
+    launch waits for the name to be free instead of racing the removal (CI saw the
+    launcher's docker exec reach a container 'marked for removal')."""
+    clock = FakeClock()
+    cluster = FakeCluster(states(""), states("removing", "exited", ""))
+    refuse_running(cluster, "vllm_node", wait_s=30, sleep=clock.sleep, now=clock.now)
+    assert clock.sleeps == [1.0, 1.0]
+
+
+def test_launch_is_refused_when_a_stopped_container_stays() -> None:
+    clock = FakeClock()
+    cluster = FakeCluster(states(""), states("exited"))
+    with pytest.raises(NotServing) as info:
+        refuse_running(cluster, "vllm_node", wait_s=5, sleep=clock.sleep, now=clock.now)
+    message = str(info.value)
+    assert "a stopped container 'vllm_node' is still there on spark-worker-1 (exited)" in message
+    assert "after 5 s" in message and "docker rm -f vllm_node" in message
+    assert clock.t >= 5
+
+
+def test_a_running_container_is_refused_without_waiting() -> None:
+    clock = FakeClock()
+    cluster = FakeCluster(states("exited"), states("running"))
+    with pytest.raises(NotServing, match="already running on spark-worker-1"):
+        refuse_running(cluster, "vllm_node", wait_s=30, sleep=clock.sleep, now=clock.now)
+    assert clock.sleeps == []
+
+
+def test_teardown_waits_until_the_stopped_containers_are_removed(tmp_path: Path) -> None:
+    stops: list[str] = []
+    head_state = states("removing", "")
+
+    def head(command: str) -> tuple[int, str, str]:
+        if command.startswith("docker inspect"):
+            return head_state(command)
+        stops.append(command)
+        return 0, "Cluster stopped.\n", ""
+
+    write_json(
+        tmp_path / STATE, {"launched": True, "container": "vllm_node", "stop_command": "stop-it"}
+    )
+    clock = FakeClock()
+    cluster = FakeCluster(head, states("removing", "removing", ""))
+    assert stop_if_launched(cluster, tmp_path, keep=False, sleep=clock.sleep, now=clock.now) is None
+    assert stops[0] == "stop-it" and clock.sleeps == [1.0, 1.0]
+
+    write_json(
+        tmp_path / STATE, {"launched": True, "container": "vllm_node", "stop_command": "stop-it"}
+    )
+    stuck = FakeCluster(head, states("removing"))
+    problem = stop_if_launched(stuck, tmp_path, keep=False, sleep=clock.sleep, now=clock.now)
+    assert problem is not None
+    assert "container 'vllm_node' is still there on spark-worker-1 (removing)" in problem
+    assert "docker rm -f vllm_node" in problem
 
 
 def dotenv_head(env: str, links: set[str] | None = None) -> Callable[[str], tuple[int, str, str]]:

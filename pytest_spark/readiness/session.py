@@ -131,24 +131,73 @@ def serving_nodes(cluster: Cluster, settings: Settings) -> list[Node]:
     return list(cluster.nodes[: max(1, used)])
 
 
-def refuse_running(cluster: Cluster, container: str) -> None:
-    """--spark-launch on a cluster that already runs containers of that name: the launcher
-    would skip the launch and exec into them, an old server would answer /health, and
-    teardown would stop what this session did not start."""
+LEFTOVER_WAIT_S = 30.0  # dockerd removes a stopped --rm container just after `docker stop`
+
+
+def container_states(cluster: Cluster, container: str) -> dict[str, str]:
+    """Each reachable node's state of ``container`` (``docker inspect``: running, exited,
+    removing, ...), or "" where there is none."""
     command = f"docker inspect -f '{{{{.State.Status}}}}' {shlex.quote(container)} 2>/dev/null"
     reachable = [node for node in cluster.nodes if cluster.unreachable(node) is None]
     results = cluster.map(lambda node: node.run(command, timeout=15), reachable)
-    running = []
+    states = {}
     for node in reachable:
         result = results[node.name]
-        if not isinstance(result, RemoteError) and result.stdout.strip() == "running":
-            running.append(node.name)
+        if not isinstance(result, RemoteError) and result.ok:
+            states[node.name] = result.stdout.strip()
+        else:
+            states[node.name] = ""
+    return states
+
+
+def wait_gone(
+    cluster: Cluster,
+    container: str,
+    wait_s: float = LEFTOVER_WAIT_S,
+    sleep: Callable[[float], None] = time.sleep,
+    now: Callable[[], float] = time.monotonic,
+) -> dict[str, str]:
+    """Wait up to ``wait_s`` for stopped containers of that name to go (a ``--rm``
+    container is removed by dockerd after ``docker stop`` returns). Returns what is still
+    there: every running one at once, else the stopped ones left after the wait."""
+    deadline = now() + wait_s
+    while True:
+        states = {
+            name: state for name, state in container_states(cluster, container).items() if state
+        }
+        if not states or "running" in states.values() or now() >= deadline:
+            return states
+        sleep(1.0)
+
+
+def refuse_running(
+    cluster: Cluster,
+    container: str,
+    wait_s: float = LEFTOVER_WAIT_S,
+    sleep: Callable[[float], None] = time.sleep,
+    now: Callable[[], float] = time.monotonic,
+) -> None:
+    """--spark-launch on a cluster that already runs containers of that name: the launcher
+    would skip the launch and exec into them, an old server would answer /health, and
+    teardown would stop what this session did not start. A stopped one of that name (an
+    earlier run's, still being removed, or kept) would make the launcher's unchecked
+    ``docker run --name`` fail, and its ``docker exec`` would reach a dying container."""
+    left = wait_gone(cluster, container, wait_s, sleep, now)
+    running = [name for name, state in left.items() if state == "running"]
     if running:
         raise NotServing(
             f"--spark-launch: container {container!r} is already running on "
             f"{', '.join(running)}. launch-cluster.sh would skip the launch and exec into it "
             "(an old server would answer /health). Attach to it instead (run without "
             f"--spark-launch), or stop it first (launch-cluster.sh --name {container} stop)"
+        )
+    if left:
+        found = ", ".join(f"{name} ({state})" for name, state in left.items())
+        raise NotServing(
+            f"--spark-launch: a stopped container {container!r} is still there on {found} "
+            f"after {wait_s:.0f} s: launch-cluster.sh's `docker run --name {container}` "
+            "would fail on the name and its `docker exec` would reach no server. Remove it "
+            f"on that node (docker rm -f {container}) and run again"
         )
 
 
@@ -245,6 +294,7 @@ def ensure_serving(
                 refuse_running(cluster, container)
                 doc.update(
                     launched=True,
+                    container=container,
                     launch_pid=launcher.start(),
                     stop_command=launcher.spec.stop_command(),
                     launch_log=launcher.spec.log_path,
@@ -348,7 +398,13 @@ def _health_text(code: str | None) -> str:
     return {"000": "connection refused or timed out", None: "not probed"}.get(code, f"HTTP {code}")
 
 
-def stop_if_launched(cluster: Cluster, run_dir: Path, keep: bool) -> str | None:
+def stop_if_launched(
+    cluster: Cluster,
+    run_dir: Path,
+    keep: bool,
+    sleep: Callable[[float], None] = time.sleep,
+    now: Callable[[], float] = time.monotonic,
+) -> str | None:
     """Controller teardown: stop what this session launched (and nothing else)."""
     state = _read(run_dir / STATE)
     if not state or not state.get("launched") or state.get("stopped") or keep:
@@ -363,8 +419,21 @@ def stop_if_launched(cluster: Cluster, run_dir: Path, keep: bool) -> str | None:
             cleanup.append(f"rm -f {shlex.quote(state['launch_log'])}")
         if cleanup:
             cluster.head.run("; ".join([*cleanup, "true"]), timeout=10)
+        # `docker stop` returns before dockerd has removed a --rm container: wait, so that
+        # the next launch (this suite's or an operator's) finds the name free.
+        container = state.get("container")
+        left = wait_gone(cluster, container, sleep=sleep, now=now) if container else {}
     except RemoteError as exc:
         return f"could not stop the cluster: {exc}"
     state["stopped"] = True
     write_json(run_dir / STATE, state)
-    return None if result.ok else f"launcher stop exited {result.rc}: {result.stderr[-500:]}"
+    if not result.ok:
+        return f"launcher stop exited {result.rc}: {result.stderr[-500:]}"
+    if left:
+        found = ", ".join(f"{name} ({status})" for name, status in left.items())
+        return (
+            f"after launch-cluster.sh stop, container {state['container']!r} is still there "
+            f"on {found} after {LEFTOVER_WAIT_S:.0f} s; remove it (docker rm -f "
+            f"{state['container']}) before the next launch"
+        )
+    return None
