@@ -19,7 +19,12 @@ a ``docker start``ed container keeps its previous run's output in ``docker logs`
 The real launcher's containers run ``sleep infinity`` and get vLLM (and Ray) through
 ``docker exec``, so a crashed server leaves its container running: the probe also lists
 the container's serving processes (``docker top``), and a node whose server was seen and
-is gone while its container still runs is a dead rank."""
+is gone while its container still runs is a dead rank.
+
+The wait is a small state machine, ``ReadinessWait`` (no I/O: which nodes are due, what to
+ask each, one poll's answers in, the ``Stage`` out); ``wait_ready`` drives it with the
+probes and one injected ``Clock``, which every limit is measured on and which alone passes
+time between polls."""
 
 from __future__ import annotations
 
