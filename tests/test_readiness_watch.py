@@ -74,19 +74,21 @@ Answer = State | NodeUnreachable
 
 
 class Clock:
-    """Virtual monotonic time; ``sleep`` advances it."""
+    """Virtual monotonic time, the wait's one clock: ``sleep`` advances ``now``."""
 
     def __init__(self) -> None:
-        self.now = 1000.0
+        self.time = 1000.0
         self.sleeps = 0
+        self.slept: list[float] = []
 
-    def __call__(self) -> float:
-        return self.now
+    def now(self) -> float:
+        return self.time
 
     def sleep(self, seconds: float) -> None:
         self.sleeps += 1
         assert self.sleeps < 10_000, "wait_ready never returned"
-        self.now += seconds
+        self.slept.append(seconds)
+        self.time += seconds
 
 
 class FakeTarget:
@@ -199,9 +201,14 @@ class FakeCluster(Cluster):
 
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
-    clock = Clock()
-    monkeypatch.setattr(readiness, "time", SimpleNamespace(sleep=clock.sleep, monotonic=clock))
-    return clock
+    """The fake clock, and the real one forbidden: the wait passes and reads time only
+    through the clock it is given."""
+
+    def real_time(*args: object) -> float:
+        raise AssertionError("the readiness wait used the real clock beside the injected one")
+
+    monkeypatch.setattr(readiness, "time", SimpleNamespace(sleep=real_time, monotonic=real_time))
+    return Clock()
 
 
 def watch(cluster: FakeCluster, clock: Clock, **kwargs: Any) -> StartupWatch:
@@ -227,7 +234,7 @@ def fails(cluster: FakeCluster, clock: Clock, **kwargs: Any) -> StartupFailed:
 
 def rounds(clock: Clock, start: float = 1000.0) -> float:
     """Polls made so far (one sleep of POLL_S between two polls)."""
-    return (clock.now - start) / readiness.POLL_S
+    return (clock.time - start) / readiness.POLL_S
 
 
 # -- launching: nodes start one after another ---------------------------------------------
@@ -371,6 +378,46 @@ def test_not_ready_within_the_ready_timeout(clock: Clock) -> None:
     assert failed.failure.kind == "timeout" and failed.failure.node is None
     assert str(failed).startswith("vLLM not ready: not ready after 3 s (phase weights)")
     assert rounds(clock) == 6
+
+
+def test_a_silent_load_stalls_at_the_hang_timeout_naming_it(clock: Clock) -> None:
+    cluster = FakeCluster([State(logs=(LOADING,)), State()], [State()])
+    failed = fails(cluster, clock, hang_timeout=5.0)
+    assert failed.failure.kind == "stalled"
+    assert str(failed).startswith(
+        "vLLM startup stalled: no log progress for 5 s in phase weights "
+        "(limit 5 s: --spark-hang-timeout)"
+    ), str(failed)
+    assert rounds(clock) == 10  # the line came on the first poll; 5 s of silence after it
+
+
+def test_a_placement_group_not_formed_hangs_at_the_placement_timeout(clock: Clock) -> None:
+    wait_line = (
+        "(EngineCore_DP0 pid=1) INFO [ray_utils.py:300] Waiting for creating a placement "
+        "group of specs for 10 seconds. specs=[{'GPU': 1.0}, {'GPU': 1.0}]"
+    )
+    head = [State(logs=(wait_line,)), State(logs=("(APIServer pid=1) INFO waiting",))]
+    failed = fails(FakeCluster(head, [State()]), clock, placement_timeout=20.0)
+    assert failed.failure.kind == "hang" and failed.failure.node == HEAD
+    assert failed.failure.signature.startswith("placement-group (waiting 20 s, limit 20 s")
+    assert rounds(clock) == 20  # began 10 s before the first poll: 10 s more
+
+
+def test_the_pause_between_polls_is_the_rest_of_the_poll_on_the_one_clock(
+    clock: Clock,
+) -> None:
+    # each head probe takes 0.2 s of the clock: the wait sleeps the 0.3 s left of POLL_S
+    cluster = FakeCluster([State()] * 3 + [State(health="200")], [State()])
+    conn = cluster.conn(HEAD)
+    answer = conn.run
+
+    def slow(command: str, *, timeout: float | None = None) -> CommandResult:
+        clock.time += 0.2
+        return answer(command, timeout=timeout)
+
+    conn.run = slow  # type: ignore[method-assign]
+    assert watch(cluster, clock).ready
+    assert clock.slept == pytest.approx([readiness.POLL_S - 0.2] * 3)
 
 
 def test_silence_while_a_node_is_retried_is_no_hang(clock: Clock) -> None:

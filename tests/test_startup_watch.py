@@ -256,7 +256,10 @@ def test_placement_group_not_formed_is_a_hang_at_the_budget_between_its_lines() 
     assert watch.failure is None
     watch.check_stall(62.0)
     assert watch.failure is not None and watch.failure.kind == "hang"
-    assert watch.failure.signature == "placement-group (waiting 60 s)"
+    assert watch.failure.signature == (
+        "placement-group (waiting 60 s, limit 60 s: the profile's "
+        "readiness.placement_group_timeout_s)"
+    )
     assert "Waiting for creating a placement group of specs for 30 seconds" in (
         watch.failure.message()
     )
@@ -281,7 +284,11 @@ def test_silence_while_loading_is_a_stall() -> None:
     assert watch.failure is None
     watch.check_stall(21.5)
     assert watch.failure is not None and watch.failure.kind == "stalled"
-    assert "phase weights" in watch.failure.message()
+    assert watch.failure.message().startswith(
+        "vLLM startup stalled: no log progress for 20 s in phase weights "
+        "(limit 20 s: --spark-hang-timeout)"
+    ), watch.failure.message()
+    assert "raise --spark-hang-timeout" in watch.failure.message()
 
 
 def test_container_exit_is_a_failure_with_tails() -> None:

@@ -19,7 +19,12 @@ a ``docker start``ed container keeps its previous run's output in ``docker logs`
 The real launcher's containers run ``sleep infinity`` and get vLLM (and Ray) through
 ``docker exec``, so a crashed server leaves its container running: the probe also lists
 the container's serving processes (``docker top``), and a node whose server was seen and
-is gone while its container still runs is a dead rank."""
+is gone while its container still runs is a dead rank.
+
+The wait is a small state machine, ``ReadinessWait`` (no I/O: which nodes are due, what to
+ask each, one poll's answers in, the ``Stage`` out); ``wait_ready`` drives it with the
+probes and one injected ``Clock``, which every limit is measured on and which alone passes
+time between polls."""
 
 from __future__ import annotations
 
@@ -27,8 +32,10 @@ import re
 import shlex
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from enum import Enum
+from typing import Protocol
 
 from pytest_spark.access.base import CommandResult, RemoteError
 from pytest_spark.access.cluster import Cluster, Node
@@ -50,6 +57,7 @@ PROCESS_NAMES = {"vllm": "vllm serve", "ray": "ray"}
 # same poll is the root cause. (A CUDA OOM or a watchdog timeout is a cause of its own.)
 CONSEQUENCES = frozenset({"nccl-error", "ray-actor-died", "engine-dead", "engine-init-failed"})
 MISSING_LIMIT_S = 30.0  # a container still missing this long (at least hang_timeout) is gone
+ATTACH_MISSING_S = 5.0  # attached: a container missing this long after the wait began is gone
 
 
 class StartupFailed(Exception):
@@ -235,6 +243,411 @@ def remote_now(node: Node) -> str:
     return result.stdout.strip() or "1970-01-01T00:00:00Z"
 
 
+class Clock(Protocol):
+    """The wait's one time source: what time it is, and the pause between two polls. Every
+    time limit of the wait (ready, hang, placement, the missing-container and
+    nothing-serving graces, the retry backoff) is measured on ``now``; ``sleep`` is the
+    only way the wait passes time. Tests give a clock whose ``sleep`` advances ``now``."""
+
+    def now(self) -> float: ...
+
+    def sleep(self, seconds: float) -> None: ...
+
+
+class MonotonicClock:
+    """The real clock: ``time.monotonic`` and ``time.sleep``."""
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+REAL_CLOCK: Clock = MonotonicClock()
+
+
+class Stage(Enum):
+    """Where the stand-up is, as the polls have seen it. ``STARTING`` (launching only): a
+    serving node's container is not seen yet, so a 5xx from /health is not yet a dead
+    engine. ``LOADING``: every serving container seen (attach starts here); the log phases
+    advance in the watch. ``READY``: /health answered 200. ``FAILED``: the watch holds the
+    verdict. READY and FAILED are final."""
+
+    STARTING = "starting"
+    LOADING = "loading"
+    READY = "ready"
+    FAILED = "failed"
+
+
+Outcome = NodeProbe | RemoteError
+
+
+@dataclass
+class ReadinessWait:
+    """The readiness wait's state and its transitions, without I/O: ``due`` says which
+    nodes to probe now, ``command`` what to ask each, ``observe`` takes one poll's answers
+    (with the clock's reading after it) and returns the stage they lead to. ``wait_ready``
+    drives it with the probes and the clock."""
+
+    head: Node
+    nodes: list[Node]  # the serving nodes, the head first
+    container: str
+    port: int
+    ready_timeout: float
+    hang_timeout: float
+    placement_timeout: float
+    started: float
+    policy: Backoff
+    since: str = SINCE_START
+    launcher_pid: int | None = None
+    launcher_log: Callable[[], str] | None = None
+    launcher_log_path: str | None = None
+    notify: Callable[[str], None] | None = None
+    head_log_visible: bool = True
+    watch: StartupWatch = field(init=False)
+    stage: Stage = field(init=False)
+    cursors: dict[str, LogCursor] = field(init=False)
+    retrying: dict[str, RetryState] = field(default_factory=dict)
+    missing_since: dict[str, float] = field(default_factory=dict)
+    # Nodes whose serving container has been seen: while launching, a container not yet
+    # seen is not yet started (the launcher starts the nodes one after another), not gone.
+    seen: set[str] = field(default_factory=set)
+    # Nodes where a serving process (vLLM's or Ray's) was seen in the running container,
+    # and since when a running container has had none.
+    serving: dict[str, set[str]] = field(default_factory=dict)
+    idle_since: dict[str, float] = field(default_factory=dict)
+    # The head's probe found the launcher dead in an earlier poll (not this one: a worker's
+    # probe races the head's), so a container still missing will not come, on any node.
+    launcher_exited: bool = False
+    launcher_offset: int = 0  # bytes of the launcher's log fed so far
+    poll_start: StartupFailure | None = None  # the verdict before this poll
+
+    def __post_init__(self) -> None:
+        self.watch = StartupWatch(self.hang_timeout, self.placement_timeout, self.started)
+        self.stage = Stage.STARTING if self.launcher_pid is not None else Stage.LOADING
+        self.cursors = {node.name: LogCursor(self.since) for node in self.nodes}
+        for node in self.nodes:
+            self.watch.node_seen(node.name)
+
+    @property
+    def missing_limit(self) -> float:
+        """How long a container may stay missing before it is gone (at least hang_timeout)."""
+        return max(self.hang_timeout, MISSING_LIMIT_S)
+
+    @property
+    def launcher_name(self) -> str:
+        return f"{self.head.name} (launcher)"
+
+    # -- what to probe ---------------------------------------------------------------
+    def due(self, now: float) -> list[Node]:
+        """Every serving node but those waiting for their next retry."""
+        return [
+            n for n in self.nodes if n.name not in self.retrying or self.retrying[n.name].due(now)
+        ]
+
+    def command(self, node: Node) -> str:
+        is_head = node is self.head
+        return probe_command(
+            self.container,
+            self.cursors[node.name].since,
+            self.port if is_head else None,
+            self.launcher_pid if is_head else None,
+            self.launcher_log_path if is_head else None,
+            self.launcher_offset,
+            processes=True,
+        )
+
+    # -- one poll --------------------------------------------------------------------
+    def observe(self, results: Mapping[str, Outcome], now: float) -> Stage:
+        """One poll's answers: every node's lines first, then what the containers and
+        processes say (a rank found dead then wins over what its peers print because of
+        it, never over a root cause that a log shows in the same poll), then /health,
+        then the time limits."""
+        if self.stage in (Stage.READY, Stage.FAILED):
+            return self.stage
+        self.poll_start = self.watch.failure
+        for name, outcome in results.items():
+            if isinstance(outcome, RemoteError):
+                self._lost(self._node(name), outcome, now)
+            else:
+                self._back(name, now)
+                self._feed(name, outcome, now)
+        probes = {n: o for n, o in results.items() if isinstance(o, NodeProbe)}
+        health = None
+        for name, probe in probes.items():
+            self._container(name, probe, now)
+            if probe.status == "running" and probe.processes is not None:
+                self._processes(name, probe, now)
+            if probe.status != "missing":
+                self.seen.add(name)
+            if probe.health is not None:
+                health = probe.health
+        self.launcher_exited = self.launcher_exited or any(
+            p.launcher_alive is False for p in probes.values()
+        )
+        if self.stage is Stage.STARTING and all(n.name in self.seen for n in self.nodes):
+            self.stage = Stage.LOADING
+        if health == "200":
+            self.watch.mark_ready(now)
+            self.stage = Stage.READY
+            return self.stage
+        if health is not None:
+            self._health(health, probes)
+        self._limits(now)
+        if self.watch.failure is not None:
+            self.stage = Stage.FAILED
+        return self.stage
+
+    def _node(self, name: str) -> Node:
+        return next(n for n in self.nodes if n.name == name)
+
+    def _feed(self, name: str, probe: NodeProbe, now: float) -> None:
+        cursor = self.cursors[name]
+        if cursor.since == SINCE_START and probe.started_at:
+            cursor.since = probe.started_at  # this start only, on this node's clock
+        self.watch.feed(name, cursor.new_lines(probe.lines), now)
+        if probe.launcher_output:
+            # The launcher's own output (vLLM's log when `exec` runs in the foreground).
+            # Fed up to the last line end or tqdm redraw (\r): a bar that redraws shows
+            # each step; the unfinished rest is read again on the next poll.
+            text = probe.launcher_output
+            end = max(text.rfind("\n"), text.rfind("\r")) + 1
+            self.launcher_offset += len(text[:end].encode())
+            lines = [seg for seg in re.split(r"[\r\n]", text[:end]) if seg.strip()]
+            self.watch.feed(self.launcher_name, lines, now)
+
+    # -- connection loss -------------------------------------------------------------
+    def _lost(self, node: Node, error: RemoteError, now: float) -> None:
+        state = self.retrying.get(node.name)
+        if state is None:
+            state = self.retrying[node.name] = RetryState(self.policy, now, str(error))
+        delay = None if node._error is not None else state.failed(now, str(error))
+        if delay is not None:
+            if self.notify is not None:
+                self.notify(
+                    f"lost connection to {node.name}, retry {state.retries}/"
+                    f"{self.policy.attempts} in {delay:g} s ({error})"
+                )
+            return
+        if self.watch.failure is None:
+            tried = f"{state.retries} retries over {now - state.started:.0f} s"
+            self.watch.failure = StartupFailure(
+                "unreachable",
+                node.name,
+                f"no SSH connection after {tried}; last error: {state.last_error}",
+                "",
+                f"{node.name} stopped answering over SSH while the cluster was starting: "
+                f"check its power, its management link ({node.conn.target.describe()}, "
+                "ping it from here) and that sshd runs on it",
+                self.watch.snapshot_tails(),
+            )
+
+    def _back(self, name: str, now: float) -> None:
+        state = self.retrying.pop(name, None)
+        if state is None:
+            return
+        self.watch.last_activity = max(self.watch.last_activity, now)  # gone: no hang
+        if self.notify is not None:
+            self.notify(
+                f"{name} answers again after {now - state.started:.1f} s "
+                f"({state.retries} {'retry' if state.retries == 1 else 'retries'})"
+            )
+
+    # -- verdicts --------------------------------------------------------------------
+    def _may_blame(self, name: str) -> bool:
+        """No verdict yet, or only one from another node's log in this very poll: a rank
+        found dead is the root cause of what its peers then print (NCCL errors, engine
+        death), so it wins over them."""
+        failure = self.watch.failure
+        return failure is None or (
+            failure is not self.poll_start
+            and failure.kind == "fatal"
+            and failure.node != name
+            and failure.signature in CONSEQUENCES
+        )
+
+    def _peer_note(self) -> str:
+        """What the verdict being overridden had found (a peer's consequence line)."""
+        peer = self.watch.failure
+        if peer is None or not peer.line:
+            return ""
+        return f". {peer.node} then logged: {peer.line.strip()[:300]}"
+
+    def _rank_dead(self, name: str, signature: str, remediation: str) -> None:
+        remediation += self._peer_note()
+        tails = self.watch.snapshot_tails()
+        tail = tails.get(name, [])
+        self.watch.failure = StartupFailure(
+            "fatal",
+            name,
+            signature,
+            tail[-1] if tail else "",
+            remediation,
+            {name: tail, **{n: t for n, t in tails.items() if n != name}},  # its node first
+        )
+
+    def _container(self, name: str, probe: NodeProbe, now: float) -> None:
+        """An exited container is gone at once; a missing one once the launcher is dead
+        (attached: after 5 s) or after ``missing_limit``."""
+        if probe.status.startswith(("exited", "dead")):
+            if self._may_blame(name):
+                note = self._peer_note()
+                self.watch.failure = None
+                self.watch.container_exited(name, f"container {self.container} {probe.status}", now)
+                if note and self.watch.failure is not None:
+                    failure = self.watch.failure
+                    self.watch.failure = replace(failure, remediation=failure.remediation + note)
+            return
+        if probe.status != "missing":
+            self.missing_since.pop(name, None)
+            return
+        self.missing_since.setdefault(name, now)
+        exited = probe.launcher_alive is False or self.launcher_exited
+        launcher_dead = exited or (
+            self.launcher_pid is None and now - self.started > ATTACH_MISSING_S
+        )
+        waited = now - self.missing_since[name]
+        if not (launcher_dead or waited > self.missing_limit) or not self._may_blame(name):
+            return
+        log = self.launcher_log() if self.launcher_log else ""
+        why = (
+            "the launcher has exited"
+            if exited
+            else f"still missing after {waited:.0f} s (limit {self.missing_limit:.0f} s)"
+        )
+        self.watch.failure = StartupFailure(
+            "exited",
+            name,
+            f"no container named {self.container!r} ({why})",
+            log.strip().splitlines()[-1] if log.strip() else "",
+            "the launcher did not start the container on this node: read the "
+            "launcher output below (SSH from head to workers, image present, "
+            "docker running, the launcher's .env CONTAINER_NAME)",
+            {**self.watch.snapshot_tails(), "launcher": log.splitlines()[-15:]},
+        )
+
+    def _processes(self, name: str, probe: NodeProbe, now: float) -> None:
+        """A serving process seen and gone in a running container is a dead rank; none
+        at all is one once the launcher is dead (attached: after ``MISSING_LIMIT_S``)."""
+        kinds = probe.kinds
+        lost_kinds = self.serving.get(name, set()) - kinds
+        self.serving[name] = self.serving.get(name, set()) | kinds
+        if kinds:
+            self.idle_since.pop(name, None)
+        else:
+            self.idle_since.setdefault(name, now)
+        idle = now - self.idle_since.get(name, now)
+        container = self.container
+        if lost_kinds and self._may_blame(name):
+            what = " and ".join(f"`{PROCESS_NAMES[k]}`" for k in sorted(lost_kinds))
+            self._rank_dead(
+                name,
+                f"{what} exited inside the running container {container!r} "
+                f"(docker top lists no {' or '.join(sorted(lost_kinds))} process)",
+                f"vLLM (or Ray) on {name} died and the container stays up (it runs "
+                "`sleep infinity`): its log tail below says why; restart the cluster "
+                "(launch-cluster.sh stop, then launch again)",
+            )
+        elif (
+            not kinds
+            and (self.launcher_exited or (self.launcher_pid is None and idle > MISSING_LIMIT_S))
+            and self._may_blame(name)
+        ):
+            self._rank_dead(
+                name,
+                f"no vllm or ray process in the running container {container!r}"
+                + (
+                    " and the launcher has exited"
+                    if self.launcher_exited
+                    else f" for {idle:.0f} s (limit {MISSING_LIMIT_S:.0f} s)"
+                ),
+                f"the container on {name} runs but nothing serves in it: the launcher's "
+                "`docker exec` of vLLM (or Ray) failed or it died before this wait; "
+                "its log tail below says why; restart the cluster",
+            )
+
+    def _health(self, health: str, probes: Mapping[str, NodeProbe]) -> None:
+        """/health answers but not 200: 5xx is a dead engine (its gone or empty rank named
+        when one is seen; while STARTING, a node not started yet is why); no curl on the
+        head is a verdict of its own."""
+        watch, container = self.watch, self.container
+        if health[:1] == "5":
+            gone = [
+                (name, p.status)
+                for name, p in probes.items()
+                if p.status.startswith(("exited", "dead"))
+                or (p.status == "missing" and (self.launcher_pid is None or name in self.seen))
+            ]
+            # Attached: a container that runs (sleep infinity) with nothing serving in it
+            # while /health answers 5xx is the dead rank (launching, it may wait for its
+            # docker exec).
+            empty = (
+                [n for n in self.idle_since if n not in self.retrying]
+                if self.launcher_pid is None
+                else []
+            )
+            if empty and not gone and self._may_blame(empty[0]):
+                self._rank_dead(
+                    empty[0],
+                    f"no vllm or ray process in the running container {container!r}; "
+                    f"/health answers {health}",
+                    f"the rank on {empty[0]} is gone (its container stays up: it runs `sleep "
+                    "infinity`), so the engine is dead: its log tail below says why; restart "
+                    "the cluster",
+                )
+            if gone and self._may_blame(gone[0][0]):
+                name, status = gone[0]
+                watch.failure = StartupFailure(
+                    "exited",
+                    name,
+                    f"container {container} {status}; /health answers {health}",
+                    "",
+                    f"the TP rank on {name} is gone, so the engine is dead: "
+                    f"`docker logs` on {name} (if the container is kept) and the head's log "
+                    f"say why; restart the cluster{self._peer_note()}",
+                    watch.snapshot_tails(),
+                )
+            # While launching, a node not started yet is why the engine is not up: wait for
+            # it (the launcher dying, or the node staying missing, fails above).
+            if watch.failure is None and self.stage is not Stage.STARTING:
+                watch.failure = StartupFailure(
+                    "fatal",
+                    self.head.name,
+                    f"engine unhealthy: /health answers {health}",
+                    "",
+                    "the API server is up but its engine is dead (a TP rank died: a worker "
+                    "container crashed or its link dropped); the log tails below say which "
+                    "node; restart the cluster",
+                    watch.snapshot_tails(),
+                )
+        elif health == "nocurl" and watch.failure is None:
+            watch.failure = StartupFailure(
+                "exited",
+                self.head.name,
+                "curl not found on the head",
+                "",
+                "install curl on the head node (the readiness probe asks /health there)",
+                watch.snapshot_tails(),
+            )
+
+    def _limits(self, now: float) -> None:
+        """Silence (``hang_timeout``, only while the head's log is visible and no node is
+        being retried), a placement group not formed (``placement_timeout``), and the
+        whole wait (``ready_timeout``)."""
+        if not self.retrying and self.head_log_visible:
+            self.watch.check_stall(now)
+        if self.watch.failure is None and now - self.started >= self.ready_timeout:
+            self.watch.failure = StartupFailure(
+                "timeout",
+                None,
+                f"not ready after {self.ready_timeout:.0f} s (phase {self.watch.phase})",
+                "",
+                "raise --spark-ready-timeout if the load is progressing, else read the log tails",
+                self.watch.snapshot_tails(),
+            )
+
+
 def wait_ready(
     cluster: Cluster,
     *,
@@ -248,7 +661,7 @@ def wait_ready(
     launcher_log: Callable[[], str] | None = None,
     launcher_log_path: str | None = None,
     progress: Callable[[StartupWatch, float], None] | None = None,
-    clock: Callable[[], float] = time.monotonic,
+    clock: Clock = REAL_CLOCK,
     retry: Backoff | None = None,
     notify: Callable[[str], None] | None = None,
     nodes: Sequence[Node] | None = None,
@@ -261,299 +674,46 @@ def wait_ready(
     trims the list to TP x PP x DP; default all). ``head_log_visible=False``: the head's
     vLLM output is not where the watch can read it (attached, Ray mode, no
     ``--spark-serve-log``), so silence is no evidence of a stall: the wait goes on until
-    ``/health`` answers, a process or container dies, or ``ready_timeout``."""
-    start = clock()
-    policy = retry or for_connection(cluster.settings.connect_timeout, PROBE_TIMEOUT_S)
-    retrying: dict[str, RetryState] = {}
-    watch = StartupWatch(hang_timeout, placement_timeout, start)
+    ``/health`` answers, a process or container dies, or ``ready_timeout``. ``clock``:
+    the one time source (``now`` for every limit, ``sleep`` between polls)."""
     serving_nodes = list(nodes) if nodes else list(cluster.nodes)
     if cluster.head not in serving_nodes:
         serving_nodes.insert(0, cluster.head)
-    cursors = {node.name: LogCursor(since or SINCE_START) for node in serving_nodes}
-    missing_since: dict[str, float] = {}
-    missing_limit = max(hang_timeout, MISSING_LIMIT_S)
-    # Nodes whose serving container has been seen: while launching, a container not yet
-    # seen is not yet started (the launcher starts the nodes one after another), not gone.
-    seen: set[str] = set()
-    # Nodes where a serving process (vLLM's or Ray's) was seen in the running container,
-    # and since when a running container has had none.
-    serving: dict[str, set[str]] = {}
-    idle_since: dict[str, float] = {}
-    # The head's probe found the launcher dead in an earlier poll (not this one: a worker's
-    # probe races the head's), so a container still missing will not come, on any node.
-    launcher_exited = False
-    for node in serving_nodes:
-        watch.node_seen(node.name)
-
-    offset = {"bytes": 0}
-    launcher_name = f"{cluster.head.name} (launcher)"
+    wait = ReadinessWait(
+        cluster.head,
+        serving_nodes,
+        container,
+        port,
+        ready_timeout,
+        hang_timeout,
+        placement_timeout,
+        clock.now(),
+        retry or for_connection(cluster.settings.connect_timeout, PROBE_TIMEOUT_S),
+        since or SINCE_START,
+        launcher_pid,
+        launcher_log,
+        launcher_log_path,
+        notify,
+        head_log_visible,
+    )
 
     def probe(node: Node) -> NodeProbe:
-        is_head = node is cluster.head
-        cmd = probe_command(
-            container,
-            cursors[node.name].since,
-            port if is_head else None,
-            launcher_pid if is_head else None,
-            launcher_log_path if is_head else None,
-            offset["bytes"],
-            processes=True,
-        )
-        return parse_probe(node.run(cmd, timeout=PROBE_TIMEOUT_S), is_head)
-
-    poll_start: dict[str, StartupFailure | None] = {"failure": None}
-
-    def may_blame(name: str) -> bool:
-        """No verdict yet, or only one from another node's log in this very poll: a rank
-        found dead is the root cause of what its peers then print (NCCL errors, engine
-        death), so it wins over them."""
-        failure = watch.failure
-        return failure is None or (
-            failure is not poll_start["failure"]
-            and failure.kind == "fatal"
-            and failure.node != name
-            and failure.signature in CONSEQUENCES
-        )
-
-    def peer_note() -> str:
-        """What the verdict being overridden had found (a peer's consequence line)."""
-        peer = watch.failure
-        if peer is None or not peer.line:
-            return ""
-        return f". {peer.node} then logged: {peer.line.strip()[:300]}"
-
-    def rank_dead(name: str, signature: str, remediation: str) -> None:
-        remediation += peer_note()
-        tails = watch.snapshot_tails()
-        tail = tails.get(name, [])
-        watch.failure = StartupFailure(
-            "fatal",
-            name,
-            signature,
-            tail[-1] if tail else "",
-            remediation,
-            {name: tail, **{n: t for n, t in tails.items() if n != name}},  # its node first
-        )
-
-    def lost(node: Node, error: RemoteError, now: float) -> None:
-        state = retrying.get(node.name)
-        if state is None:
-            state = retrying[node.name] = RetryState(policy, now, str(error))
-        node.conn.close()  # the next attempt connects afresh (a clean timeout or refusal)
-        delay = None if node._error is not None else state.failed(now, str(error))
-        if delay is not None:
-            if notify is not None:
-                notify(
-                    f"lost connection to {node.name}, retry {state.retries}/{policy.attempts} "
-                    f"in {delay:g} s ({error})"
-                )
-            return
-        if watch.failure is None:
-            tried = f"{state.retries} retries over {now - state.started:.0f} s"
-            watch.failure = StartupFailure(
-                "unreachable",
-                node.name,
-                f"no SSH connection after {tried}; last error: {state.last_error}",
-                "",
-                f"{node.name} stopped answering over SSH while the cluster was starting: "
-                f"check its power, its management link ({node.conn.target.describe()}, "
-                "ping it from here) and that sshd runs on it",
-                watch.snapshot_tails(),
-            )
-
-    def back(node: Node, now: float) -> None:
-        state = retrying.pop(node.name, None)
-        if state is None:
-            return
-        watch.last_activity = max(watch.last_activity, now)  # silence while gone: no hang
-        if notify is not None:
-            notify(
-                f"{node.name} answers again after {now - state.started:.1f} s "
-                f"({state.retries} {'retry' if state.retries == 1 else 'retries'})"
-            )
+        result = node.run(wait.command(node), timeout=PROBE_TIMEOUT_S)
+        return parse_probe(result, node is cluster.head)
 
     while True:
-        tick = clock()
-        due = [n for n in serving_nodes if n.name not in retrying or retrying[n.name].due(tick)]
-        results = cluster.map(probe, due)
-        now = clock()
-        head_health = None
-        poll_start["failure"] = watch.failure
-        for name, outcome in results.items():
-            node = cluster.node(name)
-            if isinstance(outcome, RemoteError):
-                lost(node, outcome, now)
-                continue
-            back(node, now)
-            cursor = cursors[name]
-            if cursor.since == SINCE_START and outcome.started_at:
-                cursor.since = outcome.started_at  # this start only, on this node's clock
-            watch.feed(name, cursor.new_lines(outcome.lines), now)
-            if outcome.launcher_output:
-                # The launcher's own output (vLLM's log when `exec` runs in the foreground).
-                # Fed up to the last line end or tqdm redraw (\r): a bar that redraws shows
-                # each step; the unfinished rest is read again on the next poll.
-                text = outcome.launcher_output
-                end = max(text.rfind("\n"), text.rfind("\r")) + 1
-                offset["bytes"] += len(text[:end].encode())
-                lines = [seg for seg in re.split(r"[\r\n]", text[:end]) if seg.strip()]
-                watch.feed(launcher_name, lines, now)
-        # Every node's lines first, then what the containers and processes say: a rank found
-        # dead then wins over what its peers print because of it, never over a root cause
-        # that a log shows in the same poll.
+        tick = clock.now()
+        results = cluster.map(probe, wait.due(tick))
         for name, outcome in results.items():
             if isinstance(outcome, RemoteError):
-                continue
-            if outcome.status.startswith(("exited", "dead")):
-                if may_blame(name):
-                    note = peer_note()
-                    watch.failure = None
-                    watch.container_exited(name, f"container {container} {outcome.status}", now)
-                    if note and watch.failure is not None:
-                        failure = watch.failure
-                        watch.failure = replace(failure, remediation=failure.remediation + note)
-            elif outcome.status == "missing":
-                missing_since.setdefault(name, now)
-                launcher_dead = (
-                    outcome.launcher_alive is False
-                    or launcher_exited
-                    or (launcher_pid is None and now - start > 5)
-                )
-                waited = now - missing_since[name]
-                if (launcher_dead or waited > missing_limit) and may_blame(name):
-                    log = launcher_log() if launcher_log else ""
-                    why = (
-                        "the launcher has exited"
-                        if outcome.launcher_alive is False or launcher_exited
-                        else f"still missing after {waited:.0f} s (limit {missing_limit:.0f} s)"
-                    )
-                    watch.failure = StartupFailure(
-                        "exited",
-                        name,
-                        f"no container named {container!r} ({why})",
-                        log.strip().splitlines()[-1] if log.strip() else "",
-                        "the launcher did not start the container on this node: read the "
-                        "launcher output below (SSH from head to workers, image present, "
-                        "docker running, the launcher's .env CONTAINER_NAME)",
-                        {**watch.snapshot_tails(), "launcher": log.splitlines()[-15:]},
-                    )
-            else:
-                missing_since.pop(name, None)
-            if outcome.status == "running" and outcome.processes is not None:
-                kinds = outcome.kinds
-                lost_kinds = serving.get(name, set()) - kinds
-                serving[name] = serving.get(name, set()) | kinds
-                if kinds:
-                    idle_since.pop(name, None)
-                else:
-                    idle_since.setdefault(name, now)
-                idle = now - idle_since.get(name, now)
-                if lost_kinds and may_blame(name):
-                    what = " and ".join(f"`{PROCESS_NAMES[k]}`" for k in sorted(lost_kinds))
-                    rank_dead(
-                        name,
-                        f"{what} exited inside the running container {container!r} "
-                        f"(docker top lists no {' or '.join(sorted(lost_kinds))} process)",
-                        f"vLLM (or Ray) on {name} died and the container stays up (it runs "
-                        "`sleep infinity`): its log tail below says why; restart the cluster "
-                        "(launch-cluster.sh stop, then launch again)",
-                    )
-                elif (
-                    not kinds
-                    and (launcher_exited or (launcher_pid is None and idle > MISSING_LIMIT_S))
-                    and may_blame(name)
-                ):
-                    rank_dead(
-                        name,
-                        f"no vllm or ray process in the running container {container!r}"
-                        + (
-                            " and the launcher has exited"
-                            if launcher_exited
-                            else f" for {idle:.0f} s (limit {MISSING_LIMIT_S:.0f} s)"
-                        ),
-                        f"the container on {name} runs but nothing serves in it: the launcher's "
-                        "`docker exec` of vLLM (or Ray) failed or it died before this wait; "
-                        "its log tail below says why; restart the cluster",
-                    )
-            if outcome.status != "missing":
-                seen.add(name)
-            if outcome.health is not None:
-                head_health = outcome.health
-        launcher_exited = launcher_exited or any(
-            isinstance(o, NodeProbe) and o.launcher_alive is False for o in results.values()
-        )
-        if head_health == "200":
-            watch.mark_ready(now)
-            return watch
-        gone = [
-            (name, o.status)
-            for name, o in results.items()
-            if isinstance(o, NodeProbe)
-            and (
-                o.status.startswith(("exited", "dead"))
-                or (o.status == "missing" and (launcher_pid is None or name in seen))
-            )
-        ]
-        # Attached: a container that runs (sleep infinity) with nothing serving in it while
-        # /health answers 5xx is the dead rank (launching, it may wait for its docker exec).
-        empty = [n for n in idle_since if n not in retrying] if launcher_pid is None else []
-        if head_health and head_health[0] == "5" and empty and not gone and may_blame(empty[0]):
-            rank_dead(
-                empty[0],
-                f"no vllm or ray process in the running container {container!r}; /health "
-                f"answers {head_health}",
-                f"the rank on {empty[0]} is gone (its container stays up: it runs `sleep "
-                "infinity`), so the engine is dead: its log tail below says why; restart the "
-                "cluster",
-            )
-        if head_health and head_health[0] == "5" and gone and may_blame(gone[0][0]):
-            name, status = gone[0]
-            watch.failure = StartupFailure(
-                "exited",
-                name,
-                f"container {container} {status}; /health answers {head_health}",
-                "",
-                f"the TP rank on {name} is gone, so the engine is dead: "
-                f"`docker logs` on {name} (if the container is kept) and the head's log say "
-                f"why; restart the cluster{peer_note()}",
-                watch.snapshot_tails(),
-            )
-        # While launching, a node not started yet is why the engine is not up: wait for it
-        # (the launcher dying, or the node staying missing, fails above).
-        starting = launcher_pid is not None and any(n.name not in seen for n in serving_nodes)
-        if head_health and head_health[0] == "5" and watch.failure is None and not starting:
-            watch.failure = StartupFailure(
-                "fatal",
-                cluster.head.name,
-                f"engine unhealthy: /health answers {head_health}",
-                "",
-                "the API server is up but its engine is dead (a TP rank died: a worker "
-                "container crashed or its link dropped); the log tails below say which "
-                "node; restart the cluster",
-                watch.snapshot_tails(),
-            )
-        if head_health == "nocurl" and watch.failure is None:
-            watch.failure = StartupFailure(
-                "exited",
-                cluster.head.name,
-                "curl not found on the head",
-                "",
-                "install curl on the head node (the readiness probe asks /health there)",
-                watch.snapshot_tails(),
-            )
-        if not retrying and head_log_visible:
-            watch.check_stall(now)
-        if watch.failure is None and now - start >= ready_timeout:
-            watch.failure = StartupFailure(
-                "timeout",
-                None,
-                f"not ready after {ready_timeout:.0f} s (phase {watch.phase})",
-                "",
-                "raise --spark-ready-timeout if the load is progressing, else read the log tails",
-                watch.snapshot_tails(),
-            )
-        if watch.failure is not None:
-            raise StartupFailed(watch.failure, watch)
+                cluster.node(name).conn.close()  # the next attempt connects afresh
+        now = clock.now()
+        stage = wait.observe(results, now)
+        if stage is Stage.READY:
+            return wait.watch
+        if stage is Stage.FAILED:
+            assert wait.watch.failure is not None
+            raise StartupFailed(wait.watch.failure, wait.watch)
         if progress is not None:
-            progress(watch, now)
-        time.sleep(max(0.0, POLL_S - (clock() - tick)))
+            progress(wait.watch, now)
+        clock.sleep(max(0.0, POLL_S - (clock.now() - tick)))

@@ -135,7 +135,8 @@ class StartupWatch:
                 self.failure = StartupFailure(
                     "hang",
                     node,
-                    f"{name} (waiting {now - since:.0f} s)",
+                    f"{name} (waiting {now - since:.0f} s, limit {self.placement_timeout:g} s:"
+                    " the profile's readiness.placement_group_timeout_s)",
                     self.hang_line[(node, name)],
                     REMEDIATION[name],
                     self.snapshot_tails(),
@@ -160,15 +161,17 @@ class StartupWatch:
         if (
             self.failure is None
             and not self.ready
-            and now - self.last_activity >= (self.hang_timeout)
+            and now - self.last_activity >= self.hang_timeout
         ):
             self.failure = StartupFailure(
                 "stalled",
                 None,
-                f"no log progress for {now - self.last_activity:.0f} s in phase {self.phase}",
+                f"no log progress for {now - self.last_activity:.0f} s in phase {self.phase}"
+                f" (limit {self.hang_timeout:g} s: --spark-hang-timeout)",
                 "",
                 "a collective or the model load is stuck: check the fabric link and both "
-                "nodes' container logs; `py-spy dump` in the container shows where",
+                "nodes' container logs; `py-spy dump` in the container shows where; if the "
+                "load only goes slowly without printing, raise --spark-hang-timeout",
                 self.snapshot_tails(),
             )
 
