@@ -104,7 +104,8 @@ def nccl_build(state_dir: Path, node: NodeSpec) -> list[str]:
             lib.chmod(0o755)
             _docker(e, "cp", str(lib), f"{cid}:{target}")
         note = f"sparksim fault nccl-build ({REBUILT})"
-        _docker(e, "commit", "--message", note, cid, image.IMAGE)
+        keep = [a for c in image.import_changes() for a in ("--change", c)]  # not `true`
+        _docker(e, "commit", "--message", note, *keep, cid, image.IMAGE)
     finally:
         subprocess.run(["docker", "-H", e.host, "rm", "-f", cid], capture_output=True)
     hostfaults._record(state_dir, "nccl-build", node, "-", REBUILT)
