@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import cluster, engines, faults, hostfaults, reachfaults, serving
+from . import alikefaults, cluster, engines, faults, hostfaults, reachfaults, serving
 from .netns import SimError
 from .topology import MAX_NODES
 
@@ -107,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     kinds.add_parser("clear", parents=[common], help="undo every fault: back to a healthy cluster")
     _add_serving_faults(kinds, common, node_help)
     hostfaults.add_parsers(kinds, common, node_help)  # docker, gpu, disk, clock, ssh, ...
+    alikefaults.add_parsers(kinds, common, node_help)  # driver, ntp, nccl-build
     reachfaults.add_parser(kinds, common, node_help)  # unreachable NODE --how cut|sshd
     return parser
 
@@ -247,6 +248,8 @@ def run(argv: list[str] | None = None) -> int:
             msgs = serving.engine_fault(state_dir, topo, args.names, args.node)
         elif args.kind == "model":
             msgs = serving.model_fault(state_dir, topo, args.node, args.how)
+        elif args.kind in alikefaults.KINDS:
+            msgs = alikefaults.apply(state_dir, topo, args)
         elif args.kind in hostfaults.KINDS:
             msgs = hostfaults.apply(state_dir, topo, args)
         elif args.kind == reachfaults.KIND:
@@ -254,6 +257,7 @@ def run(argv: list[str] | None = None) -> int:
         else:
             msgs = (
                 reachfaults.clear(state_dir, topo)
+                + alikefaults.clear(state_dir, topo)
                 + hostfaults.clear(state_dir, topo)
                 + serving.clear(state_dir, topo)
                 + faults.clear(state_dir, topo)

@@ -15,6 +15,7 @@ into it; ``spark-sim up`` runs ``docker import`` of it on every node.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -32,7 +33,7 @@ from .netns import SimError
 from .registry import flock
 
 IMAGE = "vllm-node:latest"
-FORMAT = 6  # bump when the layout below changes (sparksim layout)
+FORMAT = 7  # bump when the layout below changes (7: NCCL library and package metadata)
 CACHE_ENV = "SPARKSIM_CACHE_DIR"
 DEFAULT_CACHE = "/var/cache/sparksim"
 KEEP_TARBALLS = 3
@@ -313,8 +314,54 @@ def image_key() -> str:
             h.update(f"{path} {st.st_size} {st.st_mtime_ns}\n".encode())
     for p in _sim_sources() + _shims():
         h.update(str(p.relative_to(SIM_DIR)).encode() + b"\n" + p.read_bytes())
-    h.update(f"torch {torch_site()} {engine_venv_site()}\n".encode())
+    h.update(f"torch {torch_site()} {engine_venv_site()} {_packages()}\n".encode())
     return h.hexdigest()[:16]
+
+
+NCCL_VERSION = "2.27.7"  # nvidia-nccl-cu13, as CUDA 13 builds of torch pin it
+NCCL_CUDA = "13.0"
+NCCL_LIB = "nvidia/nccl/lib/libnccl.so.2"  # where the nvidia-nccl-cu13 wheel puts it
+NCCL_BUILD = "sparksim-nccl-build-1"
+
+
+def nccl_library(build: str = NCCL_BUILD) -> bytes:
+    """A stand-in for libnccl.so.2: an ELF magic, the version string the real library
+    carries (``NCCL version 2.27.7+cuda13.0``, what NCCL_DEBUG=INFO prints at init) and
+    64 KiB of bytes derived from ``build``: two builds of one version differ only there."""
+    body = b""
+    seed = build.encode()
+    while len(body) < 65536:
+        seed = hashlib.sha256(seed).digest()
+        body += seed
+    version = f"NCCL version {NCCL_VERSION}+cuda{NCCL_CUDA}".encode()
+    return b"\x7fELF\x02\x01\x01" + b"\0" * 57 + version + b"\0" + body
+
+
+def nccl_path_in_image() -> str:
+    """Where the image holds libnccl.so.2 (under its interpreter's site directory)."""
+    return os.path.join(_canonical(_python_layout(image_python())["site"]), NCCL_LIB)
+
+
+def _dist_info(name: str, version: str) -> tuple[str, bytes]:
+    """A package's ``NAME-VERSION.dist-info/METADATA`` (what importlib.metadata reads)."""
+    folder = f"{name.replace('-', '_')}-{version}.dist-info"
+    text = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+    return f"{folder}/METADATA", text.encode()
+
+
+def _packages() -> dict[str, str]:
+    """The packages a vLLM image carries, by the versions this machine has: vLLM as the
+    emulator reports it, torch as mounted (its metadata, without the package, when the
+    host has torch), the NCCL wheel."""
+    from importlib import metadata
+
+    from .emulator import DEFAULT_VERSION
+
+    out = {"vllm": DEFAULT_VERSION, "nvidia-nccl-cu13": NCCL_VERSION}
+    if torch_site() is not None:
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            out["torch"] = metadata.version("torch")
+    return out
 
 
 ETC_FILES = {
@@ -431,6 +478,10 @@ def _write_tarball(fileobj: io.BufferedWriter, key: str) -> None:
             [python, "-I", "-m", "compileall", "-q", str(pkg)], check=False, capture_output=True
         )
         tar.tree(str(pkg), os.path.join(site, "sparksim"))
+    for name, version in _packages().items():
+        arc, data = _dist_info(name, version)
+        tar.data(os.path.join(site, arc), data)
+    tar.data(os.path.join(site, NCCL_LIB), nccl_library(), 0o755)
     for shim in _shims():
         tar.file(f"/usr/local/bin/{shim.name}", str(shim))
     tar.close()

@@ -32,7 +32,7 @@ from .netns import SimError, run
 from .topology import ALL_PORTS, FABRIC_TWINS, HEALTHY_RATE_MBPS, NodeSpec, Topology
 
 SSHD = "/usr/sbin/sshd"
-TOOLS = ("ibdev2netdev", "ibstat", "ibv_devinfo", "rdma", "nvidia-smi", "ethtool")
+TOOLS = ("ibdev2netdev", "ibstat", "ibv_devinfo", "rdma", "nvidia-smi", "ethtool", "timedatectl")
 TOOLS_PKG = "sparksim_tools"
 CABLED = {dev for _, dev, _ in FABRIC_TWINS}
 FIRMWARE = "28.45.4028"
@@ -119,6 +119,7 @@ def initial_state(node: NodeSpec) -> dict[str, object]:
             ],
             "processes": [],
         },
+        "time": {"ntp": True, "synchronized": True},  # timedatectl (tools/timesync.py)
     }
 
 

@@ -245,7 +245,7 @@ def test_model_dir_on_no_node() -> None:
     assert "expected it on every node" in f.message and "--local-dir" in f.message
 
 
-def test_large_files_compare_by_their_edges() -> None:
+def test_large_files_compare_by_their_sampled_hash() -> None:
     ref = ModelListing(
         MODEL,
         True,
@@ -253,9 +253,9 @@ def test_large_files_compare_by_their_edges() -> None:
         {"config.json": "a" * 64},
         {"w.safetensors": "b" * 64},
     )
-    other = replace(ref, edges={"w.safetensors": "c" * 64})
+    other = replace(ref, samples={"w.safetensors": "c" * 64})
     f = failed(check_model_identical(MODEL, {"spark-head": ref, W: other}, "x"))
-    assert "w.safetensors content differs (sha256 of its first and last 64 KiB)" in f.message
+    assert "w.safetensors content differs (sampled sha256: 16 blocks of 64 KiB)" in f.message
     shorter = replace(ref, files={"config.json": 9, "w.safetensors": 5 * 10**8})
     f = failed(check_model_identical(MODEL, {"spark-head": ref, W: shorter}, "x"))
     assert "w.safetensors 500000000 bytes vs 1000000000" in f.message

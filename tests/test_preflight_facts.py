@@ -13,6 +13,7 @@ import pytest
 
 from pytest_spark.facts.preflight import (
     EDGE_BYTES,
+    SAMPLES,
     CarrierCounters,
     JournalFacts,
     clock_command,
@@ -25,6 +26,7 @@ from pytest_spark.facts.preflight import (
     parse_preflight_probe,
     parse_ssh_probe,
     preflight_probe_command,
+    sampled_sha256,
     split_sections,
     ssh_probe_command,
 )
@@ -54,7 +56,7 @@ def test_idle_worker() -> None:
     assert facts.disk.checked == MODEL and 0 < facts.disk.used_pct < 95
     model = facts.model
     assert model is not None and model.exists and len(model.files) == 46
-    assert len(model.hashes) == 46 and model.edges == {}  # tiny shards: hashed whole
+    assert len(model.hashes) == 46 and model.samples == {}  # tiny shards: hashed whole
     twin = facts.carriers["enp1s0f1np1"]
     assert (twin.carrier, twin.up_count, twin.down_count, twin.losses) == (True, 1, 1, 0)
     unplugged = facts.carriers["enp1s0f0np0"]
@@ -131,6 +133,21 @@ def test_model_damage_shows_in_sizes_or_edges() -> None:
         k: v for k, v in idle.hashes.items() if k != shard
     }
     assert set(idle.files) - set(missing.files) == {shard}
+
+
+def test_sampled_hash_sees_damage_inside_a_shard_not_only_at_its_edges() -> None:
+    """A shard damaged in its middle (a bad copy resumed mid-file) differs in its sampled
+    hash; the first and last 64 KiB alone (the old comparison) did not see it."""
+    shard = bytearray(os.urandom(31 * EDGE_BYTES))
+    blocks = len(shard) // EDGE_BYTES
+    middle = (SAMPLES // 2) * (blocks - 1) // (SAMPLES - 1)  # a sampled block
+    damaged = bytearray(shard)
+    damaged[middle * EDGE_BYTES + 100] ^= 0xFF
+    assert 0 < middle < blocks - 1
+    assert sampled_sha256(bytes(shard)) != sampled_sha256(bytes(damaged))
+    edges = [bytes(x[:EDGE_BYTES] + x[-EDGE_BYTES:]) for x in (shard, damaged)]
+    assert edges[0] == edges[1]
+    assert sampled_sha256(b"x" * 10) != sampled_sha256(b"x" * 11)  # the size counts
 
 
 def test_link_flaps_in_carrier_counters() -> None:
@@ -249,8 +266,10 @@ def test_probe_script_runs_for_real(tmp_path: Path) -> None:
     docker and nvidia-smi stubbed (one answering, one missing)."""
     model = tmp_path / "models" / "M"
     model.mkdir(parents=True)
-    shard = os.urandom(3 * EDGE_BYTES)
+    shard = os.urandom(40 * EDGE_BYTES + 123)
     (model / "model-00001-of-00001.safetensors").write_bytes(shard)
+    tokenizer = os.urandom(3 * EDGE_BYTES)  # large, yet hashed whole: it is the tokenizer
+    (model / "tokenizer.json").write_bytes(tokenizer)
     (model / "config.json").write_text('{"a": 1}\n')
     (model / "model.safetensors.index.json").write_text('{"weight_map": {}}\n')
     (model / "sub").mkdir()
@@ -286,6 +305,7 @@ def test_probe_script_runs_for_real(tmp_path: Path) -> None:
         "paste",
         "dirname",
         "timeout",
+        "dd",
     ):
         found = subprocess.run(
             ["sh", "-c", f"command -v {tool}"], capture_output=True, text=True
@@ -308,15 +328,17 @@ def test_probe_script_runs_for_real(tmp_path: Path) -> None:
     assert facts.gpu.gpus is None and facts.gpu.error == "nvidia-smi: command not found"
     assert facts.model is not None and facts.model.files == {
         "model-00001-of-00001.safetensors": len(shard),
+        "tokenizer.json": len(tokenizer),
         "config.json": 9,
         "model.safetensors.index.json": 19,
         "sub/x.bin": 4,
     }
     assert facts.model.hashes["config.json"] == hashlib.sha256(b'{"a": 1}\n').hexdigest()
-    edge = hashlib.sha256(shard[:EDGE_BYTES] + shard[-EDGE_BYTES:]).hexdigest()
-    assert facts.model.edges["model-00001-of-00001.safetensors"] == edge
+    sampled = sampled_sha256(shard)
+    assert facts.model.samples["model-00001-of-00001.safetensors"] == sampled
     assert facts.model.hashes["sub/x.bin"] == hashlib.sha256(b"tiny").hexdigest()
-    assert set(facts.model.edges) == {"model-00001-of-00001.safetensors"}
+    assert facts.model.hashes["tokenizer.json"] == hashlib.sha256(tokenizer).hexdigest()
+    assert set(facts.model.samples) == {"model-00001-of-00001.safetensors"}
     assert facts.disk is not None and facts.disk.checked == str(model)
     assert facts.uptime_s is not None and facts.now is not None
     assert "lo" in facts.carriers

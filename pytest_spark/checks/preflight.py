@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from pytest_spark.checks.base import Finding
 from pytest_spark.facts.preflight import (
+    SAMPLES,
     CarrierCounters,
     ClockSample,
     ContainerInfo,
@@ -317,8 +318,8 @@ def _differences(ref: ModelListing, other: ModelListing) -> list[str]:
         elif name in ref.hashes or name in other.hashes:
             if ref.hashes.get(name) != other.hashes.get(name):
                 out.append(f"{name} sha256 differs")
-        elif ref.edges.get(name) != other.edges.get(name):
-            out.append(f"{name} content differs (sha256 of its first and last 64 KiB)")
+        elif ref.samples.get(name) != other.samples.get(name):
+            out.append(f"{name} content differs (sampled sha256: {SAMPLES} blocks of 64 KiB)")
     return out
 
 
@@ -331,8 +332,8 @@ def check_model_identical(
     model_dir: str, listings: Mapping[str, ModelListing | None], source: str
 ) -> Finding:
     """The model directory exists on every node with the same files, sizes, sha256 of
-    config.json, *.index.json and small files, and the same first/last 64 KiB of every
-    larger one (weight shards are not read whole)."""
+    config.json, the tokenizer files, *.index.json and small files, and the same sampled
+    sha256 of every larger one (weight shards are not read whole)."""
     absent = {
         n: (m.error if m else "not probed")
         for n, m in listings.items()

@@ -17,8 +17,10 @@ inspect`` of the serving image), ``gpu_list`` (``nvidia-smi -L``), ``gpu_driver`
 ``gpu_apps`` (``--query-compute-apps``), ``gpu_ps`` (``ps`` of those PIDs), ``df`` (the
 filesystem of the model directory, or of its nearest existing parent, or /),
 ``model_stat``/``model_files`` (sizes), ``model_hashes`` (sha256 of config.json,
-*.index.json and every small file), ``model_edges`` (sha256 of the first and last 64 KiB
-of every larger file: the weight shards are not read whole), ``netdevs`` (sysfs
+the tokenizer files, *.index.json and every small file), ``model_samples`` (of every larger
+file, a sampled sha256: its size and :data:`SAMPLES` blocks of 64 KiB spread evenly from
+the first to the last, :func:`sampled_sha256`; the 119 GB of weight shards are not read
+whole, ~1 MiB each is), ``netdevs`` (sysfs
 carrier counters of every netdev) and ``journal`` (``journalctl -k --since -24h`` lines
 about links going down). A missing tool gives ``rc=127``; a hung one is stopped (``rc=124``).
 
@@ -28,6 +30,7 @@ and assembles. Nothing reads GPU memory fields (a GB10 reports ``[N/A]``).
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -76,7 +79,8 @@ __all__ = [
 ]
 
 MARKER = "@@pytest-spark-preflight@@"
-EDGE_BYTES = 65536  # files above 2 x this are compared by their first and last EDGE_BYTES
+EDGE_BYTES = 65536  # files above 2 x this are compared by a sampled hash (SAMPLES blocks)
+SAMPLES = 16
 LINK_DOWN = r"link (is )?down|lost carrier|carrier (lost|off|down)"
 
 _NODE = r"""
@@ -112,11 +116,17 @@ if [ -n "$MODEL" ]; then
   if [ -d "$MODEL" ]; then
     s model_files find -L "$MODEL" -type f -printf '%P\t%s\n'
     s model_hashes sh -c 'cd "$1" && find -L . -type f \( -name config.json \
-      -o -name "*.index.json" -o -size -@SMALLK@k \) -exec sha256sum {} +' _ "$MODEL"
-    s model_edges sh -c 'cd "$1" || exit 1
-      find -L . -type f ! -name config.json ! -name "*.index.json" ! -size -@SMALLK@k | sort |
+      -o -name "tokenizer*" -o -name "*.index.json" -o -size -@SMALLK@k \) \
+      -exec sha256sum {} +' _ "$MODEL"
+    s model_samples sh -c 'cd "$1" || exit 1
+      find -L . -type f ! -name config.json ! -name "tokenizer*" ! -name "*.index.json" \
+        ! -size -@SMALLK@k | sort |
       while IFS= read -r f; do
-        h=$({ head -c @EDGE@ "$f"; tail -c @EDGE@ "$f"; } | sha256sum)
+        n=$(stat -L -c %s "$f") || continue
+        b=$(( (n + @EDGE@ - 1) / @EDGE@ )); i=0
+        h=$({ echo "$n"; while [ $i -lt @SAMPLES@ ]; do
+              dd if="$f" bs=@EDGE@ skip=$(( i * (b - 1) / (@SAMPLES@ - 1) )) count=1 2>/dev/null
+              i=$((i + 1)); done; } | sha256sum)
         echo "${h%% *}  ${f#./}"
       done' _ "$MODEL"
   fi
@@ -165,6 +175,7 @@ def preflight_probe_command(
         .replace("@IMAGE@", shlex.quote(image or ""))
         .replace("@MODEL@", shlex.quote(model_dir or ""))
         .replace("@EDGE@", str(EDGE_BYTES))
+        .replace("@SAMPLES@", str(SAMPLES))
         .replace("@SMALLK@", str(2 * EDGE_BYTES // 1024 + 1))
         .replace("@LINKDOWN@", LINK_DOWN)
     )
@@ -250,10 +261,10 @@ class ModelListing:
     path: str
     exists: bool
     files: dict[str, int] = field(default_factory=dict)  # relative path -> bytes
-    # full sha256 of config.json, *.index.json and every file up to 128 KiB
+    # full sha256 of config.json, tokenizer*, *.index.json and every file up to 128 KiB
     hashes: dict[str, str] = field(default_factory=dict)
-    # larger files (the weight shards): sha256 of their first and last 64 KiB
-    edges: dict[str, str] = field(default_factory=dict)
+    # larger files (the weight shards): their sampled sha256 (sampled_sha256)
+    samples: dict[str, str] = field(default_factory=dict)
     error: str | None = None
 
     @property
@@ -425,14 +436,27 @@ def _model(sections: dict[str, ProbeSection], model_dir: str | None) -> ModelLis
     if not _ok(files) or files is None:
         return ModelListing(model_dir, True, error=f"cannot list it: {_first_line(files)}")
     hashes = sections.get("model_hashes")
-    edges = sections.get("model_edges")
+    samples = sections.get("model_samples")
     return ModelListing(
         model_dir,
         True,
         parse_find_sizes(files.stdout),
         parse_sha256sum(hashes.stdout) if hashes is not None else {},
-        parse_sha256sum(edges.stdout) if edges is not None else {},
+        parse_sha256sum(samples.stdout) if samples is not None else {},
     )
+
+
+def sampled_sha256(data: bytes, block: int = EDGE_BYTES, samples: int = SAMPLES) -> str:
+    """What the probe's ``model_samples`` computes for one file: sha256 of its size in
+    decimal and a newline, then ``samples`` blocks of ``block`` bytes at block indices
+    ``i * (blocks - 1) // (samples - 1)`` (the first, the last, evenly between)."""
+    n = len(data)
+    blocks = -(-n // block)
+    h = hashlib.sha256(f"{n}\n".encode())
+    for i in range(samples):
+        k = i * (blocks - 1) // (samples - 1)
+        h.update(data[k * block : (k + 1) * block])
+    return h.hexdigest()
 
 
 def _int_or_none(text: str) -> int | None:

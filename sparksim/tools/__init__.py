@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
-from . import gpu, links
+from . import gpu, links, timesync
 
 TOOLS: dict[str, Callable[[str, list[str]], int]] = {
     "ibdev2netdev": links.ibdev2netdev,
@@ -16,6 +16,7 @@ TOOLS: dict[str, Callable[[str, list[str]], int]] = {
     "rdma": links.rdma,
     "ethtool": links.ethtool,
     "nvidia-smi": gpu.nvidia_smi,
+    "timedatectl": timesync.timedatectl,
 }
 
 

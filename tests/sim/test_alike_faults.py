@@ -1,0 +1,54 @@
+"""The nodes-alike probe on a real sim node, and the faults that make a node unlike the
+head: ``driver``, ``ntp`` and ``nccl-build`` are each seen by their check, naming the node;
+``fault clear`` makes the nodes alike again (the original image back)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pytest_spark.checks.alike import check_host_alike, check_image_alike, check_time_sync
+from pytest_spark.checks.preflight import Skip
+from pytest_spark.facts.alike import NodeAlike, alike_probe_command, parse_alike_probe
+
+NAMES = {"spark-1": "spark-head", "spark-2": "spark-worker-1"}
+
+
+def probe_all(sim: Any) -> dict[str, NodeAlike]:
+    command = alike_probe_command(container="vllm_node", image="vllm-node:latest")
+    out = {}
+    for name, suite_name in NAMES.items():
+        proc = sim.ssh(name, command)
+        assert proc.returncode == 0, proc.stderr
+        out[suite_name] = parse_alike_probe(proc.stdout)
+    return out
+
+
+def test_alike_faults_caught_and_cleared(healthy_sim: Any) -> None:
+    facts = probe_all(healthy_sim)
+    head = facts["spark-head"]
+    assert head.driver.value == "580.95.05" and head.cuda.value == "13.0"
+    assert head.container is not None and head.container.nccl_loaded is not None
+    assert check_host_alike("spark-head", facts).ok
+    image = check_image_alike("spark-head", facts, "vllm_node")
+    assert not isinstance(image, Skip) and image.ok, image.message
+    before = facts["spark-worker-1"].image
+
+    healthy_sim.cli("fault", "driver", "spark-2", "580.82.09")
+    healthy_sim.cli("fault", "ntp", "spark-2")
+    healthy_sim.cli("fault", "nccl-build", "spark-2")
+    facts = probe_all(healthy_sim)
+    host = check_host_alike("spark-head", facts)
+    assert not host.ok and host.node == "spark-worker-1" and "580.82.09" in host.message
+    image = check_image_alike("spark-head", facts, "vllm_node")
+    assert not isinstance(image, Skip) and not image.ok and image.node == "spark-worker-1"
+    assert "the same version 2.27.7+cuda13.0, a different build" in image.message
+    sync = check_time_sync(facts)
+    assert not isinstance(sync, Skip) and not sync.ok and "NTPSynchronized=no" in sync.message
+
+    healthy_sim.cli("fault", "clear")
+    facts = probe_all(healthy_sim)
+    assert check_host_alike("spark-head", facts).ok
+    image = check_image_alike("spark-head", facts, "vllm_node")
+    assert not isinstance(image, Skip) and image.ok, image.message
+    after = facts["spark-worker-1"].image
+    assert before is not None and after is not None and after.identity == before.identity

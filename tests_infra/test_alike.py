@@ -1,0 +1,70 @@
+"""Nodes alike (issue #15 §1): every node runs what the head runs, before a 15-minute load.
+
+Per cluster, each check compares every node with the head and names the odd node: the
+kernel, OS release, NVIDIA driver and CUDA version; the serving image (its identity, and
+what differs inside it: vLLM, torch, Python, the NCCL version and library hash, where the
+same version of a different build hangs the ranks); the clocks' NTP-synchronised state
+(beside test_preflight's measured skew). The model directory is test_preflight's
+test_model_dir_identical. Facts come from one probe round trip per node (cached); the
+image's contents from one ``docker run --rm`` of it on each node inside that round trip.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_spark import Cluster, Finding, SparkCheck
+from pytest_spark.access.base import RemoteError
+from pytest_spark.checks.alike import check_host_alike, check_image_alike, check_time_sync
+from pytest_spark.checks.preflight import Skip
+from pytest_spark.facts.alike import NodeAlike
+from pytest_spark.gathering.alike import all_alike
+from pytest_spark.readiness.reachability import require_reachable
+
+pytestmark = pytest.mark.preflight
+
+
+def require(spark_check: SparkCheck, result: Finding | Skip) -> None:
+    if isinstance(result, Skip):
+        pytest.skip(result.reason)
+    spark_check.require(result)
+
+
+def alike_facts(config: pytest.Config, cluster: Cluster) -> dict[str, NodeAlike]:
+    """Every node's facts; an unreachable node skips citing test_node_reachable."""
+    require_reachable(config, cluster)
+    out: dict[str, NodeAlike] = {}
+    for name, facts in all_alike(cluster).items():
+        if isinstance(facts, RemoteError):
+            pytest.fail(f"node unreachable: {facts}", pytrace=False)
+        out[name] = facts
+    return out
+
+
+def test_host_software_alike(
+    pytestconfig: pytest.Config, spark_cluster: Cluster, spark_check: SparkCheck
+) -> None:
+    """Kernel release (uname -r), OS release (/etc/os-release), NVIDIA driver and CUDA
+    version (nvidia-smi's header) the same on every node as on the head."""
+    facts = alike_facts(pytestconfig, spark_cluster)
+    spark_check.require(check_host_alike(spark_cluster.head.name, facts))
+
+
+def test_serving_image_alike(
+    pytestconfig: pytest.Config, spark_cluster: Cluster, spark_check: SparkCheck
+) -> None:
+    """The serving image the same on every node; a difference is told by what differs
+    inside it (vLLM, torch, Python, NCCL version and libnccl sha256)."""
+    facts = alike_facts(pytestconfig, spark_cluster)
+    require(
+        spark_check,
+        check_image_alike(spark_cluster.head.name, facts, spark_cluster.settings.container),
+    )
+
+
+def test_clock_ntp_synchronized(
+    pytestconfig: pytest.Config, spark_cluster: Cluster, spark_check: SparkCheck
+) -> None:
+    """Every node's clock NTP-synchronised (timedatectl show, else chronyc tracking)."""
+    facts = alike_facts(pytestconfig, spark_cluster)
+    require(spark_check, check_time_sync(facts))
