@@ -142,10 +142,11 @@ def _ask(
                 f"{MISCONFIGURED_TOOLS}: tool_choice=auto refused with HTTP 400 "
                 "(reported by test_tool_calls.py::test_auto_tool_choice_enabled)"
             )
-        cited = request.getfixturevalue("wire_cited")(exc.kind, exc.message)
+        label = "streaming" if streamed else "non-streaming"
+        what = f"{LABELS[kind]} ({label}): {exc.message}"
+        cited = request.getfixturevalue("wire_cited")(exc.kind, what)
         if cited is not None:
             pytest.skip(cited)  # the wire verdict's failure (stream framing, JSON body)
-        label = "streaming" if streamed else "non-streaming"
         spark_check.require(exc.finding(f"{turns.client.server}: {LABELS[kind]} ({label})"))
         raise AssertionError("unreachable") from exc
 

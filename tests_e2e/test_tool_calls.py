@@ -66,15 +66,15 @@ def _ask(
                     or f"{MISCONFIGURED_TOOLS}: tool_choice=auto refused with HTTP 400 "
                     "(reported by test_auto_tool_choice_enabled)"
                 )
-        skip_if_wire_broken(request, exc)
+        skip_if_wire_broken(request, exc, req.label)
         spark_check.require(exc.finding(f"{turns.client.server}: {req.label}"))
         raise AssertionError("unreachable") from exc
 
 
-def skip_if_wire_broken(request: pytest.FixtureRequest, exc: ServingError) -> None:
+def skip_if_wire_broken(request: pytest.FixtureRequest, exc: ServingError, label: str) -> None:
     """A request broken on the wire (stream framing, a body that does not parse) when the
     canary broke the same way: the wire verdict's failure, so skip citing it."""
-    cited = request.getfixturevalue("wire_cited")(exc.kind, exc.message)
+    cited = request.getfixturevalue("wire_cited")(exc.kind, f"{label}: {exc.message}")
     if cited is not None:
         pytest.skip(cited)
 
@@ -134,7 +134,7 @@ def test_auto_tool_choice_enabled(
             else None
         )
         if refused is None:
-            skip_if_wire_broken(request, exc)
+            skip_if_wire_broken(request, exc, "tool_choice=auto")
             spark_check.require(exc.finding(f"{tool_turns.client.server}: tool_choice=auto"))
             return
         if not tool_turns.expected:
