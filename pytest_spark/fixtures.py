@@ -374,9 +374,10 @@ def spark_server_command(
 
 
 def verdict_in_session(session: pytest.Session, name: str) -> bool:
-    """Whether the check ``name`` (a test function's name) runs in this session: only then
-    may a dependent check skip citing it (else it must report the problem itself)."""
-    return any(getattr(item, "originalname", item.name) == name for item in session.items)
+    """Whether the check ``name`` (a test function's name, or one parametrised item's,
+    ``test_tool_call[auto-stream]``) runs in this session: only then may a dependent check
+    skip citing it (else it must report the problem itself)."""
+    return any(name in (getattr(item, "originalname", None), item.name) for item in session.items)
 
 
 def route_to_api(cluster: Cluster, port: int) -> tuple[str, Any]:

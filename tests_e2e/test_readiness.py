@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import shlex
 
-import httpx
 import pytest
 
 from pytest_spark import Cluster, Finding, Node, SparkCheck
@@ -14,6 +13,10 @@ from pytest_spark.fixtures import ApiState, ServingState, not_serving_reason
 from pytest_spark.parsers.ray import parse_ray_status
 from pytest_spark.parsers.serveargs import parse_serve_args
 from pytest_spark.readiness.session import ServingInfo, serving_nodes
+from pytest_spark.serving import ServingError
+from pytest_spark.serving.canary import WireProbe
+from pytest_spark.serving.causes import body_failure, check_stream_wire
+from pytest_spark.serving.stream import Reply
 from pytest_spark.settings.resolve import Settings
 from pytest_spark.state import SERVING_VERDICT_KEY
 
@@ -262,51 +265,44 @@ def test_ray_reports_every_node_and_gpu(
     spark_check.require(Finding.passed(measured, expected, node=spark_head.name))
 
 
-def test_canary_completion(spark_api: ApiEndpoint, spark_check: SparkCheck) -> None:
-    """One short chat completion goes through the whole TP group."""
-    body = {
-        "model": spark_api.model,
-        "max_tokens": 8,
-        "temperature": 0,
-        "messages": [{"role": "user", "content": "Say OK."}],
-    }
-    with spark_api.client() as client:
-        try:
-            response = client.post("/v1/chat/completions", json=body)
-        except httpx.HTTPError as exc:
-            spark_check.require(
-                Finding.failed(
-                    None,
-                    200,
-                    message=(
-                        f"canary completion to {spark_api.base_url} failed: {type(exc).__name__}: "
-                        f"{exc}"
-                    ),
-                )
-            )
-            return
-    excerpt = response.text[:600]
-    ok = response.status_code == 200
-    try:
-        data = response.json() if ok else {}
-        choices = data.get("choices") or []
-        usage = data.get("usage") or {}
-    except ValueError:
-        ok, choices, usage = False, [], {}
-    if ok and choices and usage.get("completion_tokens", 0) > 0:
+def test_canary_completion(wire_probe: WireProbe, spark_check: SparkCheck) -> None:
+    """One short chat completion goes through the whole TP group and comes back as a JSON
+    body with a usable choice: the body verdict (a body that does not parse is reported
+    here once; every non-streaming check that meets it skips citing this one)."""
+    outcome = wire_probe.outcome(streamed=False)
+    if isinstance(outcome, ServingError):
+        spark_check.require(body_failure(outcome, server=wire_probe.server))
+        return
+    assert isinstance(outcome, Reply)
+    data = outcome.data
+    choices = data.get("choices") or []
+    usage = data.get("usage") or {}
+    if choices and usage.get("completion_tokens", 0) > 0:
         spark_check.require(Finding.passed(usage["completion_tokens"], "> 0", "tokens"))
     else:
+        excerpt = outcome.exchange.body or ""
         spark_check.require(
             Finding.failed(
-                response.status_code,
                 200,
+                "a choice and completion_tokens > 0",
                 message=(
-                    f"canary chat completion answered HTTP {response.status_code} without a usable "
-                    f"choice: {excerpt[:200]}"
+                    f"{wire_probe.server}: canary chat completion answered HTTP 200 without a "
+                    f"usable choice (no choices or no completion_tokens in usage): "
+                    f"{excerpt[:200]}"
                 ),
-                evidence={"response": excerpt},
+                evidence={"response": excerpt[:600]},
             )
         )
+
+
+def test_stream_wire(wire_probe: WireProbe, spark_check: SparkCheck) -> None:
+    """The canary streamed: text/event-stream of ``data:`` events, each a JSON object,
+    ended by ``data: [DONE]``. The stream verdict: a broken framing is reported here once;
+    every streaming check that meets it (tool calls, reasoning, throughput) skips citing
+    this one."""
+    outcome = wire_probe.outcome(streamed=True)
+    assert not isinstance(outcome, Reply)
+    spark_check.require(check_stream_wire(outcome, server=wire_probe.server))
 
 
 def test_version_reported(spark_api: ApiEndpoint, spark_check: SparkCheck) -> None:

@@ -9,7 +9,7 @@ fixed seed) so streamed and non-streamed answers can be compared.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -39,10 +39,12 @@ from pytest_spark.serving import (
     check_reasoning,
     check_reasoning_then_tool,
     check_thinking_disabled,
+    check_tool_calls,
     check_truncated,
     compare_stream,
 )
-from pytest_spark.serving.toolturns import cited_calls_in_content
+from pytest_spark.serving.causes import cited_verdict
+from pytest_spark.serving.toolturns import cited_calls_in_content, cited_unstreamed_arguments
 from pytest_spark.settings.resolve import Settings
 
 pytestmark = pytest.mark.reasoning
@@ -120,7 +122,13 @@ def turns(
         client.close()
 
 
-def _ask(turns: ReasoningTurns, spark_check: SparkCheck, kind: str, streamed: bool) -> Turn:
+def _ask(
+    request: pytest.FixtureRequest,
+    turns: ReasoningTurns,
+    spark_check: SparkCheck,
+    kind: str,
+    streamed: bool,
+) -> Turn:
     try:
         return turns.turn(kind, streamed)
     except ServingError as exc:
@@ -135,6 +143,10 @@ def _ask(turns: ReasoningTurns, spark_check: SparkCheck, kind: str, streamed: bo
                 "(reported by test_tool_calls.py::test_auto_tool_choice_enabled)"
             )
         label = "streaming" if streamed else "non-streaming"
+        what = f"{LABELS[kind]} ({label}): {exc.message}"
+        cited = request.getfixturevalue("wire_cited")(exc.kind, what)
+        if cited is not None:
+            pytest.skip(cited)  # the wire verdict's failure (stream framing, JSON body)
         spark_check.require(exc.finding(f"{turns.client.server}: {LABELS[kind]} ({label})"))
         raise AssertionError("unreachable") from exc
 
@@ -192,17 +204,74 @@ def test_server_has_reasoning_parser(
     spark_check.require(result)
 
 
+# The reasoning verdicts: the non-streaming answer of a behaviour. Where one fails, the
+# checks that fail on the same parser (its streamed twin, the truncation and the
+# reasoning-then-tool checks on separation) skip citing it: one broken parser, one failure.
+SEPARATION_VERDICT = "test_reasoning_separated[plain]"
+DISABLED_VERDICT = "test_thinking_disabled[plain]"
+TRUNCATED_VERDICT = "test_truncated_inside_thinking[plain]"
+
+
+def _verdict_check(turns: ReasoningTurns, verdict: str) -> Callable[[], Finding]:
+    """How the verdict judges its own (cached, non-streaming) answer."""
+    if verdict == SEPARATION_VERDICT:
+        return lambda: check_reasoning(turns.turn("thinking", False))
+    if verdict == DISABLED_VERDICT:
+        return lambda: check_thinking_disabled(turns.turn("no-thinking", False))
+    return lambda: check_truncated(
+        turns.turn("truncated", False), turns.cut_tokens, full_reasoning=_full_reasoning(turns)
+    )
+
+
+def _skip_if_verdict_failed(
+    request: pytest.FixtureRequest,
+    turns: ReasoningTurns,
+    finding: Finding,
+    here: str,
+    *verdicts: str,
+) -> None:
+    """A failed ``finding`` whose verdict (the first of ``verdicts`` that runs in this
+    session, is not this check, and fails on its own answer) owns it: skip citing it."""
+    cited = _cited_verdict(request, turns, finding, here, *verdicts)
+    if cited is not None:
+        pytest.skip(cited)
+
+
+def _cited_verdict(
+    request: pytest.FixtureRequest,
+    turns: ReasoningTurns,
+    finding: Finding,
+    here: str,
+    *verdicts: str,
+) -> str | None:
+    if finding.ok:
+        return None
+    for verdict in verdicts:
+        if request.node.name == verdict or not verdict_in_session(request.session, verdict):
+            continue
+        try:
+            owner = _verdict_check(turns, verdict)()
+        except ServingError:
+            continue  # its request failed: that check reports it
+        if not owner.ok:
+            return cited_verdict(verdict, here, owner)
+    return None
+
+
 @STREAMED
 def test_reasoning_separated(
-    turns: ReasoningTurns, spark_check: SparkCheck, streamed: bool
+    request: pytest.FixtureRequest, turns: ReasoningTurns, spark_check: SparkCheck, streamed: bool
 ) -> None:
     """Thinking on: reasoning present and non-empty (field recorded), no <think>/</think>
     in content, the answer in content; streamed: reasoning deltas first, and the stream
-    joins into the non-streaming texts."""
-    turn = _ask(turns, spark_check, "thinking", streamed)
+    joins into the non-streaming texts. The plain one is the separation verdict."""
+    turn = _ask(request, turns, spark_check, "thinking", streamed)
     _needs_reasoning(turns, turn)
     spark_check.attach("reasoning_field", turn.reasoning_field)
-    finding = spark_check.require(check_reasoning(turn, server=turns.client.server))
+    here = f"reasoning ({turn.label})"
+    finding = check_reasoning(turn, server=turns.client.server)
+    _skip_if_verdict_failed(request, turns, finding, here, SEPARATION_VERDICT)
+    spark_check.require(finding)
     if turn.finish_reason == "length" and not (turn.content or "").strip():
         spark_check.require(
             Finding.warned(
@@ -215,56 +284,74 @@ def test_reasoning_separated(
             )
         )
     if streamed:
-        spark_check.require(check_order(turn, server=turns.client.server))
+        order = check_order(turn, server=turns.client.server)
+        _skip_if_verdict_failed(request, turns, order, here, SEPARATION_VERDICT)
+        spark_check.require(order)
         try:
             plain = turns.turn("thinking", False)
         except ServingError:
             return  # reported by the non-streaming test
-        spark_check.require(
-            compare_stream(plain, turn, deterministic=True, server=turns.client.server)
-        )
+        same = compare_stream(plain, turn, deterministic=True, server=turns.client.server)
+        _skip_if_verdict_failed(request, turns, same, here, SEPARATION_VERDICT)
+        spark_check.require(same)
 
 
 @STREAMED
-def test_thinking_disabled(turns: ReasoningTurns, spark_check: SparkCheck, streamed: bool) -> None:
-    """chat_template_kwargs enable_thinking false: no reasoning, the answer in content."""
+def test_thinking_disabled(
+    request: pytest.FixtureRequest, turns: ReasoningTurns, spark_check: SparkCheck, streamed: bool
+) -> None:
+    """chat_template_kwargs enable_thinking false: no reasoning, the answer in content. The
+    plain one is the verdict; the streamed one skips citing it when it fails the same."""
     _needs_reasoning(turns)
-    turn = _ask(turns, spark_check, "no-thinking", streamed)
-    spark_check.require(check_thinking_disabled(turn, server=turns.client.server))
+    turn = _ask(request, turns, spark_check, "no-thinking", streamed)
+    finding = check_thinking_disabled(turn, server=turns.client.server)
+    here = f"enable_thinking false ({turn.label})"
+    _skip_if_verdict_failed(request, turns, finding, here, DISABLED_VERDICT)
+    spark_check.require(finding)
 
 
 @STREAMED
 def test_truncated_inside_thinking(
-    turns: ReasoningTurns, spark_check: SparkCheck, streamed: bool
+    request: pytest.FixtureRequest, turns: ReasoningTurns, spark_check: SparkCheck, streamed: bool
 ) -> None:
     """Cut by max_tokens before the end of thinking: finish_reason length, reasoning only,
-    nothing leaked into content."""
+    nothing leaked into content. A parser that does not separate reasoning at all fails
+    here too: then this skips citing the separation verdict."""
     _needs_reasoning(turns)
-    turn = _ask(turns, spark_check, "truncated", streamed)
-    spark_check.require(
-        check_truncated(
-            turn,
-            turns.cut_tokens,
-            full_reasoning=_full_reasoning(turns),
-            server=turns.client.server,
-        )
+    turn = _ask(request, turns, spark_check, "truncated", streamed)
+    finding = check_truncated(
+        turn, turns.cut_tokens, full_reasoning=_full_reasoning(turns), server=turns.client.server
     )
+    here = f"truncation inside thinking ({turn.label})"
+    _skip_if_verdict_failed(request, turns, finding, here, SEPARATION_VERDICT, TRUNCATED_VERDICT)
+    spark_check.require(finding)
 
 
 @STREAMED
 def test_reasoning_then_tool_call(
     request: pytest.FixtureRequest, turns: ReasoningTurns, spark_check: SparkCheck, streamed: bool
 ) -> None:
-    """A thinking model asked to use a tool: reasoning first, then a valid tool call."""
+    """A thinking model asked to use a tool: reasoning first, then a valid tool call. A
+    part that fails as its verdict does (separation; calls left in content or arguments
+    never streamed) is that verdict's: when every failed part is, this skips citing them."""
     _needs_reasoning(turns)
     if turns.no_tools is not None:
         pytest.skip(turns.no_tools)
-    turn = _ask(turns, spark_check, "tool", streamed)
+    turn = _ask(request, turns, spark_check, "tool", streamed)
     req = ToolRequest((WEATHER,), "auto", ("get_weather",), streamed)
     finding = check_reasoning_then_tool(turn, req, server=turns.client.server)
     if not finding.ok:
-        # The call left in content is the tool parser's failure: one verdict, there.
-        cited = cited_calls_in_content(request, request.getfixturevalue("tool_turns"), turn, req)
-        if cited is not None:
-            pytest.skip(cited)
+        here = f"reasoning then tool call ({turn.label})"
+        reasons = []
+        for part in (check_reasoning(turn), *([check_order(turn)] if streamed else [])):
+            if not part.ok:
+                reasons.append(_cited_verdict(request, turns, part, here, SEPARATION_VERDICT))
+        if not check_tool_calls(turn, req).ok:
+            tool_turns = request.getfixturevalue("tool_turns")
+            reasons.append(
+                cited_calls_in_content(request, tool_turns, turn, req)
+                or cited_unstreamed_arguments(request, tool_turns, turn)
+            )
+        if reasons and all(reasons):
+            pytest.skip("; ".join(dict.fromkeys(r for r in reasons if r)))
     spark_check.require(finding)

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from pytest_spark import Cluster, Node, SparkCheck
+from pytest_spark import Cluster, Finding, Node, SparkCheck
 from pytest_spark.checks.nccl import (
     FABRIC_DEVS,
     busbw_series,
@@ -15,9 +15,11 @@ from pytest_spark.checks.nccl import (
     check_init_hang,
     check_transport,
     check_wrong_values,
+    socket_forced_by_env,
 )
+from pytest_spark.checks.preflight import ENV_VERDICT
 from pytest_spark.collective.runner import CollectiveRun
-from pytest_spark.fixtures import ServingState, not_serving_reason
+from pytest_spark.fixtures import ServingState, not_serving_reason, verdict_in_session
 from pytest_spark.gathering.codec import dump, load
 from pytest_spark.gathering.links import (
     fabric_ifs,
@@ -110,20 +112,52 @@ def _result(run: CollectiveRun):  # type: ignore[no-untyped-def]
     return run.result
 
 
+def _skip_if_env_forces_socket(
+    request: pytest.FixtureRequest,
+    cluster: Cluster,
+    settings: Settings,
+    run: CollectiveRun,
+    finding: Finding,
+    here: str,
+) -> None:
+    """A transport or bandwidth failure of a run that fell back to TCP sockets because a
+    node's serving environment turns RDMA off: the preflight environment check of that
+    node is the root cause (the fix is there), so this skips citing it."""
+    if finding.ok:
+        return
+    envs = [(n.name, container_env(n, settings.container)) for n in cluster.nodes]
+    forced = socket_forced_by_env(run.transports, envs)
+    if forced is None:
+        return
+    node, setting = forced
+    verdict = f"{ENV_VERDICT}[{node}]"
+    if verdict_in_session(request.session, verdict):
+        pytest.skip(
+            f"{here}: NCCL fell back to TCP sockets because {node}'s serving environment "
+            f"sets {setting} (RDMA off): {finding.message[:200]} ({verdict} has the "
+            "evidence)"
+        )
+
+
 def test_allreduce_busbw(
-    allreduce: CollectiveRun, spark_check: SparkCheck, spark_cluster: Cluster
+    request: pytest.FixtureRequest,
+    allreduce: CollectiveRun,
+    spark_check: SparkCheck,
+    spark_cluster: Cluster,
+    spark_settings: Settings,
 ) -> None:
     result = _result(allreduce)
     spark_check.attach("busbw_series", busbw_series(result).to_dict())
-    spark_check.require(
-        check_busbw(
-            result,
-            spark_cluster.profile,
-            where=_where(allreduce),
-            transports=allreduce.transports,
-            fabric_devs=_fabric_devs(spark_cluster, spark_cluster.head),
-        )
+    finding = check_busbw(
+        result,
+        spark_cluster.profile,
+        where=_where(allreduce),
+        transports=allreduce.transports,
+        fabric_devs=_fabric_devs(spark_cluster, spark_cluster.head),
     )
+    here = "all-reduce bus bandwidth"
+    _skip_if_env_forces_socket(request, spark_cluster, spark_settings, allreduce, finding, here)
+    spark_check.require(finding)
 
 
 def _fabric_devs(cluster: Cluster, node: Node) -> Sequence[str]:
@@ -139,18 +173,22 @@ def test_allreduce_values_correct(allreduce: CollectiveRun, spark_check: SparkCh
 
 
 def test_transport_is_rdma_on_the_fabric(
-    allreduce: CollectiveRun, spark_check: SparkCheck, spark_cluster: Cluster
+    request: pytest.FixtureRequest,
+    allreduce: CollectiveRun,
+    spark_check: SparkCheck,
+    spark_cluster: Cluster,
+    spark_settings: Settings,
 ) -> None:
-    require_unless_twin_down(
-        spark_cluster,
-        check_transport(
-            allreduce.transports,
-            fabric_devs=_fabric_devs(spark_cluster, spark_cluster.head),
-            fabric_ifs=fabric_ifs(spark_cluster),
-            where=_where(allreduce),
-        ),
-        spark_check,
+    finding = check_transport(
+        allreduce.transports,
+        fabric_devs=_fabric_devs(spark_cluster, spark_cluster.head),
+        fabric_ifs=fabric_ifs(spark_cluster),
+        where=_where(allreduce),
     )
+    if not unusable_fabric_links(spark_cluster):  # a down twin: its link-up check's
+        here = "NCCL transport"
+        _skip_if_env_forces_socket(request, spark_cluster, spark_settings, allreduce, finding, here)
+    require_unless_twin_down(spark_cluster, finding, spark_check)
 
 
 def test_nccl_ib_hca_lists_both_twins(

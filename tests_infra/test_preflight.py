@@ -13,6 +13,7 @@ import pytest
 from pytest_spark import Cluster, Finding, Node, SparkCheck
 from pytest_spark.access.base import HostKeyError, RemoteError
 from pytest_spark.checks.preflight import (
+    ENV_VERDICT,
     Skip,
     check_clock_skew,
     check_disk,
@@ -24,9 +25,12 @@ from pytest_spark.checks.preflight import (
     check_passwordless_ssh,
     check_reachable,
     check_serving_env,
+    same_env_as,
+    same_env_note,
 )
 from pytest_spark.facts.preflight import ClockSample, ModelListing, NodePreflight
-from pytest_spark.gathering.links import require_unless_twin_down
+from pytest_spark.fixtures import verdict_in_session
+from pytest_spark.gathering.links import require_unless_twin_down, unusable_fabric_links
 from pytest_spark.gathering.preflight import (
     address_owners,
     all_preflight,
@@ -207,16 +211,50 @@ def test_link_flaps(
     )
 
 
+def _env_finding(cluster: Cluster, node: Node) -> Finding:
+    ifs, devs, node_ifs = fabric_of(cluster, node)
+    env = serving_env(cluster, node)
+    return check_serving_env(node.name, cluster.settings.container, env, ifs, devs, node_ifs)
+
+
+def _env_finding_or_none(cluster: Cluster, node: Node) -> Finding | None:
+    """Another node's finding, or None when its environment cannot be read (it reports that)."""
+    if cluster.unreachable(node) is not None:
+        return None
+    try:
+        return _env_finding(cluster, node)
+    except (RemoteError, pytest.fail.Exception):
+        return None
+
+
 def test_serving_env_matches_fabric(
-    spark_serving: ServingInfo, spark_cluster: Cluster, spark_node: Node, spark_check: SparkCheck
+    request: pytest.FixtureRequest,
+    spark_serving: ServingInfo,
+    spark_cluster: Cluster,
+    spark_node: Node,
+    spark_check: SparkCheck,
 ) -> None:
-    """Needs the serving containers (launched with --spark-launch, else attached to)."""
-    ifs, devs, node_ifs = fabric_of(spark_cluster, spark_node)
-    env = serving_env(spark_cluster, spark_node)
-    require_unless_twin_down(
-        spark_cluster,
-        check_serving_env(
-            spark_node.name, spark_cluster.settings.container, env, ifs, devs, node_ifs
-        ),
-        spark_check,
-    )
+    """Needs the serving containers (launched with --spark-launch, else attached to). One
+    launch sets every node's environment: a worker whose environment is wrong exactly as
+    the head's skips citing the head's check, which names every node it covers."""
+    finding = _env_finding(spark_cluster, spark_node)
+    head = spark_cluster.head
+    if not finding.ok and not unusable_fabric_links(spark_cluster):
+        if spark_node.name != head.name:
+            owner = _env_finding_or_none(spark_cluster, head)
+            verdict = f"{ENV_VERDICT}[{head.name}]"
+            if owner is not None and verdict_in_session(request.session, verdict):
+                cited = same_env_as(spark_node.name, finding, head.name, owner)
+                if cited is not None:
+                    pytest.skip(cited)
+        else:
+            others = [
+                (n.name, _env_finding_or_none(spark_cluster, n)) for n in spark_cluster.workers
+            ]
+            same = [
+                name
+                for name, f in others
+                if f is not None and same_env_as(name, f, head.name, finding)
+            ]
+            finding = same_env_note(finding, same)
+    require_unless_twin_down(spark_cluster, finding, spark_check)

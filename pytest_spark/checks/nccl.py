@@ -349,6 +349,21 @@ def check_transport(
     )
 
 
+def socket_forced_by_env(
+    transports: Sequence[NetTransport], envs: Sequence[tuple[str, Mapping[str, str] | None]]
+) -> tuple[str, str] | None:
+    """``(node, "NCCL_IB_DISABLE=1")`` when NCCL chose NET/Socket and that node's serving
+    environment turns RDMA off (the first such node of ``envs``, in cluster order): the
+    environment is then the root cause of the TCP fallback and its low bandwidth."""
+    if not any(t.kind == "Socket" for t in transports):
+        return None
+    for node, env in envs:
+        value = (env or {}).get("NCCL_IB_DISABLE", "0").strip()
+        if value not in ("0", ""):
+            return node, f"NCCL_IB_DISABLE={value}"
+    return None
+
+
 def check_ib_hca(
     value: str | None, *, node: str, fabric_devs: Sequence[str] = FABRIC_DEVS
 ) -> Finding:

@@ -9,7 +9,7 @@ when the check cannot be made (its reason says why and which check covers it).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pytest_spark.checks.base import Finding
 from pytest_spark.facts.preflight import (
@@ -498,6 +498,30 @@ def _nccl_list(value: str) -> tuple[str, bool, bool, list[str]]:
 def _matches(name: str, items: list[str], exact: bool) -> bool:
     bases = [i.split(":", 1)[0] for i in items]
     return any(name == b if exact else name.startswith(b) for b in bases)
+
+
+ENV_VERDICT = "test_serving_env_matches_fabric"
+
+
+def same_env_as(node: str, finding: Finding, owner: str, owner_finding: Finding) -> str | None:
+    """The skip reason of a node whose serving environment is wrong exactly as ``owner``'s
+    (the same values: one launch, one .env or set of -e flags, set both), so that the
+    owner's check is the one failure; None when it is not so (this node reports its own)."""
+    if finding.ok or owner_finding.ok or finding.measured != owner_finding.measured:
+        return None
+    return (
+        f"{node}: its serving container's environment is {owner}'s, wrong the same way "
+        f"(one launch sets it on every node, one fix): {owner_finding.message} "
+        f"({ENV_VERDICT}[{owner}] has the evidence)"
+    )
+
+
+def same_env_note(finding: Finding, same_on: Sequence[str]) -> Finding:
+    """The owner's failure, saying which other nodes have the same environment."""
+    if finding.ok or not same_on:
+        return finding
+    note = f" The same environment on {', '.join(same_on)}: this one fix covers them."
+    return replace(finding, message=finding.message + note)
 
 
 def check_serving_env(

@@ -216,6 +216,20 @@ def calls_in_content(turn: Turn, req: ToolRequest, *, parser: str | None = None)
     return None if formats is None else f"the call was left in content: {formats}"
 
 
+def unstreamed_arguments(turn: Turn) -> str | None:
+    """A streamed turn whose calls came as a header delta with no argument fragments after
+    it (the streaming tool parser dropped them): which calls; None when that is not so."""
+    if not turn.streamed:
+        return None
+    empty = [c for c in turn.tool_calls if c.arguments == ""]
+    if not empty:
+        return None
+    calls = ", ".join(
+        f"call {c.index} ({c.name or 'no name'}, header at chunk {c.first_chunk})" for c in empty
+    )
+    return f"the streamed tool-call arguments never came: {calls}, then no argument fragments"
+
+
 def check_tool_calls(
     turn: Turn, req: ToolRequest, *, server: str = "", parser: str | None = None
 ) -> Finding:

@@ -11,7 +11,7 @@ import pytest
 from pytest_spark.facts.server import ServerCommand
 from pytest_spark.serving.client import ServingClient, TurnCache
 from pytest_spark.serving.stream import ServingError
-from pytest_spark.serving.tools import Mode, ToolRequest, calls_in_content
+from pytest_spark.serving.tools import Mode, ToolRequest, calls_in_content, unstreamed_arguments
 from pytest_spark.serving.turn import Turn
 from pytest_spark.settings.resolve import Settings
 
@@ -135,3 +135,26 @@ def cited_calls_in_content(
         return None
     leak = turns.calls_in_content()
     return None if leak is None else f"{leak} ({CONTENT_VERDICT} has the evidence)"
+
+
+# The one verdict on streamed tool-call arguments that never come: the first streamed call
+# (auto). The other streamed calls (required, named, parallel, reasoning then tool) that
+# lose theirs the same way skip citing it.
+STREAM_ARGS_VERDICT = "test_tool_call[auto-stream]"
+
+
+def cited_unstreamed_arguments(
+    request: pytest.FixtureRequest, turns: ToolTurns, turn: Turn
+) -> str | None:
+    """The skip reason of a streamed check whose call arguments never came when the
+    verdict's turn (auto, streamed, one call) lost them too (one failure, there); None
+    otherwise (this check reports it)."""
+    if request.node.name == STREAM_ARGS_VERDICT or unstreamed_arguments(turn) is None:
+        return None
+    if not any(item.name == STREAM_ARGS_VERDICT for item in request.session.items):
+        return None
+    try:
+        lost = unstreamed_arguments(turns.turn("auto", True))
+    except ServingError:
+        return None
+    return None if lost is None else f"{lost} ({STREAM_ARGS_VERDICT} has the evidence)"

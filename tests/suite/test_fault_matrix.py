@@ -38,7 +38,7 @@ CATEGORIES = ("preflight", "link", "nccl", "readiness", "tool_calls", "reasoning
 # by load: those rows mark nccl as `nccl?`).
 TRIM = (
     "--spark-threshold=nccl.max_bytes=4194304",
-    "--spark-threshold=nccl.min_busbw_gbps=0.1",
+    "--spark-threshold=nccl.min_busbw_gbps=0.02",
     "--spark-threshold=throughput.concurrency=1;4",
     "--spark-history=off",
 )
