@@ -76,9 +76,7 @@ KNOWN_ARROWS: dict[tuple[str, str], str] = {
         "pytest_spark.collective.runner",
     ): "a check reads the runner's types",
     ("pytest_spark.gathering.links", "pytest_spark.fixtures"): "gathering decides verdicts (skips)",
-    ("pytest_spark.gathering.measure", "pytest_spark.report.results"): "writes the results JSON",
     ("pytest_spark.gathering.measure", "pytest_spark.state"): "its stash key lives in state",
-    ("pytest_spark.readiness.session", "pytest_spark.report.results"): "writes the results JSON",
     ("pytest_spark.serving.stream", "pytest_spark.gathering.codec"): "codec serves both",
 }
 # END KNOWN

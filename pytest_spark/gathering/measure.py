@@ -30,8 +30,8 @@ from typing import Any, Generic, TypeVar
 import pytest
 from filelock import FileLock
 
+from pytest_spark.access.files import write_json
 from pytest_spark.gathering.rwlock import RWFileLock
-from pytest_spark.report.results import write_json
 from pytest_spark.state import MEASURE_KEY
 
 T = TypeVar("T")
