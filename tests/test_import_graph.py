@@ -77,7 +77,6 @@ KNOWN_ARROWS: dict[tuple[str, str], str] = {
     ): "a check reads the runner's types",
     ("pytest_spark.gathering.links", "pytest_spark.fixtures"): "gathering decides verdicts (skips)",
     ("pytest_spark.gathering.measure", "pytest_spark.state"): "its stash key lives in state",
-    ("pytest_spark.serving.stream", "pytest_spark.gathering.codec"): "codec serves both",
 }
 # END KNOWN
 

@@ -18,7 +18,6 @@ from pytest_spark.checks.nccl import (
 )
 from pytest_spark.collective.runner import CollectiveRun
 from pytest_spark.fixtures import ServingState, not_serving_reason
-from pytest_spark.gathering.codec import dump, load
 from pytest_spark.gathering.links import (
     fabric_ifs,
     node_link_facts,
@@ -27,6 +26,7 @@ from pytest_spark.gathering.links import (
 )
 from pytest_spark.gathering.measure import Measured, measure_once
 from pytest_spark.gathering.nccl import collective_run, container_env, down_socket_ports, rank_envs
+from pytest_spark.parsers.codec import dump, load
 from pytest_spark.readiness.reachability import require_reachable
 from pytest_spark.settings.resolve import Settings
 from pytest_spark.state import SERVING_VERDICT_KEY

@@ -7,7 +7,7 @@ while other workers send requests is not a measurement. So, in a worker:
 
 - the first worker to need a measurement computes it under a FileLock in the run
   directory and writes it there (``measure-<name>.json``, typed dataclasses through
-  :mod:`pytest_spark.gathering.codec`); the others wait on the lock and read it;
+  :mod:`pytest_spark.parsers.codec`); the others wait on the lock and read it;
 - every test holds the cluster lock (:class:`pytest_spark.gathering.rwlock.RWFileLock`) shared while
   it runs, and a measurement holds it exclusive, writer first: while it measures, no test
   on any worker sends load to the cluster.
