@@ -71,10 +71,6 @@ KNOWN_CIRCLES: dict[str, frozenset[str]] = {
     ),
 }
 KNOWN_ARROWS: dict[tuple[str, str], str] = {
-    (
-        "pytest_spark.checks.nccl",
-        "pytest_spark.collective.runner",
-    ): "a check reads the runner's types",
     ("pytest_spark.gathering.links", "pytest_spark.fixtures"): "gathering decides verdicts (skips)",
     ("pytest_spark.gathering.measure", "pytest_spark.state"): "its stash key lives in state",
 }

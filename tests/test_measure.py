@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_spark.collective.runner import CollectiveRun, RankOutput
+from pytest_spark.facts.collective import CollectiveRun, RankOutput
 from pytest_spark.gathering.measure import Measurements
 from pytest_spark.gathering.rwlock import RWFileLock
 from pytest_spark.parsers.codec import CodecError, dump, load, load_as
@@ -163,7 +163,7 @@ ONCE = """
 import json, sys
 from pathlib import Path
 from pytest_spark.parsers.codec import dump, load_as
-from pytest_spark.collective.runner import CollectiveRun
+from pytest_spark.facts.collective import CollectiveRun
 from pytest_spark.gathering.measure import Measurements
 run_dir, who, value = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
 sys.stdin.readline()  # start together

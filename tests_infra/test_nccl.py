@@ -16,7 +16,7 @@ from pytest_spark.checks.nccl import (
     check_transport,
     check_wrong_values,
 )
-from pytest_spark.collective.runner import CollectiveRun
+from pytest_spark.facts.collective import CollectiveRun
 from pytest_spark.fixtures import ServingState, not_serving_reason
 from pytest_spark.gathering.links import (
     fabric_ifs,
