@@ -30,7 +30,6 @@ from pytest_spark.settings.resolve import Settings
 from pytest_spark.state import (
     CLUSTER_KEY,
     RUN_DIR_KEY,
-    SERVING_KEY,
     SERVING_VERDICT_KEY,
     SETTINGS_KEY,
 )
@@ -197,7 +196,6 @@ def spark_serving_state(
         return ServingState(None, str(exc), _down_port_cause(request, cluster, str(exc)))
     finally:
         _progress_done(pytestconfig)
-    pytestconfig.stash[SERVING_KEY] = info
     return ServingState(info, None)
 
 

@@ -51,14 +51,12 @@ MAY_IMPORT: dict[str, set[str]] = {
 # each named. A new circle or arrow fails; so does a listed one that is gone: remove it.
 # BEGIN KNOWN
 KNOWN_CIRCLES: dict[str, frozenset[str]] = {
-    "fixtures, readiness.session, gathering.links; state's key types": frozenset(
+    "fixtures, readiness.session, gathering.links (gathering decides skips)": frozenset(
         {
             "pytest_spark.fixtures",
             "pytest_spark.gathering.links",
-            "pytest_spark.gathering.measure",
             "pytest_spark.gathering.nccl",
             "pytest_spark.readiness.session",
-            "pytest_spark.state",
         }
     ),
     "report: html, session, terminal (views take the plugin)": frozenset(
@@ -72,7 +70,6 @@ KNOWN_CIRCLES: dict[str, frozenset[str]] = {
 }
 KNOWN_ARROWS: dict[tuple[str, str], str] = {
     ("pytest_spark.gathering.links", "pytest_spark.fixtures"): "gathering decides verdicts (skips)",
-    ("pytest_spark.gathering.measure", "pytest_spark.state"): "its stash key lives in state",
 }
 # END KNOWN
 

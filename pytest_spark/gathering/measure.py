@@ -32,7 +32,6 @@ from filelock import FileLock
 
 from pytest_spark.access.files import write_json
 from pytest_spark.gathering.rwlock import RWFileLock
-from pytest_spark.state import MEASURE_KEY
 
 T = TypeVar("T")
 
@@ -97,6 +96,10 @@ class Measurements:
     def close(self) -> None:
         if self.lock is not None:
             self.lock.close()
+
+
+# The session's Measurements (set by the plugin at configure, in every process).
+MEASURE_KEY: pytest.StashKey[Measurements] = pytest.StashKey()
 
 
 def measure_once(

@@ -170,6 +170,10 @@ class ResultsRecorder:
             write_json(self.path, doc)
 
 
+# The controller's ResultsRecorder (set by the plugin at configure; read by the report).
+RESULTS_KEY: pytest.StashKey[ResultsRecorder] = pytest.StashKey()
+
+
 def _longrepr_message(report: pytest.TestReport) -> str:
     longrepr = report.longrepr
     if isinstance(longrepr, tuple) and len(longrepr) == 3:  # skip: (path, line, reason)

@@ -33,9 +33,10 @@ from pytest_spark.report.history import (
 )
 from pytest_spark.report.plots import Plot, all_plots
 from pytest_spark.report.redact import Redactor
+from pytest_spark.report.results import RESULTS_KEY
 from pytest_spark.report.summary import VerdictTable, outcome_counts, verdict_table
 from pytest_spark.settings.resolve import SettingsError
-from pytest_spark.state import RESULTS_KEY, SIM_KEY
+from pytest_spark.state import SIM_KEY
 
 INTERRUPTED = int(pytest.ExitCode.INTERRUPTED)
 
