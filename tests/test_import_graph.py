@@ -51,14 +51,6 @@ MAY_IMPORT: dict[str, set[str]] = {
 # each named. A new circle or arrow fails; so does a listed one that is gone: remove it.
 # BEGIN KNOWN
 KNOWN_CIRCLES: dict[str, frozenset[str]] = {
-    "fixtures, readiness.session, gathering.links (gathering decides skips)": frozenset(
-        {
-            "pytest_spark.fixtures",
-            "pytest_spark.gathering.links",
-            "pytest_spark.gathering.nccl",
-            "pytest_spark.readiness.session",
-        }
-    ),
     "report: html, session, terminal (views take the plugin)": frozenset(
         {
             "pytest_spark.report",
@@ -68,9 +60,7 @@ KNOWN_CIRCLES: dict[str, frozenset[str]] = {
         }
     ),
 }
-KNOWN_ARROWS: dict[tuple[str, str], str] = {
-    ("pytest_spark.gathering.links", "pytest_spark.fixtures"): "gathering decides verdicts (skips)",
-}
+KNOWN_ARROWS: dict[tuple[str, str], str] = {}
 # END KNOWN
 
 

@@ -17,11 +17,10 @@ from pytest_spark.checks.nccl import (
     check_wrong_values,
 )
 from pytest_spark.facts.collective import CollectiveRun
-from pytest_spark.fixtures import ServingState, not_serving_reason
+from pytest_spark.fixtures import ServingState, not_serving_reason, require_unless_twin_down
 from pytest_spark.gathering.links import (
     fabric_ifs,
     node_link_facts,
-    require_unless_twin_down,
     unusable_fabric_links,
 )
 from pytest_spark.gathering.measure import Measured, measure_once

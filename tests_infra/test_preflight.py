@@ -26,7 +26,7 @@ from pytest_spark.checks.preflight import (
     check_serving_env,
 )
 from pytest_spark.facts.preflight import ClockSample, ModelListing, NodePreflight
-from pytest_spark.gathering.links import require_unless_twin_down
+from pytest_spark.fixtures import require_unless_twin_down
 from pytest_spark.gathering.preflight import (
     address_owners,
     all_preflight,
