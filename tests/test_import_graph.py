@@ -7,9 +7,8 @@ and under ``TYPE_CHECKING``), so nothing is imported. Two rules:
 - an arrow from one part to another goes the way ``MAY_IMPORT`` allows
   (wiring -> readiness and gathering -> checks and facts -> parsers and access).
 
-What today's code still does against them is listed below, by name (``KNOWN_CIRCLES``,
-``KNOWN_ARROWS``): a new circle or arrow fails, and so does a listed one that is gone, so
-the lists can only shrink.
+The code keeps both: ``KNOWN_CIRCLES`` and ``KNOWN_ARROWS`` (exceptions by name, each
+failing once it is gone, so the lists only shrink) are empty since issue #14 §1.
 """
 
 from __future__ import annotations
@@ -47,19 +46,10 @@ MAY_IMPORT: dict[str, set[str]] = {
     "settings": set(),
 }
 
-# Known exceptions: what the code did against the two rules when the layout was moved,
-# each named. A new circle or arrow fails; so does a listed one that is gone: remove it.
+# Known exceptions, each named: none left (the last went with issue #14 §1). A new circle or
+# arrow fails; fix the code (move the type or function down to its owner), do not list it.
 # BEGIN KNOWN
-KNOWN_CIRCLES: dict[str, frozenset[str]] = {
-    "report: html, session, terminal (views take the plugin)": frozenset(
-        {
-            "pytest_spark.report",
-            "pytest_spark.report.html",
-            "pytest_spark.report.session",
-            "pytest_spark.report.terminal",
-        }
-    ),
-}
+KNOWN_CIRCLES: dict[str, frozenset[str]] = {}
 KNOWN_ARROWS: dict[tuple[str, str], str] = {}
 # END KNOWN
 
