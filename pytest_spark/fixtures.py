@@ -30,7 +30,6 @@ from pytest_spark.settings.resolve import Settings
 from pytest_spark.state import (
     CLUSTER_KEY,
     RUN_DIR_KEY,
-    SERVING_KEY,
     SERVING_VERDICT_KEY,
     SETTINGS_KEY,
 )
@@ -128,6 +127,20 @@ class SparkCheck:
         return finding
 
 
+def require_unless_twin_down(cluster: Cluster, finding: Finding, check: SparkCheck) -> None:
+    """Record and assert ``finding``; when it fails and a fabric twin is down, skip
+    instead, naming the down link: the launcher and NCCL leave a Down twin out of
+    NCCL_IB_HCA and the transport, so the config is then right and the root cause is the
+    link (its link-up check fails)."""
+    from pytest_spark.gathering.links import unusable_fabric_links
+
+    if not finding.ok:
+        down = unusable_fabric_links(cluster)
+        if down:
+            pytest.skip(f"{'; '.join(down)}: {finding.message}")
+    check.require(finding)
+
+
 @pytest.fixture
 def spark_check(request: pytest.FixtureRequest) -> SparkCheck:
     """Record a ``Finding`` on the report (JSON results, HTML) and assert on it."""
@@ -197,7 +210,6 @@ def spark_serving_state(
         return ServingState(None, str(exc), _down_port_cause(request, cluster, str(exc)))
     finally:
         _progress_done(pytestconfig)
-    pytestconfig.stash[SERVING_KEY] = info
     return ServingState(info, None)
 
 

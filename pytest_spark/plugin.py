@@ -14,11 +14,11 @@ import pytest
 from pytest_spark import fixtures, hooks
 from pytest_spark.access.cluster import Cluster, node_names
 from pytest_spark.access.simcontrol import sim_attach, sim_up
-from pytest_spark.gathering.measure import Measurements
+from pytest_spark.gathering.measure import MEASURE_KEY, Measurements
 from pytest_spark.readiness.reachability import REACHABILITY_VERDICT_KEY
 from pytest_spark.readiness.session import stop_if_launched
 from pytest_spark.report import register as register_reports
-from pytest_spark.report.results import CATEGORIES, CATEGORY_PROP, ResultsRecorder
+from pytest_spark.report.results import CATEGORIES, CATEGORY_PROP, RESULTS_KEY, ResultsRecorder
 from pytest_spark.settings.resolve import (
     Settings,
     add_options,
@@ -28,8 +28,6 @@ from pytest_spark.settings.resolve import (
 )
 from pytest_spark.state import (
     CLUSTER_KEY,
-    MEASURE_KEY,
-    RESULTS_KEY,
     RUN_DIR_KEY,
     SERVING_VERDICT_KEY,
     SETTINGS_KEY,

@@ -1,4 +1,11 @@
-"""Session state kept in ``config.stash`` (never ``config._something``)."""
+"""The wiring's session state in ``config.stash`` (never ``config._something``): the keys
+whose values the plugin and the fixtures make (settings, run directory, simulated cluster,
+connected cluster, whether the serving verdict runs).
+
+A key whose value a part owns lives with that part: ``MEASURE_KEY`` in
+``gathering.measure``, ``RESULTS_KEY`` in ``report.results``, ``REACHABILITY_VERDICT_KEY``
+in ``readiness.reachability``.
+"""
 
 from __future__ import annotations
 
@@ -11,18 +18,12 @@ if TYPE_CHECKING:
 
     from pytest_spark.access.cluster import Cluster
     from pytest_spark.access.simcontrol import SimCluster
-    from pytest_spark.gathering.measure import Measurements
-    from pytest_spark.readiness.session import ServingInfo
-    from pytest_spark.report.results import ResultsRecorder
     from pytest_spark.settings.resolve import Settings
 
 SETTINGS_KEY: pytest.StashKey[Settings] = pytest.StashKey()
 CLUSTER_KEY: pytest.StashKey[Cluster] = pytest.StashKey()
 SIM_KEY: pytest.StashKey[SimCluster] = pytest.StashKey()
-RESULTS_KEY: pytest.StashKey[ResultsRecorder] = pytest.StashKey()
 RUN_DIR_KEY: pytest.StashKey[Path] = pytest.StashKey()
-SERVING_KEY: pytest.StashKey[ServingInfo] = pytest.StashKey()
-MEASURE_KEY: pytest.StashKey[Measurements] = pytest.StashKey()
 # Whether a spark_serving_verdict check (test_cluster_serving) runs in this session: only
 # then may the checks that need the server skip when it is down (else they must fail).
 SERVING_VERDICT_KEY: pytest.StashKey[bool] = pytest.StashKey()

@@ -7,9 +7,8 @@ and under ``TYPE_CHECKING``), so nothing is imported. Two rules:
 - an arrow from one part to another goes the way ``MAY_IMPORT`` allows
   (wiring -> readiness and gathering -> checks and facts -> parsers and access).
 
-What today's code still does against them is listed below, by name (``KNOWN_CIRCLES``,
-``KNOWN_ARROWS``): a new circle or arrow fails, and so does a listed one that is gone, so
-the lists can only shrink.
+The code keeps both: ``KNOWN_CIRCLES`` and ``KNOWN_ARROWS`` (exceptions by name, each
+failing once it is gone, so the lists only shrink) are empty since issue #14 §1.
 """
 
 from __future__ import annotations
@@ -47,40 +46,11 @@ MAY_IMPORT: dict[str, set[str]] = {
     "settings": set(),
 }
 
-# Known exceptions: what the code did against the two rules when the layout was moved,
-# each named. A new circle or arrow fails; so does a listed one that is gone: remove it.
+# Known exceptions, each named: none left (the last went with issue #14 §1). A new circle or
+# arrow fails; fix the code (move the type or function down to its owner), do not list it.
 # BEGIN KNOWN
-KNOWN_CIRCLES: dict[str, frozenset[str]] = {
-    "fixtures, readiness.session, gathering.links; state's key types": frozenset(
-        {
-            "pytest_spark.fixtures",
-            "pytest_spark.gathering.links",
-            "pytest_spark.gathering.measure",
-            "pytest_spark.gathering.nccl",
-            "pytest_spark.readiness.session",
-            "pytest_spark.state",
-        }
-    ),
-    "report: html, session, terminal (views take the plugin)": frozenset(
-        {
-            "pytest_spark.report",
-            "pytest_spark.report.html",
-            "pytest_spark.report.session",
-            "pytest_spark.report.terminal",
-        }
-    ),
-}
-KNOWN_ARROWS: dict[tuple[str, str], str] = {
-    (
-        "pytest_spark.checks.nccl",
-        "pytest_spark.collective.runner",
-    ): "a check reads the runner's types",
-    ("pytest_spark.gathering.links", "pytest_spark.fixtures"): "gathering decides verdicts (skips)",
-    ("pytest_spark.gathering.measure", "pytest_spark.report.results"): "writes the results JSON",
-    ("pytest_spark.gathering.measure", "pytest_spark.state"): "its stash key lives in state",
-    ("pytest_spark.readiness.session", "pytest_spark.report.results"): "writes the results JSON",
-    ("pytest_spark.serving.stream", "pytest_spark.gathering.codec"): "codec serves both",
-}
+KNOWN_CIRCLES: dict[str, frozenset[str]] = {}
+KNOWN_ARROWS: dict[tuple[str, str], str] = {}
 # END KNOWN
 
 

@@ -15,6 +15,7 @@ import pytest
 
 from pytest_spark.access.base import CommandResult
 from pytest_spark.access.cluster import Cluster, Node
+from pytest_spark.access.files import write_json
 from pytest_spark.parsers.serveargs import mode_of_processes, parse_serve_args
 from pytest_spark.readiness.launch import (
     Launcher,
@@ -34,7 +35,6 @@ from pytest_spark.readiness.session import (
     serving_nodes,
     stop_if_launched,
 )
-from pytest_spark.report.results import write_json
 from pytest_spark.settings import resolve as settings_mod
 
 SERVE = "vllm serve /models/Qwen3.5-122B-A10B-FP8 --tensor-parallel-size 2 --port 8000"

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from pytest_spark.collective.runner import CollectiveRun, RankOutput
-from pytest_spark.gathering.codec import CodecError, dump, load, load_as
+from pytest_spark.facts.collective import CollectiveRun, RankOutput
 from pytest_spark.gathering.measure import Measurements
 from pytest_spark.gathering.rwlock import RWFileLock
+from pytest_spark.parsers.codec import CodecError, dump, load, load_as
 from pytest_spark.parsers.nccl import parse_nccl_tests
 
 NCCL = Path(__file__).resolve().parent.parent / "fixtures" / "nccl"
@@ -162,8 +162,8 @@ def test_exclusive_from_a_shared_holder_does_not_deadlock(tmp_path: Path) -> Non
 ONCE = """
 import json, sys
 from pathlib import Path
-from pytest_spark.gathering.codec import dump, load_as
-from pytest_spark.collective.runner import CollectiveRun
+from pytest_spark.parsers.codec import dump, load_as
+from pytest_spark.facts.collective import CollectiveRun
 from pytest_spark.gathering.measure import Measurements
 run_dir, who, value = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
 sys.stdin.readline()  # start together

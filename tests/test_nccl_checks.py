@@ -18,7 +18,7 @@ from pytest_spark.checks.nccl import (
     check_wrong_values,
 )
 from pytest_spark.collective.allreduce import header_lines, row_line
-from pytest_spark.collective.runner import CollectiveRun, RankOutput
+from pytest_spark.facts.collective import CollectiveRun, RankOutput
 from pytest_spark.parsers.nccl import NcclOutput, parse_nccl_tests
 from pytest_spark.settings.profiles import Profile, load_profile
 

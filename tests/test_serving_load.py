@@ -167,8 +167,8 @@ def test_sweep_against_paced_server(paced: str) -> None:
         assert level["ttft_s"]["min"] >= TTFT - slack
         assert level["e2e_s"]["min"] >= TTFT + 20 / RATE - slack
         assert level["decode_tok_s"]["count"] == level["requests"]
-    assert 0 < one["decode_tok_s"]["median"]
-    assert 0 < one["itl_s"]["median"] and one["itl_s"]["count"] == 3 * 20
+    assert one["decode_tok_s"]["median"] > 0
+    assert one["itl_s"]["median"] > 0 and one["itl_s"]["count"] == 3 * 20
     assert four["output_tok_s"] <= 4 * 21 / (TTFT + 20 / RATE) * 1.05
 
 
@@ -199,7 +199,7 @@ def test_server_metrics_view_detects_the_kv_metric_name() -> None:
 
 def test_sweep_json_round_trip(paced: str) -> None:
     """What a sweep shares with other xdist workers (run dir JSON) rebuilds it exactly."""
-    from pytest_spark.gathering.codec import dump, load_as
+    from pytest_spark.parsers.codec import dump, load_as
     from pytest_spark.serving import SweepResult
 
     spec = LoadSpec(concurrency=(1, 2), output_tokens=5, min_requests=2, warmup_requests=1)

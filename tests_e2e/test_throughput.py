@@ -18,8 +18,8 @@ import pytest
 from pytest_spark.access.api import ApiEndpoint
 from pytest_spark.checks.base import Finding
 from pytest_spark.fixtures import SparkCheck, verdict_in_session
-from pytest_spark.gathering.codec import dump, load_as
 from pytest_spark.gathering.measure import measure_once
+from pytest_spark.parsers.codec import dump, load_as
 from pytest_spark.serving import LevelResult, LoadSpec, ServingError, SweepResult, run_sweep
 from pytest_spark.serving.causes import DECODE_VERDICT, decode_explains_aggregate
 from pytest_spark.settings.profiles import Profile

@@ -18,17 +18,21 @@ from pytest_spark.checks.nccl import (
     socket_forced_by_env,
 )
 from pytest_spark.checks.preflight import ENV_VERDICT
-from pytest_spark.collective.runner import CollectiveRun
-from pytest_spark.fixtures import ServingState, not_serving_reason, verdict_in_session
-from pytest_spark.gathering.codec import dump, load
+from pytest_spark.facts.collective import CollectiveRun
+from pytest_spark.fixtures import (
+    ServingState,
+    not_serving_reason,
+    require_unless_twin_down,
+    verdict_in_session,
+)
 from pytest_spark.gathering.links import (
     fabric_ifs,
     node_link_facts,
-    require_unless_twin_down,
     unusable_fabric_links,
 )
 from pytest_spark.gathering.measure import Measured, measure_once
 from pytest_spark.gathering.nccl import collective_run, container_env, down_socket_ports, rank_envs
+from pytest_spark.parsers.codec import dump, load
 from pytest_spark.readiness.reachability import require_reachable
 from pytest_spark.settings.resolve import Settings
 from pytest_spark.state import SERVING_VERDICT_KEY

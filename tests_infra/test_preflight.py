@@ -29,8 +29,8 @@ from pytest_spark.checks.preflight import (
     same_env_note,
 )
 from pytest_spark.facts.preflight import ClockSample, ModelListing, NodePreflight
-from pytest_spark.fixtures import verdict_in_session
-from pytest_spark.gathering.links import require_unless_twin_down, unusable_fabric_links
+from pytest_spark.fixtures import require_unless_twin_down, verdict_in_session
+from pytest_spark.gathering.links import unusable_fabric_links
 from pytest_spark.gathering.preflight import (
     address_owners,
     all_preflight,

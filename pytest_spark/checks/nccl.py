@@ -19,7 +19,7 @@ from pytest_spark.checks.base import Finding
 from pytest_spark.parsers.nccl import NcclOutput, NetTransport, parse_ib_hca
 
 if TYPE_CHECKING:
-    from pytest_spark.collective.runner import CollectiveRun
+    from pytest_spark.facts.collective import CollectiveRun
 
 __all__ = [
     "FABRIC_DEVS",

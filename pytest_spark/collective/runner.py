@@ -20,33 +20,32 @@ command line the run starts, so on a timeout, a failure of one rank, or an inter
 the container too) and always removes the temporary directories. A run that never produced a
 result row and timed out or printed ``init timeout`` is a hang at initialisation
 (:attr:`CollectiveRun.hung_at_init`); its log lines stay in :meth:`CollectiveRun.log_lines`.
+The run's types (:class:`CollectiveRun`, :class:`RankOutput`, :class:`LaunchPlan`) live in
+:mod:`pytest_spark.facts.collective`, where the checks read them.
 """
 
 from __future__ import annotations
 
 import base64
 import concurrent.futures as cf
-import re
 import secrets
 import shlex
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from pytest_spark.access.base import CommandResult, CommandTimeout, RemoteError
 from pytest_spark.collective.script import script_text
-from pytest_spark.parsers.nccl import NcclOutput, NetTransport, ParseError, parse_nccl_tests
+from pytest_spark.facts.collective import CollectiveRun, LaunchPlan, RankOutput
+from pytest_spark.parsers.nccl import NcclOutput, ParseError, parse_nccl_tests
 
 __all__ = [
     "MAX_BYTES",
     "TOKEN_PREFIX",
-    "CollectiveRun",
     "CollectiveUnavailable",
-    "LaunchPlan",
     "Launcher",
     "RankNode",
-    "RankOutput",
     "detect_launcher",
     "kill_command",
     "mpirun_command",
@@ -76,125 +75,6 @@ class RankNode(Protocol):
 
 class CollectiveUnavailable(RuntimeError):
     """No launcher works on every node: no nccl-tests with mpirun and no python with torch."""
-
-
-@dataclass(frozen=True)
-class LaunchPlan:
-    """The launcher chosen and why (one note per thing found or missing)."""
-
-    launcher: Literal["python", "container", "nccl-tests"]
-    container: str | None = None
-    binary: str | None = None  # all_reduce_perf path (nccl-tests)
-    notes: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class RankOutput:
-    """One rank's command and what came back (``rc`` None: stopped by the runner)."""
-
-    node: str
-    rank: int
-    command: str
-    rc: int | None
-    stdout: str
-    stderr: str
-    duration_s: float
-    timed_out: bool = False
-    parsed: NcclOutput | None = None
-    parse_error: str | None = None
-
-    @property
-    def output(self) -> str:
-        return self.stdout + (f"\n{self.stderr}" if self.stderr.strip() else "")
-
-
-@dataclass(frozen=True)
-class CollectiveRun:
-    """Every rank's output plus rank 0's parsed result."""
-
-    launcher: str
-    token: str
-    world_size: int
-    ranks: tuple[RankOutput, ...]
-    result: NcclOutput | None
-    timed_out: bool
-    duration_s: float
-    notes: tuple[str, ...] = ()
-    cleanup_errors: tuple[str, ...] = field(default=())
-    nodes: tuple[str, ...] = ()  # every node's name, rank order (mpirun: one output, N ranks)
-    init_timeout_s: float | None = None  # each rank's own bound on initialisation
-    timeout_s: float | None = None  # the whole run's bound
-
-    @property
-    def hang_timeout_s(self) -> float | None:
-        """The bound that ended a run hung at initialisation: a rank's init timeout when
-        one reported it, else the whole run's timeout (what a message must state)."""
-        said_so = any(r.parsed is not None and r.parsed.init_timeout for r in self.ranks)
-        if said_so and self.init_timeout_s is not None:
-            return self.init_timeout_s
-        return self.timeout_s
-
-    @property
-    def ok(self) -> bool:
-        return (
-            not self.timed_out
-            and all(r.rc == 0 for r in self.ranks)
-            and self.result is not None
-            and bool(self.result.rows)
-        )
-
-    @property
-    def hung_at_init(self) -> bool:
-        """No result row, and the run timed out or a rank reported an init timeout."""
-        if self.result is not None and self.result.rows:
-            return False
-        said_so = any(r.parsed is not None and r.parsed.init_timeout for r in self.ranks)
-        return self.timed_out or said_so
-
-    @property
-    def rank_nodes(self) -> dict[tuple[str, int], str]:
-        """(hostname, pid) as NCCL prints them (``spark-2:26:26 [0] NCCL INFO``) -> the
-        node's name in the suite (``spark-worker-1``), from the ``#  Rank N Pid P on HOST``
-        lines and which node ran rank N."""
-        node_of = dict(enumerate(self.nodes)) or {r.rank: r.node for r in self.ranks}
-        found: dict[tuple[str, int], str] = {}
-        for rank in self.ranks:
-            for dev in rank.parsed.devices if rank.parsed else ():
-                if dev.rank in node_of:
-                    found.setdefault((dev.host, dev.pid), node_of[dev.rank])
-        return found
-
-    @property
-    def transports(self) -> tuple[NetTransport, ...]:
-        """Every ``NET/IB`` / ``NET/Socket`` choice printed by any rank, its ``host`` the
-        node's name in the suite where known (the line keeps the hostname)."""
-        names = self.rank_nodes
-        seen: dict[str, NetTransport] = {}
-        for rank in self.ranks:
-            for t in rank.parsed.transports if rank.parsed else ():
-                name = names.get((t.host, t.pid), t.host)
-                seen.setdefault(t.line, replace(t, host=name))
-        return tuple(seen.values())
-
-    def log_lines(self, limit: int = 40) -> dict[str, list[str]]:
-        """The last NCCL / gloo / script lines of every rank (for a diagnosis)."""
-        pattern = re.compile(r"NCCL (INFO|WARN)|pytest_spark|gloo|Gloo|Error|error|Traceback")
-        lines: dict[str, list[str]] = {}
-        for rank in self.ranks:
-            picked = [ln for ln in rank.output.splitlines() if pattern.search(ln)]
-            lines[f"rank {rank.rank} ({rank.node})"] = picked[-limit:]
-        return lines
-
-    def evidence(self, limit: int = 6000) -> str:
-        parts = [f"launcher {self.launcher}, token {self.token}", *self.notes]
-        for rank in self.ranks:
-            status = "timed out" if rank.timed_out else f"exit {rank.rc}"
-            parts.append(
-                f"--- rank {rank.rank} on {rank.node} ({status}, "
-                f"{rank.duration_s:.1f} s)\n$ {rank.command[:300]}\n{rank.output}"
-            )
-        text = "\n".join(parts)
-        return text if len(text) <= limit else text[: limit - 20] + "\n... (truncated)"
 
 
 # ----------------------------------------------------------------------- command building

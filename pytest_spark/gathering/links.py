@@ -1,15 +1,14 @@
-"""Link facts of the cluster: one SSH round trip per node, cached for the session."""
+"""Link facts of the cluster: one SSH round trip per node, cached for the session. Facts
+only: which check skips on them (a down twin) is decided by the fixtures and the checks."""
 
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING
 
 import pytest
 
 from pytest_spark.access.base import RemoteError
 from pytest_spark.access.cluster import Cluster, Node
-from pytest_spark.checks.base import Finding
 from pytest_spark.checks.links import link_is_usable, twin_key
 from pytest_spark.facts.links import (
     LINK_PROBE,
@@ -19,9 +18,6 @@ from pytest_spark.facts.links import (
     parse_link_probe,
 )
 from pytest_spark.parsers.links import ParseError
-
-if TYPE_CHECKING:
-    from pytest_spark.fixtures import SparkCheck
 
 
 def node_link_facts(cluster: Cluster, node: Node) -> NodeLinkFacts:
@@ -87,18 +83,6 @@ def unusable_fabric_links(cluster: Cluster) -> list[str]:
                 if not usable:
                     reasons.append(reason)
     return reasons
-
-
-def require_unless_twin_down(cluster: Cluster, finding: Finding, check: SparkCheck) -> None:
-    """Record and assert ``finding``; when it fails and a fabric twin is down, skip
-    instead, naming the down link: the launcher and NCCL leave a Down twin out of
-    NCCL_IB_HCA and the transport, so the config is then right and the root cause is the
-    link (its link-up check fails)."""
-    if not finding.ok:
-        down = unusable_fabric_links(cluster)
-        if down:
-            pytest.skip(f"{'; '.join(down)}: {finding.message}")
-    check.require(finding)
 
 
 def port_of(facts: NodeLinkFacts, ifname: str) -> PortFacts:

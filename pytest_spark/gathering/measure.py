@@ -7,7 +7,7 @@ while other workers send requests is not a measurement. So, in a worker:
 
 - the first worker to need a measurement computes it under a FileLock in the run
   directory and writes it there (``measure-<name>.json``, typed dataclasses through
-  :mod:`pytest_spark.gathering.codec`); the others wait on the lock and read it;
+  :mod:`pytest_spark.parsers.codec`); the others wait on the lock and read it;
 - every test holds the cluster lock (:class:`pytest_spark.gathering.rwlock.RWFileLock`) shared while
   it runs, and a measurement holds it exclusive, writer first: while it measures, no test
   on any worker sends load to the cluster.
@@ -30,9 +30,8 @@ from typing import Any, Generic, TypeVar
 import pytest
 from filelock import FileLock
 
+from pytest_spark.access.files import write_json
 from pytest_spark.gathering.rwlock import RWFileLock
-from pytest_spark.report.results import write_json
-from pytest_spark.state import MEASURE_KEY
 
 T = TypeVar("T")
 
@@ -97,6 +96,10 @@ class Measurements:
     def close(self) -> None:
         if self.lock is not None:
             self.lock.close()
+
+
+# The session's Measurements (set by the plugin at configure, in every process).
+MEASURE_KEY: pytest.StashKey[Measurements] = pytest.StashKey()
 
 
 def measure_once(

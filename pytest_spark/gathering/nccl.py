@@ -8,7 +8,8 @@ import shlex
 from pytest_spark.access.base import RemoteError
 from pytest_spark.access.cluster import Cluster, Node
 from pytest_spark.checks.links import link_is_usable
-from pytest_spark.collective.runner import CollectiveRun, CollectiveUnavailable, run_allreduce
+from pytest_spark.collective.runner import CollectiveUnavailable, run_allreduce
+from pytest_spark.facts.collective import CollectiveRun
 from pytest_spark.facts.links import NodeLinkFacts
 from pytest_spark.gathering.links import fabric_ifs, node_link_facts, port_of
 

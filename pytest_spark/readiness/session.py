@@ -19,6 +19,7 @@ from filelock import FileLock
 
 from pytest_spark.access.base import RemoteError
 from pytest_spark.access.cluster import Cluster, Node
+from pytest_spark.access.files import write_json
 from pytest_spark.parsers.serveargs import mode_of_processes, parse_serve_args
 from pytest_spark.readiness.launch import Launcher, LaunchError, LaunchSpec
 from pytest_spark.readiness.wait import (
@@ -30,7 +31,6 @@ from pytest_spark.readiness.wait import (
     wait_ready,
 )
 from pytest_spark.readiness.watch import StartupWatch
-from pytest_spark.report.results import write_json
 from pytest_spark.settings.resolve import Settings
 
 STATE = "serving.json"

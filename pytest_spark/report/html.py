@@ -17,7 +17,9 @@ from pytest_spark.report.results import CATEGORY_PROP, FINDING_PROP, NODE_PROP, 
 from pytest_spark.report.summary import measured_expected, remediation
 
 if TYPE_CHECKING:
-    from pytest_spark.report.session import ReportPlugin, ReportState
+    from pytest_spark.report.model import ReportOutcome, ReportState
+    from pytest_spark.report.redact import Redactor
+    from pytest_spark.settings.resolve import Settings
 
 EVIDENCE_CHARS = 20000
 VERDICT_TEXT = {"fail": "FAIL", "warn": "WARN", "pass": "PASS", "skip": "SKIP", "none": "-"}
@@ -262,27 +264,39 @@ def summary_html(state: ReportState) -> str:
     return "".join(parts)
 
 
-class HtmlHooks:
-    """pytest-html hooks; only registered when pytest-html is active (controller)."""
+def html_active(config: pytest.Config) -> bool:
+    """pytest-html is loaded and writes a report in this session (``--html``)."""
+    return bool(config.pluginmanager.hasplugin("html") and config.getoption("htmlpath", None))
 
-    def __init__(self, plugin: ReportPlugin) -> None:
-        self.plugin = plugin
+
+def report_title(settings: Settings) -> str | None:
+    """The page title: the cluster under test (None: pytest-html's own)."""
+    target = "sparksim" if settings.sim else settings.head or settings.api_url or ""
+    return f"DGX Spark cluster report: {target}" if target else None
+
+
+class HtmlHooks:
+    """pytest-html hooks; only registered when pytest-html is active (controller). They
+    render ``outcome`` (filled in at the end of the session) through ``redactor``."""
+
+    def __init__(self, title: str | None, redactor: Redactor, outcome: ReportOutcome) -> None:
+        self.title = title
+        self.redactor = redactor
+        self.outcome = outcome
 
     def pytest_html_report_title(self, report: Any) -> None:
-        cluster = self.plugin.settings
-        target = "sparksim" if cluster.sim else cluster.head or cluster.api_url or ""
-        if target:
-            report.title = self.plugin.redactor.text(f"DGX Spark cluster report: {target}")
+        if self.title:
+            report.title = self.redactor.text(self.title)
 
     def pytest_html_results_summary(
         self, prefix: list[str], summary: list[str], postfix: list[str], session: pytest.Session
     ) -> None:
-        plugin = self.plugin
-        if plugin.error:
-            prefix.append(f'<div class="spark-banner spark-fail">{esc(plugin.error)}</div>')
-        state = plugin.state
+        outcome = self.outcome
+        if outcome.error:
+            prefix.append(f'<div class="spark-banner spark-fail">{esc(outcome.error)}</div>')
+        state = outcome.state
         if state is not None and state.active:
-            prefix.append(plugin.redactor.text(summary_html(state)))
+            prefix.append(self.redactor.text(summary_html(state)))
 
     def pytest_html_results_table_header(self, cells: list[str]) -> None:
         cells[2:2] = [
@@ -322,7 +336,7 @@ class HtmlHooks:
             {
                 "name": "spark check",
                 "format_type": "html",
-                "content": self.plugin.redactor.text(block),
+                "content": self.redactor.text(block),
                 "mime_type": None,
                 "extension": None,
             }

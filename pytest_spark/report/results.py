@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Generator
 from datetime import UTC, datetime
@@ -12,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from pytest_spark.access.files import write_json
 from pytest_spark.checks.base import Finding
 
 CATEGORIES = ("preflight", "link", "nccl", "readiness", "tool_calls", "reasoning", "throughput")
@@ -170,6 +170,10 @@ class ResultsRecorder:
             write_json(self.path, doc)
 
 
+# The controller's ResultsRecorder (set by the plugin at configure; read by the report).
+RESULTS_KEY: pytest.StashKey[ResultsRecorder] = pytest.StashKey()
+
+
 def _longrepr_message(report: pytest.TestReport) -> str:
     longrepr = report.longrepr
     if isinstance(longrepr, tuple) and len(longrepr) == 3:  # skip: (path, line, reason)
@@ -186,11 +190,3 @@ def _jsonable(value: Any) -> bool:
     except (TypeError, ValueError):
         return False
     return True
-
-
-def write_json(path: Path, doc: dict[str, Any]) -> None:
-    """Write atomically, so a reader never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(doc, indent=2, default=str) + "\n")
-    os.replace(tmp, path)

@@ -12,32 +12,27 @@ with the deltas, the JSON results carry ``report.compare.regressions`` and the J
 from __future__ import annotations
 
 from collections.abc import Generator
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from pytest_spark.report import html_active
 from pytest_spark.report.environment import environment
-from pytest_spark.report.figures import Figures, Metric, figures_of, key_figures, metrics_of
+from pytest_spark.report.figures import figures_of, metrics_of
 from pytest_spark.report.history import (
-    Comparison,
     History,
     cluster_identity,
     compare,
     git_commit,
     history_record,
 )
-from pytest_spark.report.plots import Plot, all_plots
+from pytest_spark.report.model import ReportOutcome, ReportState
 from pytest_spark.report.redact import Redactor
-from pytest_spark.report.summary import VerdictTable, outcome_counts, verdict_table
+from pytest_spark.report.results import RESULTS_KEY
+from pytest_spark.report.summary import outcome_counts, verdict_table
 from pytest_spark.settings.resolve import SettingsError
-from pytest_spark.state import RESULTS_KEY, SIM_KEY
-
-INTERRUPTED = int(pytest.ExitCode.INTERRUPTED)
+from pytest_spark.state import SIM_KEY
 
 
 def validate(settings: Any) -> None:
@@ -52,53 +47,6 @@ def validate(settings: Any) -> None:
         )
 
 
-@dataclass
-class ReportState:
-    """Everything the HTML, terminal and JSON outputs show; built once per session."""
-
-    doc: dict[str, Any]  # the redacted results document
-    figures: Figures
-    metrics: dict[str, Metric]
-    table: VerdictTable
-    identity: dict[str, Any]
-    commit: dict[str, Any] | None
-    exitstatus: int
-    environment: dict[str, Any] = field(default_factory=dict)
-    history_path: Path | None = None
-    history_note: str = ""
-    comparison: Comparison | None = None
-    compare_note: str = ""
-
-    @property
-    def interrupted(self) -> bool:
-        return self.exitstatus == INTERRUPTED
-
-    @property
-    def active(self) -> bool:
-        """Anything to report (suite checks ran, or a cluster was given)?"""
-        return bool(self.doc.get("checks")) or bool((self.doc.get("cluster") or {}).get("head"))
-
-    @property
-    def regression_message(self) -> str:
-        return self.comparison.message() if self.comparison else ""
-
-    @cached_property
-    def plots(self) -> list[Plot]:
-        return all_plots(self.figures)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "figures": {name: m.to_dict() for name, m in sorted(self.metrics.items())},
-            # as the terminal and the HTML show them; "not measured (attached)" included
-            "key_figures": dict(key_figures(self.figures)),
-            "cluster_identity": self.identity,
-            "history": str(self.history_path) if self.history_path else None,
-            "history_note": self.history_note or None,
-            "compare": self.comparison.to_dict() if self.comparison else None,
-            "compare_note": self.compare_note or None,
-        }
-
-
 class ReportPlugin:
     """Registered on the controller only (``hasattr(config, "workerinput")`` is false)."""
 
@@ -106,8 +54,7 @@ class ReportPlugin:
         self.config = config
         self.settings = settings
         self.redactor = redactor
-        self.state: ReportState | None = None
-        self.error: str | None = None
+        self.outcome = ReportOutcome()  # what the terminal and HTML views render
         root = settings.history
         if root is not None and not root.is_absolute():
             root = config.invocation_params.dir / root
@@ -157,11 +104,11 @@ class ReportPlugin:
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         try:
-            self.state = self._build(int(exitstatus))
+            self.outcome.state = self._build(int(exitstatus))
         except Exception as exc:  # the report must not take the session down
-            self.error = f"pytest-dgx-spark report: {type(exc).__name__}: {exc}"
+            self.outcome.error = f"pytest-dgx-spark report: {type(exc).__name__}: {exc}"
             return
-        state = self.state
+        state = self.outcome.state
         if state.regression_message:
             if session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
                 session.exitstatus = pytest.ExitCode.TESTS_FAILED
@@ -228,8 +175,9 @@ class ReportPlugin:
         metadata = self.config.stash.get(metadata_key, None)
         if metadata is None:
             return
+        from pytest_spark.report.html import html_active, metadata_value
+
         escape = html_active(self.config)
-        from pytest_spark.report.html import metadata_value
 
         for key, value in env.items():
             metadata[key] = metadata_value(self.redactor.value(value), escape)
@@ -255,8 +203,9 @@ class ReportPlugin:
         report's figures and comparison before they run, redact again after (what they
         added is redacted too)."""
         self._redact(results)
-        if self.state is not None and self.state.active:
-            results["report"] = self.state.to_json()
+        state = self.outcome.state
+        if state is not None and state.active:
+            results["report"] = state.to_json()
         outcome = yield
         self._redact(results)
         return outcome
@@ -271,4 +220,5 @@ class ReportPlugin:
     ) -> None:
         from pytest_spark.report.terminal import write_summary
 
-        write_summary(terminalreporter, self, config)
+        results = getattr(self.settings, "results", None)
+        write_summary(terminalreporter, self.outcome, self.redactor, results, config)

@@ -11,7 +11,8 @@ import pytest
 from pytest_spark.report.figures import key_figures
 
 if TYPE_CHECKING:
-    from pytest_spark.report.session import ReportPlugin
+    from pytest_spark.report.model import ReportOutcome
+    from pytest_spark.report.redact import Redactor
 
 COLOR = {
     "fail": {"red": True, "bold": True},
@@ -29,14 +30,17 @@ def html_path(config: pytest.Config) -> Path | None:
     return Path.cwd() / Path(os.path.expandvars(raw)).expanduser()
 
 
-def write_summary(tr: Any, plugin: ReportPlugin, config: pytest.Config) -> None:
-    state = plugin.state
-    if plugin.error:
+def write_summary(
+    tr: Any, outcome: ReportOutcome, redactor: Redactor, results: Path | None, config: pytest.Config
+) -> None:
+    """The summary of ``outcome`` (``results``: the results JSON path, if written)."""
+    state = outcome.state
+    if outcome.error:
         tr.write_sep("-", "pytest-dgx-spark summary", red=True)
-        tr.write_line(plugin.error, red=True)
+        tr.write_line(outcome.error, red=True)
     if state is None or not state.active:
         return
-    redact = plugin.redactor.text
+    redact = redactor.text
     tr.write_sep("-", "pytest-dgx-spark summary")
     if state.interrupted:
         tr.write_line("session interrupted: partial results", yellow=True, bold=True)
@@ -68,7 +72,6 @@ def write_summary(tr: Any, plugin: ReportPlugin, config: pytest.Config) -> None:
             tr.write_line(f"REGRESSION: {comparison.message()}", red=True, bold=True)
     elif state.compare_note:
         tr.write_line(f"compare: {state.compare_note}", yellow=True)
-    results = getattr(plugin.settings, "results", None)
     if results is not None:
         tr.write_line(f"results JSON: {Path(results).resolve()}")
     html = html_path(config)

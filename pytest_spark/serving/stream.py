@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 
 from pytest_spark.checks.base import Finding
-from pytest_spark.gathering.codec import dump, load, load_as
+from pytest_spark.parsers.codec import dump, load, load_as
 from pytest_spark.serving.evidence import Exchange, redact_headers, short
 from pytest_spark.serving.wire import ErrorBody, parse_error_body
 
