@@ -7,25 +7,15 @@ import signal
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_spark import fixtures, hooks
-from pytest_spark.access.cluster import Cluster, node_names
-from pytest_spark.access.simcontrol import sim_attach, sim_up
-from pytest_spark.gathering.measure import MEASURE_KEY, Measurements
-from pytest_spark.readiness.reachability import REACHABILITY_VERDICT_KEY
-from pytest_spark.readiness.session import stop_if_launched
-from pytest_spark.report import register as register_reports
-from pytest_spark.report.results import CATEGORIES, CATEGORY_PROP, RESULTS_KEY, ResultsRecorder
-from pytest_spark.settings.resolve import (
-    Settings,
-    add_options,
-    asked_for,
-    refuse_spaced_paths,
-    resolve,
-)
+# Only what the inert path needs is imported here (options, the activation check, the
+# stash keys, where the suite is): installed but not asked for, the plugin must not cost
+# the import of paramiko, testinfra and httpx. The rest is imported once active.
+from pytest_spark import hooks
+from pytest_spark.settings.resolve import add_options, asked_for, refuse_spaced_paths
 from pytest_spark.state import (
     CLUSTER_KEY,
     RUN_DIR_KEY,
@@ -33,7 +23,17 @@ from pytest_spark.state import (
     SETTINGS_KEY,
     SIM_KEY,
 )
-from pytest_spark.suitedir import holds_tests, suite_paths
+from pytest_spark.suitedir import (
+    holds_tests,
+    installed_selection,
+    needed,
+    selected,
+    suite_base,
+    suite_paths,
+)
+
+if TYPE_CHECKING:
+    from pytest_spark.settings.resolve import Settings
 
 MARKERS = {
     "preflight": "node fitness before serving (docker, GPU, disk, model dir, clocks, env)",
@@ -48,6 +48,7 @@ SIM_INFO = "spark_sim_cluster_json"
 RUN_DIR = "spark_run_dir"
 SIGTERM_KEY = pytest.StashKey[Any]()
 SUITE_KEY = pytest.StashKey[list[Path]]()  # the installed suite, when collection went there
+SELECTED_KEY = pytest.StashKey[list[str]]()  # node ids named from the installed suite
 COLLECTED_KEY = pytest.StashKey[int]()  # items collected, before -m/-k deselect
 API_FIXTURES = {"spark_api", "spark_api_state"}
 NODE_FIXTURES = {"spark_node", "spark_node_unchecked", "_spark_node", "host"}
@@ -84,8 +85,8 @@ def pytest_configure(config: pytest.Config) -> None:
     refuse_spaced_paths(config)  # before anything is collected or contacted
     # The suite's markers are declared even when inactive, so that collecting the suite
     # without a cluster ends in the usage error below, not in unknown-marker errors.
-    for name in CATEGORIES:
-        config.addinivalue_line("markers", f"{name}: {MARKERS[name]}")
+    for name, meaning in MARKERS.items():  # the report's CATEGORIES (a test holds them equal)
+        config.addinivalue_line("markers", f"{name}: {meaning}")
     config.addinivalue_line(
         "markers",
         "spark_serving_verdict: this check fails when the cluster is not serving; while it "
@@ -99,14 +100,89 @@ def pytest_configure(config: pytest.Config) -> None:
     if asked_for(config) is None:  # installed, not asked for: a good neighbour
         config.pluginmanager.register(InactiveGuard(), "spark.inactive")
         return
-    if config.args_source == pytest.Config.ArgsSource.INVOCATION_DIR and not holds_tests(
-        config.invocation_params.dir, config.getini("python_files"), config.getini("norecursedirs")
-    ):
-        # No paths, no testpaths, no test files here: run the suite that came with the package.
-        suite = suite_paths(config.rootpath)
-        if suite:
+    _installed_suite(config)
+    _configure_active(config)
+
+
+def _installed_suite(config: pytest.Config) -> None:
+    """Collect from the suite that came with the package: all of it when there are no
+    paths, no testpaths and no test files here; the checks named by node id (as the
+    checkout and the report print them) when those paths do not exist here."""
+    suite = suite_paths(config.rootpath)
+    if not suite:
+        return
+    if config.args_source == pytest.Config.ArgsSource.INVOCATION_DIR:
+        here = config.invocation_params.dir
+        if not holds_tests(here, config.getini("python_files"), config.getini("norecursedirs")):
             config.args[:] = [str(path) for path in suite]
             config.stash[SUITE_KEY] = suite
+        return
+    if config.args_source != pytest.Config.ArgsSource.ARGS:
+        return
+    base = suite_base(suite)
+    kept, selectors = installed_selection(config.args, config.invocation_params.dir, base)
+    if selectors:
+        config.args[:] = [*kept, *(str(path) for path in suite)]
+        config.stash[SUITE_KEY] = suite
+        config.stash[SELECTED_KEY] = selectors
+        config.pluginmanager.register(SuiteSelection(base, selectors), "spark.selection")
+
+
+class SuiteSelection:
+    """Node ids of the installed suite named on the command line: pytest collects the
+    suite from where it is installed (so node ids stay ``tests_infra/...``), only the
+    files they name, and keeps only the checks they name; a name that matches no check is
+    a usage error, as pytest's own "not found"."""
+
+    def __init__(self, base: Path, selectors: list[str]) -> None:
+        self.base = base
+        self.selectors = selectors
+
+    def pytest_ignore_collect(self, collection_path: Path) -> bool | None:
+        try:
+            rel = collection_path.relative_to(self.base).as_posix()
+        except ValueError:
+            return None  # the user's own paths
+        return None if needed(rel, self.selectors) else True
+
+    @pytest.hookimpl(tryfirst=True)  # before -m/-k deselect, so "not found" means not found
+    def pytest_collection_modifyitems(
+        self, config: pytest.Config, items: list[pytest.Item]
+    ) -> None:
+        ours = [item for item in items if item.path.is_relative_to(self.base)]
+        missing = [s for s in self.selectors if not any(selected(i.nodeid, [s]) for i in ours)]
+        if missing:
+            raise pytest.UsageError(
+                *(
+                    f"not found: {name} (no such check in the installed suite at {self.base}; "
+                    "pytest --co -q with no paths lists its node ids)"
+                    for name in missing
+                )
+            )
+        dropped = [item for item in ours if not selected(item.nodeid, self.selectors)]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+        gone = set(map(id, dropped))
+        suite_ids = set(map(id, ours))
+        kept = [item for item in ours if id(item) not in gone]
+        # In the order of the command line, as pytest runs named paths (stable within one).
+        kept.sort(key=lambda item: self._first_match(item.nodeid))
+        items[:] = [item for item in items if id(item) not in suite_ids] + kept
+
+    def _first_match(self, nodeid: str) -> int:
+        return next(i for i, s in enumerate(self.selectors) if selected(nodeid, [s]))
+
+
+def _configure_active(config: pytest.Config) -> None:
+    """Asked for: fixtures, settings, the sim, the run directory, measurements, results
+    and reports (imported here, not at the plugin's import)."""
+    from pytest_spark import fixtures
+    from pytest_spark.access.simcontrol import sim_attach, sim_up
+    from pytest_spark.gathering.measure import MEASURE_KEY, Measurements
+    from pytest_spark.report import register as register_reports
+    from pytest_spark.report.results import RESULTS_KEY, ResultsRecorder
+    from pytest_spark.settings.resolve import resolve
+
     config.addinivalue_line("filterwarnings", "default::pytest_spark.fixtures.SparkCheckWarning")
     config.pluginmanager.register(fixtures, "spark.fixtures")
     settings = resolve(config)
@@ -172,6 +248,8 @@ def _sigterm_as_interrupt(signum: int, frame: Any) -> None:
 
 
 def cluster_info(settings: Settings) -> dict[str, Any]:
+    from pytest_spark.access.cluster import node_names
+
     return {
         "head": settings.head,
         "nodes": [
@@ -203,6 +281,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     settings = config.stash[SETTINGS_KEY]
     if not settings.head:
         return
+    from pytest_spark.access.cluster import Cluster
+    from pytest_spark.readiness.session import stop_if_launched
+
     try:
         cluster = config.stash.get(CLUSTER_KEY, None) or Cluster(settings)
         problem = stop_if_launched(cluster, config.stash[RUN_DIR_KEY], settings.keep)
@@ -221,9 +302,12 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     cluster = config.stash.get(CLUSTER_KEY, None)
     if cluster is not None:
         cluster.close()
-    measurements = config.stash.get(MEASURE_KEY, None)
-    if measurements is not None:
-        measurements.close()
+    if SETTINGS_KEY in config.stash:  # active: the measurements exist (not imported inert)
+        from pytest_spark.gathering.measure import MEASURE_KEY
+
+        measurements = config.stash.get(MEASURE_KEY, None)
+        if measurements is not None:
+            measurements.close()
     sim = config.stash.get(SIM_KEY, None)
     if sim is not None:
         sim.down()
@@ -239,6 +323,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     settings = metafunc.config.stash[SETTINGS_KEY]
     if not settings.head:
         return  # reported once, at collection end
+    from pytest_spark.access.cluster import node_names
+
     if names & NODE_FIXTURES:
         ids = [name for name, _, _ in node_names(settings)]
         metafunc.parametrize("_spark_node", ids, ids=ids, indirect=True, scope="session")
@@ -254,6 +340,8 @@ def pytest_itemcollected(item: pytest.Item) -> None:
     its module's)."""
     if not _active(item.config):
         return
+    from pytest_spark.report.results import CATEGORIES, CATEGORY_PROP
+
     item.config.stash[COLLECTED_KEY] = item.config.stash.get(COLLECTED_KEY, 0) + 1
     for mark in item.iter_markers():
         if mark.name in CATEGORIES:
@@ -265,6 +353,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     config = session.config
     if not _active(config):
         return
+    from pytest_spark.readiness.reachability import REACHABILITY_VERDICT_KEY
+
     config.stash[SERVING_VERDICT_KEY] = any(
         item.get_closest_marker("spark_serving_verdict") for item in session.items
     )
@@ -303,6 +393,12 @@ def pytest_report_header(config: pytest.Config) -> str | None:
     suite = config.stash.get(SUITE_KEY, None)
     if suite is None:
         return None
+    picked = config.stash.get(SELECTED_KEY, None)
+    if picked:
+        return (
+            f"pytest-dgx-spark: {', '.join(picked)}: not in {config.invocation_params.dir}, "
+            f"selected from the installed suite ({', '.join(map(str, suite))})"
+        )
     return (
         f"pytest-dgx-spark: no paths given: running the installed suite "
         f"({', '.join(map(str, suite))}); name paths to run other checks"

@@ -43,3 +43,60 @@ def holds_tests(root: Path, python_files: Sequence[str], norecursedirs: Sequence
             and not os.path.exists(os.path.join(dirpath, name, "pyvenv.cfg"))
         ]
     return False
+
+
+def suite_base(paths: Sequence[Path]) -> Path:
+    """The directory the suite's node ids are relative to: ``pytest_spark/suite`` in the
+    wheel, the checkout in an editable install (``paths`` from :func:`suite_paths`)."""
+    return paths[0] if len(paths) == 1 else paths[0].parent
+
+
+def installed_selection(args: Sequence[str], cwd: Path, base: Path) -> tuple[list[str], list[str]]:
+    """Split the command line's paths into the user's own and node ids of the installed
+    suite: ``tests_infra/test_link.py`` or ``tests_e2e/test_x.py::test_y[spark-head]``
+    as the checkout and the report print them. An argument names the installed suite only
+    when its path does not exist in ``cwd`` (a local path is the user's and wins) and does
+    under ``base``. Returns (args kept as given, node ids selected from the suite)."""
+    kept: list[str] = []
+    selectors: list[str] = []
+    for arg in args:
+        path, sep, rest = arg.partition("::")
+        norm = os.path.normpath(path).replace(os.sep, "/") if path else ""
+        if (
+            not norm
+            or arg.startswith("-")
+            or os.path.isabs(path)
+            or (cwd / path).exists()
+            or norm.split("/", 1)[0] not in SUITE_DIRS
+            or not (base / norm).exists()
+        ):
+            kept.append(arg)
+        else:
+            selectors.append(norm + sep + rest)
+    return kept, selectors
+
+
+def selected(nodeid: str, selectors: Sequence[str]) -> bool:
+    """Whether ``nodeid`` is what one of the selectors names, by pytest's rules: a file or
+    directory holds every check under it, ``file::name`` every parametrization of ``name``
+    (and every method of a class), ``file::name[id]`` that one check."""
+    path = nodeid.partition("::")[0]
+    for selector in selectors:
+        if "::" in selector:
+            if nodeid == selector or nodeid.startswith((selector + "::", selector + "[")):
+                return True
+        elif path == selector or path.startswith(selector + "/"):
+            return True
+    return False
+
+
+def needed(rel: str, selectors: Sequence[str]) -> bool:
+    """Whether pytest must collect the suite's file or directory ``rel`` (relative to the
+    suite's base, ``/``-separated) for the selectors: it holds one of them, or is in one."""
+    if rel in ("", ".") or rel.rsplit("/", 1)[-1] in ("__init__.py", "conftest.py"):
+        return True  # the suite's root, and what its packages and folders need to load
+    for selector in selectors:
+        path = selector.partition("::")[0]
+        if rel == path or path.startswith(rel + "/") or rel.startswith(path + "/"):
+            return True
+    return False

@@ -33,7 +33,7 @@ from .netns import SimError
 from .registry import flock
 
 IMAGE = "vllm-node:latest"
-FORMAT = 7  # bump when the layout below changes (7: NCCL library and package metadata)
+FORMAT = 8  # bump when the layout below changes (7: NCCL lib, package metadata; 8: vllm script)
 CACHE_ENV = "SPARKSIM_CACHE_DIR"
 DEFAULT_CACHE = "/var/cache/sparksim"
 KEEP_TARBALLS = 3
@@ -42,6 +42,16 @@ PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 SIM_DIR = Path(__file__).resolve().parent
 SHIMS_DIR = SIM_DIR / "launcher" / "image"
+# vLLM's console script where pip puts it in a venv: the ``vllm`` shim execs
+# ``python3 VLLM_ENTRY serve ...``, so a process listing (``docker top``, ``ps``) shows
+# ``python3 /opt/vllm/bin/vllm serve ...`` as on a Spark, not the emulator's module name.
+VLLM_ENTRY = "/opt/vllm/bin/vllm"
+VLLM_ENTRY_TEXT = (
+    '"""vLLM\'s console script (sparksim: the emulator)."""\n'
+    "import sys\n\n"
+    "from sparksim.emulator.__main__ import main\n\n"
+    "sys.exit(main())\n"
+)
 # Core utilities the launcher and the shims use inside the container, plus what an
 # operator types in `docker exec -it vllm_node bash`.
 BINARIES = (
@@ -478,6 +488,10 @@ def _write_tarball(fileobj: io.BufferedWriter, key: str) -> None:
             [python, "-I", "-m", "compileall", "-q", str(pkg)], check=False, capture_output=True
         )
         tar.tree(str(pkg), os.path.join(site, "sparksim"))
+        entry = Path(tmp) / "vllm"
+        entry.write_text(VLLM_ENTRY_TEXT)
+        entry.chmod(0o755)
+        tar.file(VLLM_ENTRY, str(entry))
     for name, version in _packages().items():
         arc, data = _dist_info(name, version)
         tar.data(os.path.join(site, arc), data)

@@ -409,7 +409,7 @@ def _serve_pid(state_dir: Path, node: NodeSpec, cid: str, timeout: float = 10.0)
         top = _docker(state_dir, node, "top", cid, "-eo", "pid,args", check=False)
         for line in top.splitlines()[1:]:
             pid, _, args = line.strip().partition(" ")
-            if "emulator.vllm serve" in args and pid.isdigit():
+            if "/vllm serve " in args and not args.startswith("bash") and pid.isdigit():
                 return int(pid)
         if time.monotonic() > deadline:
             break

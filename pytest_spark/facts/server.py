@@ -4,8 +4,10 @@ SSH round trip, so a check can say which flag is missing and quote the line.
 Sources, first found wins:
 
 1. the container's own command (``docker inspect``) when it is ``vllm serve ...``;
-2. a ``vllm serve`` process inside the container (``docker top``): the launcher's model
-   where the container runs ``sleep infinity`` and the server is a ``docker exec``;
+2. a ``vllm serve`` process inside the container (``docker top -eo pid,args``: Docker
+   refuses a ``ps`` format without the PID column): the launcher's model where the
+   container runs ``sleep infinity`` and the server is a ``docker exec``; the server's own
+   process (``python3 .../vllm serve ...``) before the ``bash -c`` that started it;
 3. vLLM's ``non-default args: {...}`` log line of the container's current start
    (``docker logs --since`` its StartedAt, so an earlier run's line is never read);
 4. the ``--spark-serve-args`` the suite launched with.
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import shlex
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -26,6 +29,9 @@ if TYPE_CHECKING:
 
 NON_DEFAULT = "non-default args: "
 MARK = "@@spark-servercmd "
+SHELLS = {"bash", "sh", "dash", "zsh"}
+# Where a ``bash -c`` string stops being vllm's argv: redirections, ``;``, ``&&``, pipes.
+SHELL_OPERATOR = re.compile(r"^(\d*[<>]|[;&|])")
 
 
 @dataclass(frozen=True)
@@ -43,14 +49,37 @@ def serve_line_of(argv: list[str]) -> str | None:
     for i, arg in enumerate(argv):
         base = arg.rsplit("/", 1)[-1]
         if base == "vllm" and argv[i + 1 : i + 2] == ["serve"]:
-            return shlex.join(["vllm", *argv[i + 1 :]])
+            return shlex.join(["vllm", *_until_shell_operator(argv[i + 1 :])])
         if arg == "vllm.entrypoints.openai.api_server":
-            return shlex.join(["vllm", "serve", *argv[i + 1 :]])
+            return shlex.join(["vllm", "serve", *_until_shell_operator(argv[i + 1 :])])
     # ``bash -c "vllm serve ..."``: the command is one word of the argv
     for arg in argv:
         if "vllm serve" in arg:
             return serve_line_of(shlex.split(arg[arg.index("vllm serve") :]))
     return None
+
+
+def _until_shell_operator(words: list[str]) -> list[str]:
+    """The words before the first shell operator: a process listing shows ``bash -c``'s
+    string unquoted (``vllm serve M ... >> /proc/1/fd/1 2>&1; echo $? > FILE``)."""
+    for i, word in enumerate(words):
+        if SHELL_OPERATOR.match(word):
+            return words[:i]
+    return words
+
+
+def _top_argvs(top: str) -> list[list[str]]:
+    """``docker top -eo pid,args`` rows as argvs (the header and the PID column dropped),
+    the processes that are not a shell first: a ``bash -c "vllm serve ..."`` is the
+    parent of the server itself, whose argv is the exact one."""
+    rows = []
+    for line in top.splitlines()[1:]:
+        words = line.split()
+        if words and words[0].isdigit():
+            words = words[1:]
+        if words:
+            rows.append(words)
+    return sorted(rows, key=lambda argv: argv[0].rsplit("/", 1)[-1] in SHELLS)
 
 
 def parse_non_default_args(line: str) -> ServeArgs | None:
@@ -91,7 +120,7 @@ def probe(container: str) -> str:
     c = shlex.quote(container)
     return (
         f"echo '{MARK}inspect'; docker inspect -f '{{{{json .Path}}}} {{{{json .Args}}}}' {c}"
-        f" 2>&1; echo '{MARK}top'; docker top {c} -eo args 2>&1; echo '{MARK}log'; "
+        f" 2>&1; echo '{MARK}top'; docker top {c} -eo pid,args 2>&1; echo '{MARK}log'; "
         f"since=$(docker inspect -f '{{{{.State.StartedAt}}}}' {c} 2>/dev/null); "
         f'docker logs ${{since:+--since "$since"}} {c} 2>&1 | grep -F {shlex.quote(NON_DEFAULT)}'
         " | tail -n 1"
@@ -117,8 +146,8 @@ def parse_probe(text: str, serve_args: str | None) -> ServerCommand | None:
     found = serve_line_of([str(a) for a in argv])
     if found:
         return ServerCommand(parse_serve_args(found), "the container's command", found)
-    for line in parts.get("top", "").splitlines()[1:]:
-        found = serve_line_of(line.split()) if line.strip() else None
+    for argv in _top_argvs(parts.get("top", "")):
+        found = serve_line_of(argv)
         if found:
             return ServerCommand(parse_serve_args(found), "the vllm serve process", found)
     log = parts.get("log", "").strip()

@@ -1,6 +1,6 @@
-"""``python3 -m sparksim.emulator.vllm serve ...``: the emulator under a command
-line that reads like real vLLM's (``python3 /usr/local/bin/vllm serve ...``), so that a
-process listing (``docker top``, ``ps``) shows ``vllm serve`` as it does on a Spark."""
+"""``python3 -m sparksim.emulator.vllm serve ...``: the emulator's ``vllm`` entry point.
+The serving image runs it as vLLM's console script (``python3 /opt/vllm/bin/vllm serve
+...``, see sparksim/image.py), so a process listing shows ``vllm serve`` as on a Spark."""
 
 from __future__ import annotations
 

@@ -508,7 +508,7 @@ def test_vllm_shim_merges_the_nodes_engine_settings(tmp_path: Path) -> None:
     assert "SPARKSIM_EMU_TIME_SCALE=0.5" in lines
     assert f"SPARKSIM_EMU_CONTROL={etc}/control.json" in lines
     assert "SPARKSIM_EMU_HEAD_IP=198.19.0.1" in lines
-    assert "ARGS -m sparksim.emulator.vllm serve /models/m --port 8000" in lines
+    assert "ARGS /opt/vllm/bin/vllm serve /models/m --port 8000" in lines
 
 
 def _free_port() -> int:

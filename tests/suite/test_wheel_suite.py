@@ -1,7 +1,10 @@
 """Installed from the wheel into a fresh venv, run from an empty directory with
 ``pytest --spark-sim``, the suite gives the verdicts (node id -> outcome) of the
 in-checkout run. One selection keeps it cheap: link, preflight and readiness (the last
-launches serving on the sim, so the sim's image, launcher and tools come from the wheel)."""
+launches serving on the sim, so the sim's image, launcher and tools come from the wheel).
+Node ids named on the command line select from the installed suite too, unless the path
+exists where pytest runs (listed with ``--co``: nothing is contacted). One wheel and venv
+serve the whole module."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ import os
 import subprocess
 import sys
 import sysconfig
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -65,13 +69,22 @@ def verdicts(bin_dir: Path, cwd: Path, results: Path) -> tuple[dict[str, str], s
     return {c["nodeid"]: c["outcome"] for c in checks}, output
 
 
-def test_installed_wheel_gives_the_checkouts_verdicts(tmp_path: Path) -> None:
+@dataclass(frozen=True)
+class Installed:
+    bin_dir: Path
+    empty: Path
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
+    """The wheel, built once, in a fresh venv; an empty directory to run it from."""
     reason = _missing()
     if reason:
         pytest.skip(reason)
-    wheel = build_wheel(tmp_path / "build")
-    bin_dir = fresh_venv(tmp_path / "venv", wheel)
-    empty = tmp_path / "empty"
+    root = tmp_path_factory.mktemp("wheel")
+    wheel = build_wheel(root / "build")
+    bin_dir = fresh_venv(root / "venv", wheel)
+    empty = root / "empty"
     empty.mkdir()
     where = subprocess.run(
         [str(bin_dir / "python"), "-c", "import pytest_spark; print(pytest_spark.__file__)"],
@@ -80,10 +93,58 @@ def test_installed_wheel_gives_the_checkouts_verdicts(tmp_path: Path) -> None:
         text=True,
         check=True,
     ).stdout
-    assert where.startswith(str(tmp_path / "venv")), where  # the wheel's, not the checkout's
-    installed, output = verdicts(bin_dir, empty, tmp_path / "installed.json")
+    assert where.startswith(str(root / "venv")), where  # the wheel's, not the checkout's
+    return Installed(bin_dir, empty)
+
+
+def test_installed_wheel_gives_the_checkouts_verdicts(installed: Installed, tmp_path: Path) -> None:
+    bin_dir, empty = installed.bin_dir, installed.empty
+    installed_verdicts, output = verdicts(bin_dir, empty, tmp_path / "installed.json")
     checkout, checkout_output = verdicts(REPO / ".venv" / "bin", REPO, tmp_path / "checkout.json")
-    assert installed, output
-    assert any(n.startswith("tests_infra/test_link.py::") for n in installed), installed
-    assert any(n.startswith("tests_e2e/test_readiness.py::") for n in installed), installed
-    assert installed == checkout, (output, checkout_output)
+    assert installed_verdicts, output
+    assert any(n.startswith("tests_infra/test_link.py::") for n in installed_verdicts)
+    assert any(n.startswith("tests_e2e/test_readiness.py::") for n in installed_verdicts)
+    assert installed_verdicts == checkout, (output, checkout_output)
+
+
+HEAD = "--spark-head=198.18.0.99"  # asked for; --co contacts nothing
+
+
+def listing(bin_dir: Path, cwd: Path, *args: str) -> tuple[int, list[str], str]:
+    """``pytest --co -q ARGS``: exit code, the node ids listed, the whole output."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SPARK_", "PYTEST_"))}
+    proc = subprocess.run(
+        [str(bin_dir / "python"), "-m", "pytest", "-p", "no:cacheprovider", "--co", "-q", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    output = proc.stdout + proc.stderr
+    return proc.returncode, [x for x in proc.stdout.splitlines() if "::" in x], output
+
+
+def test_node_ids_from_an_empty_directory_select_from_the_installed_suite(
+    installed: Installed,
+) -> None:
+    """``pytest tests_infra/test_link.py`` and ``...::test_x[spark-head]`` from an empty
+    directory list what the checkout lists, with the same node ids."""
+    rc, link, output = listing(REPO / ".venv" / "bin", REPO, HEAD, "tests_infra/test_link.py")
+    assert rc == 0 and len(link) > 2, output
+    one = next(n for n in link if n.endswith("[spark-head-twin0]"))
+    for args in (["tests_infra/test_link.py"], [one], [one, "tests_e2e/test_readiness.py"]):
+        want = listing(REPO / ".venv" / "bin", REPO, HEAD, *args)
+        got = listing(installed.bin_dir, installed.empty, HEAD, *args)
+        assert got[0] == 0 and got[1] == want[1], (args, got[2], want[2])
+    rc, _, output = listing(installed.bin_dir, installed.empty, HEAD, f"{one[:-1]}-nope]")
+    assert rc == 4 and f"not found: {one[:-1]}-nope]" in output, output
+
+
+def test_a_local_path_of_the_same_name_is_the_users(installed: Installed, tmp_path: Path) -> None:
+    (tmp_path / "tests_infra").mkdir()
+    (tmp_path / "tests_infra" / "test_link.py").write_text(
+        "def test_mine(spark_settings):\n    pass\n"
+    )
+    rc, ids, output = listing(installed.bin_dir, tmp_path, HEAD, "tests_infra/test_link.py")
+    assert rc == 0 and ids == ["tests_infra/test_link.py::test_mine"], output
