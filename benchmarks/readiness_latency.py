@@ -29,13 +29,14 @@ from pytest_spark.access.cluster import Cluster
 from pytest_spark.access.simcontrol import SimCluster, sim_up
 from pytest_spark.readiness.wait import StartupFailed, remote_now, wait_ready
 from pytest_spark.settings.profiles import load_profile
-from pytest_spark.settings.resolve import OPTIONS, Settings
+from pytest_spark.settings.resolve import defaults
 
 
 def cluster_for(sim: SimCluster) -> Cluster:
-    values = {o.attr: o.default for o in OPTIONS}
-    values.update(head=sim.head, workers=sim.workers, ssh_config=Path(sim.ssh_config), user="root")
-    return Cluster(Settings(values, {k: "benchmark" for k in values}, load_profile("sim")))
+    settings = defaults(load_profile("sim"), source="benchmark").replace(
+        head=sim.head, workers=sim.workers, ssh_config=Path(sim.ssh_config), user="root"
+    )
+    return Cluster(settings)
 
 
 def line_time(cluster: Cluster, container: str, needle: str) -> float:

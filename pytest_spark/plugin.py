@@ -330,7 +330,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("_spark_node", ids, ids=ids, indirect=True, scope="session")
     if "spark_twin" in names:
         ifs = settings.fabric_ifs
-        count = len(ifs) or int(settings.profile["link.fabric_twins"])
+        count = len(ifs) or settings.profile.link.fabric_twins
         twin_ids = list(ifs) if ifs else [f"twin{i}" for i in range(count)]
         metafunc.parametrize("spark_twin", list(range(count)), ids=twin_ids, scope="session")
 

@@ -35,7 +35,7 @@ from pytest_spark.readiness.session import (
     serving_nodes,
     stop_if_launched,
 )
-from pytest_spark.settings import resolve as settings_mod
+from pytest_spark.settings.options import OPTIONS_BY_ATTR
 
 SERVE = "vllm serve /models/Qwen3.5-122B-A10B-FP8 --tensor-parallel-size 2 --port 8000"
 
@@ -100,7 +100,7 @@ def test_the_mode_flag_is_passed_explicitly() -> None:
 
 
 def test_the_default_script_path_expands_on_the_head() -> None:
-    default = settings_mod.OPTIONS_BY_ATTR["launch_script"].default
+    default = OPTIONS_BY_ATTR["launch_script"].default
     assert default == "~/spark-vllm-docker/launch-cluster.sh"  # the script's README
     command = spec().start_command()
     assert command.startswith('setsid nohup "$HOME"/spark-vllm-docker/launch-cluster.sh -n ')

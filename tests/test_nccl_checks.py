@@ -20,7 +20,7 @@ from pytest_spark.checks.nccl import (
 from pytest_spark.collective.allreduce import header_lines, row_line
 from pytest_spark.facts.collective import CollectiveRun, RankOutput
 from pytest_spark.parsers.nccl import NcclOutput, parse_nccl_tests
-from pytest_spark.settings.profiles import Profile, load_profile
+from pytest_spark.settings.profiles import load_profile
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "nccl"
 SPARK = load_profile("dgx-spark-2node")
@@ -42,10 +42,10 @@ def output_with_busbw(busbw: float, size: int = 1 << 30) -> NcclOutput:
 
 
 def test_profiles_carry_the_nccl_thresholds() -> None:
-    assert SPARK["nccl.min_busbw_gbps"] == 21.875
-    assert SPARK["nccl.one_twin_busbw_gbps"] == 13.5
-    assert SPARK["nccl.socket_busbw_gbps"] == 3.0
-    assert SIM["nccl.min_busbw_gbps"] == 0.18
+    assert SPARK.nccl.min_busbw_gbps == 21.875
+    assert SPARK.nccl.one_twin_busbw_gbps == 13.5
+    assert SPARK.nccl.socket_busbw_gbps == 3.0
+    assert SIM.nccl.min_busbw_gbps == 0.18
 
 
 @pytest.mark.parametrize(("busbw", "level"), [(21.88, "pass"), (21.87, "fail"), (23.2, "pass")])
@@ -273,7 +273,7 @@ def test_series_for_json() -> None:
 
 
 def test_thresholds_come_from_the_profile() -> None:
-    strict = Profile("x", "test", {"nccl.min_busbw_gbps": 25.0})
+    strict = SPARK.with_overrides({"nccl.min_busbw_gbps": "25"})
     assert check_busbw(fixture("all_reduce_sweep_healthy.txt"), strict).level == "fail"
     lenient = SPARK.with_overrides({"nccl.min_busbw_gbps": "13"})
     assert check_busbw(fixture("all_reduce_one_twin.txt"), lenient).level == "pass"

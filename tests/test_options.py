@@ -11,7 +11,7 @@ def test_show(pytestconfig):
     from pytest_spark.state import SETTINGS_KEY
     s = pytestconfig.stash[SETTINGS_KEY]
     print("VALUE", repr(s.connect_timeout), "FROM", s.source("connect_timeout"))
-    print("PROFILE", s.profile.name, s.profile["link.min_rate_gbps"], "FROM", s.source("profile"))
+    print("PROFILE", s.profile.name, s.profile.link.min_rate_gbps, "FROM", s.source("profile"))
 """
 
 
@@ -28,7 +28,7 @@ def test_default_is_used_and_named(show: pytest.Pytester) -> None:
     result = show.runpytest("-s")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(
-        ["*VALUE 10.0 FROM default", "PROFILE dgx-spark-2node 200 FROM default"]
+        ["*VALUE 10.0 FROM default", "PROFILE dgx-spark-2node 200.0 FROM default"]
     )
 
 
@@ -76,7 +76,7 @@ def test_bad_env_value_names_the_variable(
 
 def test_profile_by_name_and_threshold_override(show: pytest.Pytester) -> None:
     result = show.runpytest("-s", "--spark-threshold", "link.min_rate_gbps=100")
-    result.stdout.fnmatch_lines(["PROFILE dgx-spark-2node 100 FROM default"])
+    result.stdout.fnmatch_lines(["PROFILE dgx-spark-2node 100.0 FROM default"])
 
 
 def test_threshold_option_repeats(pytester: pytest.Pytester) -> None:
@@ -87,7 +87,7 @@ from pytest_spark.state import SETTINGS_KEY
 
 def test_show(pytestconfig):
     p = pytestconfig.stash[SETTINGS_KEY].profile
-    print("T", p["link.min_rate_gbps"], p["nccl.max_bytes"], p["throughput.concurrency"])
+    print("T", p.link.min_rate_gbps, p.nccl.max_bytes, p.throughput.concurrency)
 """
     )
     result = pytester.runpytest(
@@ -96,14 +96,14 @@ def test_show(pytestconfig):
         "--spark-threshold",
         "nccl.max_bytes=4194304,throughput.concurrency=1;4",
     )
-    result.stdout.fnmatch_lines(["*T 100 4194304 [[]1, 4[]]"])
+    result.stdout.fnmatch_lines(["*T 100.0 4194304 (1, 4)"])
 
 
 def test_profile_from_file_extends_builtin(show: pytest.Pytester) -> None:
     path = show.path / "lab.toml"
     path.write_text('name = "lab"\nextends = "dgx-spark-2node"\n[link]\nmin_rate_gbps = 100\n')
     result = show.runpytest("-s", f"--spark-profile={path}")
-    result.stdout.fnmatch_lines(["PROFILE lab 100 FROM command line --spark-profile"])
+    result.stdout.fnmatch_lines(["PROFILE lab 100.0 FROM command line --spark-profile"])
 
 
 def test_unknown_threshold_lists_the_known_ones(show: pytest.Pytester) -> None:
@@ -133,7 +133,7 @@ def test_unrelated_tests_run_without_head(pytester: pytest.Pytester) -> None:
 
 
 def test_help_lists_every_option_with_ini_and_env(pytester: pytest.Pytester) -> None:
-    from pytest_spark.settings.resolve import OPTIONS
+    from pytest_spark.settings.options import OPTIONS
 
     result = pytester.runpytest("--help")
     out = result.stdout.str()

@@ -1,47 +1,169 @@
-"""Threshold profiles: built-ins, files that extend them, single-threshold overrides."""
+"""Threshold profiles: built-ins, files that extend them, typed sections validated on load,
+single-threshold overrides."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
-from pytest_spark.settings.profiles import ProfileError, load_profile
+from pytest_spark.settings.profiles import (
+    BUILTIN_PROFILES,
+    SECTIONS,
+    Profile,
+    ProfileError,
+    known_keys,
+    load_profile,
+)
 
 
 def test_builtin_reference_figures() -> None:
     p = load_profile("dgx-spark-2node")
-    assert p["link.min_rate_gbps"] == 200
-    assert p["link.min_mtu"] == 4200
-    assert p["nccl.min_busbw_gbps"] == 21.875
-    assert p["nccl.max_bytes"] <= 4 * 1024**3  # 16 GiB buffers froze Sparks
-    assert p["throughput.min_decode_tok_s_1"] == 20.0
+    assert p.link.min_rate_gbps == 200
+    assert p.link.min_mtu == 4200
+    assert p.nccl.min_busbw_gbps == 21.875
+    assert p.nccl.max_bytes <= 4 * 1024**3  # 16 GiB buffers froze Sparks
+    assert p.throughput.min_decode_tok_s_1 == 20.0
+    assert p.throughput.concurrency == (1, 4, 16)
 
 
 def test_sim_extends_and_scales_bandwidth() -> None:
     sim, real = load_profile("sim"), load_profile("dgx-spark-2node")
-    assert sim["link.min_rate_gbps"] == real["link.min_rate_gbps"]
-    assert sim["nccl.min_busbw_gbps"] < real["nccl.min_busbw_gbps"] / 50
+    assert sim.link.min_rate_gbps == real.link.min_rate_gbps  # from the profile it extends
+    assert sim.nccl.min_busbw_gbps < real.nccl.min_busbw_gbps / 50
+
+
+@pytest.mark.parametrize("name", BUILTIN_PROFILES)
+def test_builtin_values_have_their_declared_types(name: str) -> None:
+    profile = load_profile(name)
+    for section, cls in SECTIONS.items():
+        values = getattr(profile, section)
+        assert type(values) is cls
+        for f in dataclasses.fields(cls):
+            value = getattr(values, f.name)
+            # the TOML integer 200 of a float figure is read as 200.0
+            if "float" in str(f.type) and value is not None:
+                assert type(value) is float, (section, f.name, value)
+
+
+def test_sections_are_the_profiles_fields() -> None:
+    names = [f.name for f in dataclasses.fields(Profile)]
+    assert names == ["name", "origin", *SECTIONS, "overridden"]
 
 
 @pytest.mark.parametrize(
     ("key", "raw", "value"),
     [
-        ("link.min_rate_gbps", "100", 100),
+        ("link.min_rate_gbps", "100", 100.0),
         ("nccl.min_busbw_gbps", "20.5", 20.5),
+        ("nccl.max_bytes", "4194304", 4194304),
         ("reasoning.expected", "no", False),
-        ("throughput.concurrency", "1;4", [1, 4]),
+        ("throughput.concurrency", "1;4", (1, 4)),
+        ("nccl.one_twin_busbw_gbps", "12", 12.0),  # not in the file: its default is None
+        ("tool_calls.auto_emits_calls", "false", False),
     ],
 )
 def test_override_keeps_the_type(key: str, raw: str, value: object) -> None:
     p = load_profile("sim").with_overrides({key: raw})
-    assert p[key] == value
+    assert p.value(key) == value
+    assert type(p.value(key)) is type(value)
     assert key in p.overridden
 
 
-def test_bad_override_names_the_type() -> None:
-    with pytest.raises(ProfileError, match="expected a int"):
-        load_profile("sim").with_overrides({"link.min_rate_gbps": "fast"})
+def test_override_leaves_the_rest_alone() -> None:
+    base = load_profile("sim")
+    p = base.with_overrides({"nccl.max_bytes": "4194304"})
+    assert p.nccl.max_bytes == 4194304
+    assert dataclasses.replace(p.nccl, max_bytes=base.nccl.max_bytes) == base.nccl
+    assert p.link == base.link and p.name == base.name
+
+
+@pytest.mark.parametrize(
+    ("key", "raw", "expected"),
+    [
+        ("link.min_rate_gbps", "fast", "expected a number"),
+        ("nccl.max_bytes", "4 MiB", "expected an integer"),
+        ("reasoning.expected", "maybe", "expected true or false"),
+        ("throughput.concurrency", "0;4", "expected a list of positive integers"),
+        ("throughput.concurrency", ";", "expected a list of positive integers"),
+    ],
+)
+def test_bad_override_names_the_type(key: str, raw: str, expected: str) -> None:
+    with pytest.raises(ProfileError, match=rf"threshold {key}={raw!r}: {expected}"):
+        load_profile("sim").with_overrides({key: raw})
+
+
+def test_unknown_override_names_the_key_and_a_close_one() -> None:
+    with pytest.raises(ProfileError) as info:
+        load_profile("sim").with_overrides({"nccl.max_byte": "1"})
+    message = str(info.value)
+    assert "unknown threshold 'nccl.max_byte' (did you mean nccl.max_bytes?)" in message
+    assert "link.min_rate_gbps" in message  # the known keys are listed
+    assert set(known_keys()) >= {"nccl.max_bytes", "throughput.concurrency"}
+
+
+def _write(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "lab.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_file_profile_extends_builtin(tmp_path: Path) -> None:
+    ref = _write(tmp_path, 'name = "lab"\nextends = "sim"\n[nccl]\nmax_bytes = 4194304\n')
+    p = load_profile(ref)
+    assert (p.name, p.origin) == ("lab", ref)
+    assert p.nccl.max_bytes == 4194304
+    assert p.nccl.min_busbw_gbps == load_profile("sim").nccl.min_busbw_gbps
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            'extends = "sim"\n[nccl]\nmin_busbw_gbps = "fast"\n',
+            "lab.toml: [nccl] min_busbw_gbps = 'fast' (a string): expected a number",
+        ),
+        (
+            'extends = "sim"\n[link]\nmin_mtu = 4200.5\n',
+            "lab.toml: [link] min_mtu = 4200.5 (a number): expected an integer",
+        ),
+        (
+            'extends = "sim"\n[reasoning]\nexpected = "yes"\n',
+            "lab.toml: [reasoning] expected = 'yes' (a string): expected true or false",
+        ),
+        (
+            'extends = "sim"\n[link]\nmin_rate_gbps = true\n',
+            "lab.toml: [link] min_rate_gbps = True (a boolean): expected a number",
+        ),
+        (
+            'extends = "sim"\n[throughput]\nconcurrency = [1, "4"]\n',
+            "lab.toml: [throughput] concurrency = [1, '4'] (a list): expected a list of "
+            "positive integers",
+        ),
+        (
+            'extends = "sim"\n[nccl]\nmax_byte = 1\n',
+            "lab.toml: unknown key [nccl] max_byte (did you mean max_bytes?); [nccl] has: "
+            "min_busbw_gbps, min_bytes, max_bytes",
+        ),
+        (
+            'extends = "sim"\n[ncc]\nmax_bytes = 1\n',
+            "lab.toml: unknown key 'ncc' (did you mean [nccl]?)",
+        ),
+        ('extends = "sim"\nlink = 3\n', "lab.toml: link = 3 (an integer): expected a table"),
+        ('name = 3\nextends = "sim"\n', "lab.toml: name = 3 (an integer): expected a string"),
+        (
+            "[link]\nfabric_twins = 2\n",
+            "lab.toml: [link] min_rate_gbps is not set (a number); set it, or extend a "
+            "built-in profile",
+        ),
+    ],
+)
+def test_bad_file_names_file_key_value_and_type(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(ProfileError) as info:
+        load_profile(_write(tmp_path, text))
+    assert message in str(info.value)
+    assert str(tmp_path) in str(info.value)
 
 
 def test_file_profile_with_cycle_is_refused(tmp_path: Path) -> None:

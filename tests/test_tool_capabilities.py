@@ -46,8 +46,9 @@ def test_a_parsed_call_or_a_forced_mode_is_never_declined() -> None:
 
 
 def test_profiles_say_who_emits_calls_under_auto() -> None:
-    assert load_profile("sim").get("tool_calls.auto_emits_calls", True) is True
+    assert load_profile("sim").tool_calls.auto_emits_calls is True
     cpu = load_profile("sim-vllm-cpu")
-    assert cpu.get("tool_calls.auto_emits_calls") is False
-    assert cpu.get("reasoning.expected") is False
-    assert cpu.get("readiness.hang_timeout_s") >= 120
+    assert cpu.tool_calls.auto_emits_calls is False
+    assert cpu.reasoning.expected is False
+    hang = cpu.readiness.hang_timeout_s
+    assert hang is not None and hang >= 120

@@ -21,7 +21,7 @@ def tool_turns(
     spark_api: ApiEndpoint, spark_settings: Settings, spark_server_command: ServerCommand | None
 ) -> Iterator[ToolTurns]:
     """The tool-call questions, each asked once per session (tool_calls and reasoning)."""
-    timeout = float(spark_settings.profile.get("tool_calls.request_timeout_s", 180.0))
+    timeout = spark_settings.profile.tool_calls.request_timeout_s
     client = ServingClient(spark_api, timeout=timeout, idle_timeout=spark_api.timeout)
     try:
         yield ToolTurns(client, spark_settings, spark_server_command)

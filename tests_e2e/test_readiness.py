@@ -75,7 +75,7 @@ def test_startup_within_budget(
         pytest.skip("attached to a running cluster: its load time is not known")
     # The wait gives up at --spark-ready-timeout, so a launch that got here is within it;
     # what can still be wrong is a load slower than this profile's clusters load.
-    budget = float(spark_settings.profile["readiness.max_load_s"])
+    budget = spark_settings.profile.readiness.max_load_s
     ready_s = spark_serving.ready_s
     if ready_s <= budget:
         finding = Finding.passed(
@@ -244,7 +244,8 @@ def test_ray_reports_every_node_and_gpu(
         )
         return
     nodes = len(spark_cluster.nodes)
-    gpus = float(spark_cluster.profile.get("readiness.expected_gpus", nodes))
+    expected_gpus = spark_cluster.profile.readiness.expected_gpus
+    gpus = float(nodes) if expected_gpus is None else expected_gpus
     measured = {"nodes": len(status.active), "gpus": status.total("GPU")}
     expected = {"nodes": nodes, "gpus": gpus}
     if measured != expected:

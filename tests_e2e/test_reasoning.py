@@ -73,13 +73,13 @@ class ReasoningTurns:
     ) -> None:
         profile = settings.profile
         self.client = client
-        self.expected = bool(profile.get("reasoning.expected", True))
+        self.expected = profile.reasoning.expected
         # Why every reasoning check skips: the server has no --reasoning-parser and
         # test_server_has_reasoning_parser reports it, quoting the command line.
         self.no_parser = no_parser
         self.no_tools: str | None = None  # the same for the tool flags (reasoning then tool)
-        self.max_tokens = int(profile.get("reasoning.max_tokens", 2048))
-        self.cut_tokens = int(profile.get("reasoning.truncate_tokens", 8))
+        self.max_tokens = profile.reasoning.max_tokens
+        self.cut_tokens = profile.reasoning.truncate_tokens
         self.profile = profile.name
         self.cache = TurnCache(client)
 
@@ -106,15 +106,15 @@ def turns(
     spark_settings: Settings,
     spark_server_command: ServerCommand | None,
 ) -> Iterator[ReasoningTurns]:
-    timeout = float(spark_settings.profile.get("reasoning.request_timeout_s", 300.0))
+    timeout = spark_settings.profile.reasoning.request_timeout_s
     client = ServingClient(spark_api, timeout=timeout, idle_timeout=spark_api.timeout)
-    expected = bool(spark_settings.profile.get("reasoning.expected", True))
+    expected = spark_settings.profile.reasoning.expected
     no_parser = missing_reasoning_parser(spark_server_command, expected=expected)
     if not verdict_in_session(request.session, REASONING_VERDICT):
         no_parser = None  # nothing else reports it: the checks below do
     reasoning = ReasoningTurns(client, spark_settings, no_parser)
     if verdict_in_session(request.session, TOOLS_VERDICT):
-        tools_expected = bool(spark_settings.profile.get("tool_calls.expected", True))
+        tools_expected = spark_settings.profile.tool_calls.expected
         reasoning.no_tools = missing_tool_parser(spark_server_command, expected=tools_expected)
     try:
         yield reasoning
@@ -196,7 +196,7 @@ def test_server_has_reasoning_parser(
     profile = spark_settings.profile
     result = check_reasoning_parser(
         spark_server_command,
-        expected=bool(profile.get("reasoning.expected", True)),
+        expected=profile.reasoning.expected,
         profile=profile.name,
     )
     if isinstance(result, Skip):

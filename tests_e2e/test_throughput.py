@@ -42,16 +42,16 @@ def _levels(raw: Any) -> tuple[int, ...]:
 
 
 def load_spec(profile: Profile, api: ApiEndpoint) -> LoadSpec:
-    g = profile.get
+    sweep = profile.throughput
     return LoadSpec(
-        concurrency=_levels(g("throughput.concurrency", [1, 4, 16])),
-        prompt_tokens=int(g("throughput.prompt_tokens", 256)),
-        output_tokens=int(g("throughput.output_tokens", 256)),
-        requests_per_stream=int(g("throughput.requests_per_stream", 2)),
-        min_requests=int(g("throughput.min_requests", 4)),
-        warmup_requests=int(g("throughput.warmup_requests", 2)),
-        level_budget_s=float(g("throughput.level_budget_s", 180.0)),
-        request_timeout_s=float(g("throughput.request_timeout_s", 300.0)),
+        concurrency=_levels(sweep.concurrency),
+        prompt_tokens=sweep.prompt_tokens,
+        output_tokens=sweep.output_tokens,
+        requests_per_stream=sweep.requests_per_stream,
+        min_requests=sweep.min_requests,
+        warmup_requests=sweep.warmup_requests,
+        level_budget_s=sweep.level_budget_s,
+        request_timeout_s=sweep.request_timeout_s,
         idle_timeout_s=api.timeout,
     )
 
@@ -213,7 +213,7 @@ def test_decode_single_stream(
     """Single-stream decode speed (1 / TPOT, median) >= throughput.min_decode_tok_s_1: the
     decode verdict (the aggregate check skips citing it when it accounts for the rest)."""
     level = sweep.level(spark_check, 1, "single-stream decode")
-    floor = float(spark_settings.profile["throughput.min_decode_tok_s_1"])
+    floor = spark_settings.profile.throughput.min_decode_tok_s_1
     figures = _figures(spark_check, level)
     decode = figures["decode_tok_s"]["median"]
     if decode is None:
@@ -230,7 +230,7 @@ def test_decode_single_stream(
             "tok/s",
             message=f"{sweep.server}: single-stream decode "
             f"{decode:.1f} tok/s (median 1/TPOT of {figures['requests']} requests, "
-            f"{spark_settings.profile.get('throughput.output_tokens', 256)} output tokens "
+            f"{spark_settings.profile.throughput.output_tokens} output tokens "
             f"each), expected >= {floor:g} tok/s. Usually a degraded fabric (NCCL over TCP, "
             "one twin), GPU clocks throttled, or another process on a GPU; run the link and "
             "nccl checks",
@@ -244,7 +244,7 @@ def test_ttft_p90_single_stream(
 ) -> None:
     """Time to first token at one stream, p90 <= throughput.max_ttft_p90_s_1."""
     level = sweep.level(spark_check, 1, "single-stream TTFT")
-    ceiling = float(spark_settings.profile["throughput.max_ttft_p90_s_1"])
+    ceiling = spark_settings.profile.throughput.max_ttft_p90_s_1
     figures = _figures(spark_check, level)
     p90 = figures["ttft_s"]["p90"]
     if p90 is None:
@@ -269,7 +269,7 @@ def test_aggregate_four_streams(
 ) -> None:
     """Aggregate output tok/s at 4 concurrent streams >= throughput.min_agg_tok_s_4."""
     level = sweep.level(spark_check, 4, "aggregate throughput at 4 streams")
-    floor = float(spark_settings.profile["throughput.min_agg_tok_s_4"])
+    floor = spark_settings.profile.throughput.min_agg_tok_s_4
     figures = _figures(spark_check, level)
     agg = figures["output_tok_s"]
     finding = Finding.passed(agg, floor, "tok/s", message=f"{agg:.1f} tok/s at 4 streams")

@@ -105,7 +105,7 @@ def test_server_has_tool_parser(
     profile = spark_settings.profile
     result = check_tool_parser(
         spark_server_command,
-        expected=bool(profile.get("tool_calls.expected", True)),
+        expected=profile.tool_calls.expected,
         profile=profile.name,
     )
     if isinstance(result, Skip):

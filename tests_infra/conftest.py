@@ -14,7 +14,7 @@ def fabric_if(spark_cluster: Cluster, spark_twin: int) -> str:
     """The interface name of fabric twin ``spark_twin`` (index into the discovered twins)."""
     ifs = fabric_ifs(spark_cluster)
     if spark_twin >= len(ifs):
-        expected = spark_cluster.profile["link.fabric_twins"]
+        expected = spark_cluster.profile.link.fabric_twins
         pytest.fail(
             f"fabric twin {spark_twin}: only {len(ifs)} fabric interface(s) found on any node "
             f"({', '.join(ifs) or 'none'}), expected {expected}. ibdev2netdev shows no Up "

@@ -65,7 +65,7 @@ def test_fabric_twins_up(
 ) -> None:
     """Enough fabric twins Up. A twin that is down is its link-up check's failure: this
     check then skips citing it (one down twin, one failure)."""
-    expected = int(spark_cluster.profile["link.fabric_twins"])
+    expected = spark_cluster.profile.link.fabric_twins
     up = discover_fabric_ifs(link_facts)
     finding = check_fabric_twins(spark_node.name, up, expected, link_facts.roce)
     if not finding.ok:
@@ -111,7 +111,7 @@ def test_link_rate(
     """The link rate. Both twins ride one QSFP port: when the first twin reports the same
     low rate, this twin skips citing it (one slow cable, one failure)."""
     require_usable(spark_node, port)
-    floor = float(spark_cluster.profile["link.min_rate_gbps"])
+    floor = spark_cluster.profile.link.min_rate_gbps
     finding = check_link_rate(spark_node.name, port, floor)
     if not finding.ok:
         ifs = fabric_ifs(spark_cluster)
@@ -136,9 +136,7 @@ def test_mtu(
 ) -> None:
     profile = spark_cluster.profile
     spark_check.require(
-        check_mtu(
-            spark_node.name, port, int(profile["link.min_mtu"]), int(profile["link.hard_min_mtu"])
-        )
+        check_mtu(spark_node.name, port, profile.link.min_mtu, profile.link.hard_min_mtu)
     )
 
 
@@ -182,7 +180,7 @@ def _ring_pings(cluster: Cluster, fabric_if: str) -> dict[str, tuple[Any, ...] |
             return f"peer {peer.name} has no IPv4 address on {fabric_if} (see the subnet check)"
         peer_addr = peer_port.addresses[0].ip
         mtu = port_of(node_link_facts(cluster, node), fabric_if).mtu or 1500
-        count = int(cluster.profile.get("link.ping_count", 3))
+        count = cluster.profile.link.ping_count
         result = node.run(ping_command(fabric_if, peer_addr, mtu, count), timeout=30)
         parsed = parse_ping(result.stdout + result.stderr)
         small = None

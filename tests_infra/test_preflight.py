@@ -92,7 +92,7 @@ def test_gpu_visible(
         spark_check.attach("driver_version", preflight.gpu.driver_version)
     spark_check.require(
         check_gpu_visible(
-            spark_node.name, preflight.gpu, int(spark_cluster.profile["preflight.gpus_per_node"])
+            spark_node.name, preflight.gpu, spark_cluster.profile.preflight.gpus_per_node
         )
     )
 
@@ -109,7 +109,7 @@ def test_disk_space(
     ]
     needed = max(sizes) if sizes else None
     have = mine.total_bytes if mine and mine.exists else 0
-    max_pct = float(spark_cluster.profile["preflight.max_disk_used_pct"])
+    max_pct = spark_cluster.profile.preflight.max_disk_used_pct
     spark_check.require(
         check_disk(
             spark_node.name, preflight.disk, max_pct, where.path, needed, have, preflight.disk_error
@@ -165,9 +165,7 @@ def test_clock_skew(
             pytest.fail(f"node unreachable: {sample}", pytrace=False)
         assert isinstance(sample, ClockSample), name
         samples.append(sample)
-    spark_check.require(
-        check_clock_skew(samples, float(spark_cluster.profile["preflight.max_clock_skew_s"]))
-    )
+    spark_check.require(check_clock_skew(samples, spark_cluster.profile.preflight.max_clock_skew_s))
 
 
 def test_passwordless_ssh_head_to_workers(
@@ -206,7 +204,7 @@ def test_link_flaps(
             preflight.carriers.get(fabric_if),
             preflight.uptime_s,
             preflight.journal,
-            int(spark_cluster.profile["preflight.max_link_flaps_24h"]),
+            spark_cluster.profile.preflight.max_link_flaps_24h,
         )
     )
 

@@ -39,6 +39,8 @@ class Node:
 
 def node_names(settings: Settings) -> list[tuple[str, str, str]]:
     """(name, role, address) of every node, head first, from the settings alone."""
+    if settings.head is None:  # the plugin refuses cluster tests without one first
+        raise ValueError("no head node: give --spark-head=HOST (or --spark-sim)")
     nodes = [("spark-head", "head", settings.head)]
     nodes += [(f"spark-worker-{i}", "worker", w) for i, w in enumerate(settings.workers, 1)]
     return nodes

@@ -172,7 +172,7 @@ def check_busbw(
 ) -> Finding:
     """Large-message busbw >= ``nccl.min_busbw_gbps``; a low figure gets its likely cause,
     read against the transport each rank chose (``transports``) where known."""
-    minimum = float(profile["nccl.min_busbw_gbps"])
+    minimum = profile.nccl.min_busbw_gbps
     row = output.largest
     if row is None:
         said = [*output.errors, *output.warnings][:4]
@@ -197,8 +197,8 @@ def check_busbw(
         return Finding.passed(
             busbw, minimum, "GB/s", node=where, message=f"{head}, expected >= {_fig(minimum)} GB/s"
         )
-    one_twin = profile.get("nccl.one_twin_busbw_gbps")
-    socket = profile.get("nccl.socket_busbw_gbps")
+    one_twin = profile.nccl.one_twin_busbw_gbps
+    socket = profile.nccl.socket_busbw_gbps
     if socket and busbw <= float(socket) * SOCKET_BAND:
         why = (
             f"About the TCP-socket figure (~{_fig(float(socket))} GB/s): TCP socket fallback "

@@ -136,9 +136,9 @@ def collective_run(cluster: Cluster) -> CollectiveRun | str:
                 master_addr=master,
                 rank_env=rank_env,
                 container=settings.container,
-                min_bytes=int(profile["nccl.min_bytes"]),
-                max_bytes=int(profile["nccl.max_bytes"]),
-                timeout=float(profile["nccl.timeout_s"]),
+                min_bytes=profile.nccl.min_bytes,
+                max_bytes=profile.nccl.max_bytes,
+                timeout=profile.nccl.timeout_s,
             )
         except CollectiveUnavailable as exc:
             return str(exc)

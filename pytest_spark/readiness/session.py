@@ -325,7 +325,7 @@ def ensure_serving(
                 port=settings.port,
                 ready_timeout=settings.ready_timeout,
                 hang_timeout=settings.hang_timeout,
-                placement_timeout=float(profile.get("readiness.placement_group_timeout_s", 120)),
+                placement_timeout=profile.readiness.placement_group_timeout_s,
                 since=SINCE_START,
                 launcher_pid=launcher.pid if launcher else None,
                 launcher_log=launcher.launcher_log if launcher else None,

@@ -63,12 +63,12 @@ class ToolTurns:
         # What the server was started with (its --tool-call-parser), when it could be read.
         self.server_command = server
         profile = settings.profile
-        self.max_tokens = int(profile.get("tool_calls.max_tokens", 1024))
-        self.strict_streaming = bool(profile.get("tool_calls.require_streamed_arguments", True))
-        self.expected = bool(profile.get("tool_calls.expected", True))
+        self.max_tokens = profile.tool_calls.max_tokens
+        self.strict_streaming = profile.tool_calls.require_streamed_arguments
+        self.expected = profile.tool_calls.expected
         # False for a model too small to choose a tool by itself (real vLLM on CPU): under
         # auto a plain-text answer is then the model's choice, skipped with the reason.
-        self.auto_emits_calls = bool(profile.get("tool_calls.auto_emits_calls", True))
+        self.auto_emits_calls = profile.tool_calls.auto_emits_calls
         self.profile = profile.name
         self.cache = TurnCache(client)
 

@@ -1,6 +1,7 @@
 """Settings: the options table (``options``), their resolution from command line, ini,
-environment and profile into a frozen ``Settings`` (``resolve``), and the threshold
-profiles (``profiles``, built-ins in ``profiles/*.toml``).
+environment and profile into a frozen, typed ``Settings`` (``resolve``: one field per
+option, and where each value came from), and the threshold profiles (``profiles``: one
+typed section per TOML table, validated on load; built-ins in ``profiles/*.toml``).
 
 May import: nothing else of pytest_spark (every other part reads settings).
 """

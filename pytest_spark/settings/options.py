@@ -1,11 +1,16 @@
-"""Parsers of the report options (``--spark-history``, ``--spark-compare``,
-``--spark-compare-fail``). Pure: raise ValueError with the fix; settings.py names the source.
-Kept free of imports from the rest of the package (settings.py imports this module)."""
+"""The options table: every ``--spark-*`` option with its ini twin ``spark_*``, its
+``SPARK_*`` variable, help, default and parser (``OPTIONS``). The single source of the
+names: ``resolve.Settings`` has one typed field per entry, in the same order
+(tests/test_settings_typed.py holds the two together). Parsers are pure: they raise
+ValueError with the fix, and resolve names the source of the bad value."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Literal
 
 FAMILIES = ("busbw", "tok_s", "ttft", "tpot", "load")
 _METRIC = re.compile(rf"^(?:{'|'.join(FAMILIES)})(?:[._@][\w.@\[\]-]*)?$")
@@ -59,3 +64,396 @@ def compare_fail(raw: str) -> tuple[tuple[str, float], ...]:
     if not specs:
         raise ValueError("must be METRIC:PCT[,METRIC:PCT] (e.g. tok_s:10%,busbw:5%)")
     return tuple(specs)
+
+
+Parse = Callable[[str], Any]
+
+
+def _seconds(raw: str) -> float:
+    text = raw.strip().lower()
+    scale = 1.0
+    for suffix, factor in (("ms", 0.001), ("s", 1.0), ("m", 60.0), ("h", 3600.0)):
+        if text.endswith(suffix):
+            text, scale = text[: -len(suffix)], factor
+            break
+    value = float(text) * scale
+    if not value > 0:
+        raise ValueError("must be a positive number of seconds (e.g. 10, 2.5, 30s, 20m)")
+    return value
+
+
+def _port(raw: str) -> int:
+    value = int(raw)
+    if not 0 < value < 65536:
+        raise ValueError("must be a TCP port between 1 and 65535")
+    return value
+
+
+def _nodes(raw: str) -> int:
+    value = int(raw)
+    if value < 2:
+        raise ValueError("a cluster has at least 2 nodes")
+    return value
+
+
+SimEngine = Literal["emulator", "vllm-cpu"]
+SIM_ENGINES: tuple[SimEngine, ...] = ("emulator", "vllm-cpu")
+HostkeyCheck = Literal["strict", "off"]
+RayMode = Literal["auto", "on", "off"]
+RAY_MODES: tuple[RayMode, ...] = ("auto", "on", "off")
+
+
+def _sim_engine(raw: str) -> SimEngine:
+    value = raw.strip().lower()
+    for engine in SIM_ENGINES:
+        if value == engine:
+            return engine
+    raise ValueError(
+        f"must be one of {', '.join(SIM_ENGINES)} (vllm-cpu needs scripts/setup-vllm-cpu)"
+    )
+
+
+def _host(raw: str) -> str:
+    host = raw.strip()
+    if not host or any(c.isspace() for c in host) or host.startswith("-"):
+        raise ValueError("must be a host name, address or ssh_config alias")
+    return host
+
+
+def _host_list(raw: str) -> tuple[str, ...]:
+    items = [part for part in raw.replace("\n", ",").split(",") if part.strip()]
+    return tuple(_host(part) for part in items)
+
+
+def _name_list(raw: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in raw.replace("\n", ",").split(",") if part.strip())
+
+
+def _bool(raw: str) -> bool:
+    low = raw.strip().lower()
+    if low in {"1", "true", "yes", "on"}:
+        return True
+    if low in {"0", "false", "no", "off", ""}:
+        return False
+    raise ValueError("must be true or false")
+
+
+def _hostkey_check(raw: str) -> HostkeyCheck:
+    value = raw.strip().lower()
+    if value == "strict":
+        return "strict"
+    if value == "off":
+        return "off"
+    raise ValueError("must be 'strict' (default) or 'off'")
+
+
+def _thresholds(raw: str) -> Mapping[str, str]:
+    out: dict[str, str] = {}
+    for item in raw.replace("\n", ",").split(","):
+        if not item.strip():
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise ValueError(f"{item.strip()!r} is not KEY=VALUE (e.g. link.min_rate_gbps=100)")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def _url(raw: str) -> str:
+    url = raw.strip().rstrip("/")
+    if not url.startswith(("http://", "https://")) or len(url.split("//", 1)[1]) == 0:
+        raise ValueError("must be an http(s) URL such as http://127.0.0.1:8000")
+    return url.removesuffix("/v1")
+
+
+def _text(raw: str) -> str:
+    return raw
+
+
+def _remote_path(raw: str) -> str:
+    path = raw.strip().rstrip("/") or raw.strip()
+    if not path.startswith("/") or any(c in path for c in "\n\0"):
+        raise ValueError("must be an absolute path on the nodes (e.g. /data/models/NAME)")
+    return path
+
+
+def _ray_mode(raw: str) -> RayMode:
+    value = raw.strip().lower()
+    for mode in RAY_MODES:
+        if value == mode:
+            return mode
+    raise ValueError(
+        "must be auto (from the serve args or the containers' processes), on (Ray) or "
+        "off (no Ray: torch.distributed ranks, launch-cluster.sh's default)"
+    )
+
+
+def _head_path(raw: str) -> str:
+    path = raw.strip()
+    if not path.startswith(("/", "~/")) or any(c in path for c in "\n\0"):
+        raise ValueError("must be an absolute path on the head, or ~/PATH (e.g. ~/cluster.log)")
+    return path
+
+
+def _path(raw: str) -> Path:
+    if not raw.strip():
+        raise ValueError("must be a path")
+    return Path(raw.strip()).expanduser()
+
+
+@dataclass(frozen=True)
+class Option:
+    """One setting: ``--spark-<noun>``, ini ``spark_<noun>``, env ``SPARK_<NOUN>``, field
+    ``Settings.<attr>``. ``profile_key``: the profile figure that is the default when the
+    option is not given (``readiness.ready_timeout_s``)."""
+
+    noun: str
+    parse: Parse
+    default: Any
+    help: str
+    metavar: str = ""
+    flag: bool = False
+    secret: bool = False
+    profile_key: str | None = None
+    ini_type: str = "string"
+    const: Any = None  # the value of a bare ``--spark-<noun>`` (an optional argument)
+
+    @property
+    def dest(self) -> str:
+        return "spark_" + self.noun.replace("-", "_")
+
+    @property
+    def cli(self) -> str:
+        return f"--spark-{self.noun}"
+
+    @property
+    def ini(self) -> str:
+        return self.dest
+
+    @property
+    def env(self) -> str:
+        return self.dest.upper()
+
+    @property
+    def attr(self) -> str:
+        return self.noun.replace("-", "_")
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option(
+        "head", _host, None, "management address (or ssh_config alias) of the head node", "HOST"
+    ),
+    Option(
+        "workers",
+        _host_list,
+        (),
+        "management addresses of the workers; reached through "
+        "the head as a jump host when not directly reachable",
+        "HOST[,HOST...]",
+    ),
+    Option("user", _text, None, "SSH user (default: ssh_config, then the local user)", "USER"),
+    Option("ssh-key", _path, None, "SSH private key (default: ssh_config IdentityFile)", "PATH"),
+    Option(
+        "ssh-config",
+        _path,
+        Path("~/.ssh/config"),
+        "OpenSSH config to honour (Host aliases, "
+        "HostName, User, IdentityFile, Port, ProxyJump, UserKnownHostsFile)",
+        "PATH",
+    ),
+    Option("connect-timeout", _seconds, 10.0, "SSH connect timeout per node", "SECONDS"),
+    Option("command-timeout", _seconds, 60.0, "timeout of one remote command", "SECONDS"),
+    Option(
+        "hostkey-check",
+        _hostkey_check,
+        "strict",
+        "host key policy: strict (unknown or "
+        "changed keys are errors) or off (accept any key; the report says so)",
+        "strict|off",
+    ),
+    Option(
+        "profile",
+        _text,
+        "dgx-spark-2node",
+        "threshold profile: a built-in name (dgx-spark-2node, sim) or a TOML file",
+        "NAME|PATH",
+    ),
+    Option(
+        "threshold",
+        _thresholds,
+        {},
+        "override single thresholds of the profile",
+        "KEY=VALUE[,KEY=VALUE...]",
+    ),
+    Option(
+        "fabric-ifs",
+        _name_list,
+        (),
+        "fabric interfaces (default: discovered from ibdev2netdev devices that are Up)",
+        "IF[,IF]",
+    ),
+    Option("results", _path, None, "write JSON results to this file", "PATH"),
+    Option(
+        "sim",
+        _bool,
+        False,
+        "stand up sparksim (the embedded simulated cluster) for the "
+        "session, point everything at it and tear it down afterwards",
+        flag=True,
+        ini_type="bool",
+    ),
+    Option("sim-nodes", _nodes, 2, "number of sparksim nodes with --spark-sim", "N"),
+    Option(
+        "sim-engine",
+        _sim_engine,
+        "emulator",
+        "what serves on sparksim: its vLLM emulator, or real vLLM on CPU with a small model "
+        "(vllm-cpu; profile sim-vllm-cpu)",
+        "emulator|vllm-cpu",
+    ),
+    Option(
+        "api-url",
+        _url,
+        None,
+        "OpenAI-compatible API base URL (default: the head's "
+        "--spark-port, through an SSH tunnel when not directly reachable)",
+        "URL",
+    ),
+    Option(
+        "api-key",
+        _text,
+        None,
+        "API key (prefer SPARK_API_KEY or --spark-api-key-file; never printed)",
+        "KEY",
+        secret=True,
+    ),
+    Option("api-key-file", _path, None, "file holding the API key", "PATH"),
+    Option(
+        "model", _text, None, "served model id (default: the only one /v1/models lists)", "NAME"
+    ),
+    Option("port", _port, 8000, "vLLM API port on the head", "PORT"),
+    Option(
+        "http-timeout",
+        _seconds,
+        30.0,
+        "timeout of one HTTP request, and the idle timeout of a stream",
+        "SECONDS",
+    ),
+    Option(
+        "launch",
+        _bool,
+        False,
+        "start the serving cluster with the launch script on the "
+        "head, wait until it is ready, and stop it after the session",
+        flag=True,
+        ini_type="bool",
+    ),
+    Option(
+        "keep",
+        _bool,
+        False,
+        "with --spark-launch: leave the cluster running afterwards",
+        flag=True,
+        ini_type="bool",
+    ),
+    Option(
+        "launch-script",
+        _text,
+        "~/spark-vllm-docker/launch-cluster.sh",
+        "launch-cluster.sh path on the head (its README clones to ~/spark-vllm-docker)",
+        "PATH",
+    ),
+    Option(
+        "ray",
+        _ray_mode,
+        "auto",
+        "Ray or no-Ray deployment: auto reads it from the serve args "
+        "(--distributed-executor-backend ray; --nnodes/--headless) or the containers' "
+        "processes; with --spark-launch, on passes --ray to the launcher",
+        "auto|on|off",
+    ),
+    Option(
+        "serve-log",
+        _head_path,
+        None,
+        "attach mode: the launcher's log on the head (the operator's `launch-cluster.sh ... "
+        "exec vllm serve ... > PATH`), where the head's vLLM output goes in Ray mode",
+        "PATH",
+    ),
+    Option(
+        "launch-nodes",
+        _host_list,
+        (),
+        "node IPs passed to the launcher's -n (default: each node's primary fabric address)",
+        "IP[,IP...]",
+    ),
+    Option("image", _text, None, "serving image for the launcher's -t", "IMAGE"),
+    Option("container", _text, "vllm_node", "serving container name on every node", "NAME"),
+    Option(
+        "serve-args",
+        _text,
+        None,
+        "the `vllm serve ...` command the launcher runs in the head container",
+        "'vllm serve ...'",
+    ),
+    Option(
+        "model-dir",
+        _remote_path,
+        None,
+        "the model directory on the nodes (host path), "
+        "compared across nodes and sized by the preflight checks (default: the serve "
+        "args' model path when it exists on the nodes)",
+        "PATH",
+    ),
+    Option(
+        "nccl-debug",
+        _text,
+        None,
+        "launcher --nccl-debug level (VERSION, WARN, INFO, TRACE)",
+        "LEVEL",
+    ),
+    Option(
+        "ready-timeout",
+        _seconds,
+        1200.0,
+        "give up waiting for readiness after this long",
+        "SECONDS",
+        profile_key="readiness.ready_timeout_s",
+    ),
+    Option(
+        "hang-timeout",
+        _seconds,
+        300.0,
+        "no log progress on any node for this long while loading is a hang",
+        "SECONDS",
+        profile_key="readiness.hang_timeout_s",
+    ),
+    Option(
+        "history",
+        history_dir,
+        Path(".spark-history"),
+        "keep each run's figures (busbw, "
+        "tok/s, TTFT, TPOT, load phases) here, one JSON file per run; 'off' keeps none",
+        "DIR|off",
+    ),
+    Option(
+        "compare",
+        run_ref,
+        None,
+        "compare the figures with the last run of the same "
+        "cluster in the history, or with run RUN (its number, e.g. 0003, or file)",
+        "RUN",
+        const="last",
+    ),
+    Option(
+        "compare-fail",
+        compare_fail,
+        (),
+        "fail the session when a figure got worse by more "
+        "than PCT against the compared run (implies --spark-compare); METRIC is busbw, "
+        "tok_s, ttft, tpot, load or one figure such as tok_s@4",
+        "METRIC:PCT[,METRIC:PCT]",
+    ),
+)
+
+OPTIONS_BY_ATTR = {option.attr: option for option in OPTIONS}

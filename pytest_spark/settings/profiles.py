@@ -1,13 +1,25 @@
-"""Threshold profiles: TOML files of named figures, built in or given by path."""
+"""Threshold profiles: TOML files of named figures, built in or given by path.
+
+A profile is one typed section per TOML table (``profile.nccl.min_busbw_gbps: float``).
+Each file is validated when it is read: an unknown table or key, or a value of the wrong
+type, is a ProfileError naming the file, the key, the value and the type expected; a key
+that neither the file nor the profile it ``extends`` sets, and that has no default here, is
+one too. ``--spark-threshold KEY=VALUE`` overrides one figure by its dotted key
+(``nccl.max_bytes=4194304``), the raw text coerced to that figure's type.
+"""
 
 from __future__ import annotations
 
+import difflib
 import tomllib
+import types
+import typing
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields, replace
+from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 BUILTIN_PROFILES = ("dgx-spark-2node", "sim", "sim-vllm-cpu")
 
@@ -17,68 +29,281 @@ class ProfileError(ValueError):
 
 
 @dataclass(frozen=True)
+class LinkSection:
+    """``[link]``: the fabric ports (tests_infra/test_link.py)."""
+
+    fabric_twins: int  # RoCE ports Up per node when --spark-fabric-ifs is not given
+    min_rate_gbps: float
+    min_mtu: int  # the MTU RoCE needs (a warning below it)
+    hard_min_mtu: int  # below it nothing works (a failure)
+    ping_count: int = 3
+
+
+@dataclass(frozen=True)
+class NcclSection:
+    """``[nccl]``: the all-reduce sweep and its bus-bandwidth floors (GB/s)."""
+
+    min_busbw_gbps: float
+    min_bytes: int
+    max_bytes: int
+    timeout_s: float
+    one_twin_busbw_gbps: float | None = None  # the figure of one fabric twin only
+    socket_busbw_gbps: float | None = None  # the figure of NCCL's TCP socket fallback
+
+
+@dataclass(frozen=True)
+class PreflightSection:
+    """``[preflight]``: per-node checks before anything is launched."""
+
+    gpus_per_node: int
+    max_disk_used_pct: float
+    max_clock_skew_s: float
+    max_link_flaps_24h: int
+
+
+@dataclass(frozen=True)
+class ReadinessSection:
+    """``[readiness]``: the startup wait. ``ready_timeout_s`` and ``hang_timeout_s`` are
+    the defaults of --spark-ready-timeout and --spark-hang-timeout."""
+
+    max_load_s: float  # launch to ready above this fails test_startup_within_budget
+    ready_timeout_s: float | None = None
+    hang_timeout_s: float | None = None
+    placement_group_timeout_s: float = 120.0
+    expected_gpus: float | None = None  # ray status GPUs; default: one per node
+
+
+@dataclass(frozen=True)
+class ThroughputSection:
+    """``[throughput]``: the closed-loop sweep and its floors."""
+
+    min_decode_tok_s_1: float
+    max_ttft_p90_s_1: float
+    min_agg_tok_s_4: float
+    concurrency: tuple[int, ...] = (1, 4, 16)
+    prompt_tokens: int = 256
+    output_tokens: int = 256
+    requests_per_stream: int = 2
+    min_requests: int = 4
+    warmup_requests: int = 2
+    level_budget_s: float = 180.0
+    request_timeout_s: float = 300.0
+
+
+@dataclass(frozen=True)
+class ToolCallsSection:
+    """``[tool_calls]``: what the server was launched to do with tools."""
+
+    expected: bool = True
+    max_tokens: int = 1024
+    request_timeout_s: float = 180.0
+    require_streamed_arguments: bool = True
+    auto_emits_calls: bool = True  # under tool_choice auto (a small model may not)
+
+
+@dataclass(frozen=True)
+class ReasoningSection:
+    """``[reasoning]``: the reasoning parser's checks."""
+
+    expected: bool = True
+    max_tokens: int = 2048
+    truncate_tokens: int = 8
+    request_timeout_s: float = 300.0
+
+
+Section = (
+    LinkSection
+    | NcclSection
+    | PreflightSection
+    | ReadinessSection
+    | ThroughputSection
+    | ToolCallsSection
+    | ReasoningSection
+)
+
+
+@dataclass(frozen=True)
 class Profile:
-    """Flat, dotted-key view of a threshold profile (``link.min_rate_gbps``)."""
+    """A threshold profile: its name, where it came from, one typed section per table."""
 
     name: str
     origin: str
-    values: Mapping[str, Any]
+    link: LinkSection
+    nccl: NcclSection
+    preflight: PreflightSection
+    readiness: ReadinessSection
+    throughput: ThroughputSection
+    tool_calls: ToolCallsSection
+    reasoning: ReasoningSection
     overridden: frozenset[str] = field(default_factory=frozenset)
 
-    def __getitem__(self, key: str) -> Any:
-        try:
-            return self.values[key]
-        except KeyError:
-            raise KeyError(f"threshold {key!r} is not set by profile {self.name!r}") from None
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self.values.get(key, default)
+    def value(self, key: str) -> object:
+        """One figure by its dotted key (``nccl.max_bytes``), for --spark-threshold and
+        the options that default to a figure. Code that knows the figure reads the
+        attribute (``profile.nccl.max_bytes``)."""
+        section, name = _split(key, self.name)
+        return getattr(getattr(self, section), name)
 
     def with_overrides(self, overrides: Mapping[str, str]) -> Profile:
-        """Override single thresholds; each raw string is coerced to the profile's type."""
-        values = dict(self.values)
+        """Override single figures; each raw string is coerced to the figure's type."""
+        changed: dict[str, dict[str, object]] = {}
         for key, raw in overrides.items():
-            if key not in values:
-                known = ", ".join(sorted(values))
-                raise ProfileError(f"unknown threshold {key!r}; profile {self.name!r} has: {known}")
-            values[key] = _coerce(key, raw, values[key])
-            if isinstance(values[key], list) and not values[key]:
-                raise ProfileError(f"threshold {key}={raw!r}: expected a list (e.g. 1;4;16)")
-        return Profile(self.name, self.origin, values, self.overridden | set(overrides))
+            section, name = _split(key, self.name)
+            hint = section_hints(section)[name]
+            try:
+                changed.setdefault(section, {})[name] = _from_text(raw, hint)
+            except ValueError:
+                raise ProfileError(f"threshold {key}={raw!r}: expected {_describe(hint)}") from None
+        sections: dict[str, Any] = {
+            s: replace(getattr(self, s), **values) for s, values in changed.items()
+        }
+        return replace(self, **sections, overridden=self.overridden | set(overrides))
 
 
-def _coerce(key: str, raw: str, current: Any) -> Any:
-    try:
-        if isinstance(current, bool):
-            low = raw.strip().lower()
-            if low not in {"true", "false", "1", "0", "yes", "no"}:
-                raise ValueError
-            return low in {"true", "1", "yes"}
-        if isinstance(current, int):
-            return int(raw)
-        if isinstance(current, float):
-            return float(raw)
-        if isinstance(current, list):
-            items = [item.strip() for item in raw.replace(";", ",").split(",") if item.strip()]
-            item_type = type(current[0]) if current else str
-            return [item_type(item) for item in items]
-    except ValueError:
-        kind = type(current).__name__
-        raise ProfileError(f"threshold {key}={raw!r}: expected a {kind}") from None
-    return raw
+_PROFILE_HINTS = typing.get_type_hints(Profile)
+SECTIONS: dict[str, type[Section]] = {
+    f.name: _PROFILE_HINTS[f.name]
+    for f in fields(Profile)
+    if f.name not in ("name", "origin", "overridden")
+}  # {"link": LinkSection, ...}: the TOML tables, from Profile's fields
+_HEADER = ("name", "description", "extends")
 
 
-def _flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in table.items():
-        if isinstance(value, Mapping):
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
+@cache
+def section_hints(section: str) -> dict[str, object]:
+    """``{key: type}`` of one section, in declaration order."""
+    cls = SECTIONS[section]
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in fields(cls)}
 
 
-def _read(ref: str, seen: tuple[str, ...] = ()) -> tuple[str, str, dict[str, Any]]:
+def known_keys() -> list[str]:
+    """Every dotted key a profile has (``link.min_rate_gbps``, ...)."""
+    return [f"{s}.{k}" for s in SECTIONS for k in section_hints(s)]
+
+
+def _split(key: str, profile: str) -> tuple[str, str]:
+    section, _, name = key.partition(".")
+    if section in SECTIONS and name in section_hints(section):
+        return section, name
+    close = difflib.get_close_matches(key, known_keys(), n=1)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    raise ProfileError(
+        f"unknown threshold {key!r}{hint}; profile {profile!r} has: {', '.join(known_keys())}"
+    )
+
+
+def _inner(hint: object) -> object:
+    """``float | None`` -> ``float`` (TOML has no null: a value given is the type itself)."""
+    if isinstance(hint, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        return args[0]
+    return hint
+
+
+def _describe(hint: object) -> str:
+    hint = _inner(hint)
+    if hint is bool:
+        return "true or false"
+    if hint is int:
+        return "an integer"
+    if hint is float:
+        return "a number"
+    if typing.get_origin(hint) is tuple:
+        return "a list of positive integers (e.g. [1, 4, 16]; on the command line 1;4;16)"
+    return str(hint)
+
+
+def _positive_ints(value: object) -> TypeGuard[list[int]]:
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)
+    )
+
+
+def _from_toml(value: object, hint: object) -> object:
+    """A TOML value as the type ``hint`` says, or ValueError (a boolean is no number)."""
+    hint = _inner(hint)
+    if isinstance(value, bool):
+        if hint is bool:
+            return value
+    elif hint is int and isinstance(value, int):
+        return value
+    elif hint is float and isinstance(value, int | float):
+        return float(value)
+    elif typing.get_origin(hint) is tuple and _positive_ints(value):
+        return tuple(value)
+    raise ValueError(hint)
+
+
+def _from_text(raw: str, hint: object) -> object:
+    """A ``--spark-threshold`` value as the type ``hint`` says, or ValueError."""
+    hint = _inner(hint)
+    text = raw.strip()
+    if hint is bool:
+        low = text.lower()
+        if low not in {"true", "false", "1", "0", "yes", "no"}:
+            raise ValueError(raw)
+        return low in {"true", "1", "yes"}
+    if hint is int:
+        return int(text)
+    if hint is float:
+        return float(text)
+    if typing.get_origin(hint) is tuple:
+        items = [int(item) for item in text.replace(";", ",").split(",") if item.strip()]
+        return _from_toml(items, hint)
+    raise ValueError(raw)
+
+
+def _shown(value: object) -> str:
+    kind = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}
+    what = kind.get(type(value), "a list" if isinstance(value, list) else "a table")
+    return f"{value!r} ({what})"
+
+
+def _validate(data: Mapping[str, object], origin: str) -> dict[str, dict[str, object]]:
+    """One file's tables, each value converted to its key's type; errors name the file."""
+    tables: dict[str, dict[str, object]] = {}
+    for section, table in data.items():
+        if section in _HEADER:
+            continue
+        if section not in SECTIONS:
+            close = difflib.get_close_matches(section, list(SECTIONS), n=1)
+            hint = f" (did you mean [{close[0]}]?)" if close else ""
+            raise ProfileError(
+                f"{origin}: unknown key {section!r}{hint}; a profile has the tables "
+                f"{', '.join(f'[{s}]' for s in SECTIONS)} and name, description, extends"
+            )
+        if not isinstance(table, Mapping):
+            raise ProfileError(
+                f"{origin}: {section} = {_shown(table)}: expected a table [{section}]"
+            )
+        hints = section_hints(section)
+        converted: dict[str, object] = {}
+        for key, value in table.items():
+            if key not in hints:
+                close = difflib.get_close_matches(key, list(hints), n=1)
+                hint = f" (did you mean {close[0]}?)" if close else ""
+                raise ProfileError(
+                    f"{origin}: unknown key [{section}] {key}{hint}; [{section}] has: "
+                    f"{', '.join(hints)}"
+                )
+            try:
+                converted[key] = _from_toml(value, hints[key])
+            except ValueError:
+                raise ProfileError(
+                    f"{origin}: [{section}] {key} = {_shown(value)}: expected "
+                    f"{_describe(hints[key])}"
+                ) from None
+        tables[section] = converted
+    for key in _HEADER:
+        if key in data and not isinstance(data[key], str):
+            raise ProfileError(f"{origin}: {key} = {_shown(data[key])}: expected a string")
+    return tables
+
+
+def _read(ref: str, seen: tuple[str, ...] = ()) -> tuple[str, str, dict[str, dict[str, object]]]:
     if ref in seen:
         raise ProfileError(f"profile {ref!r} extends itself (via {' -> '.join(seen)})")
     if ref in BUILTIN_PROFILES:
@@ -97,17 +322,39 @@ def _read(ref: str, seen: tuple[str, ...] = ()) -> tuple[str, str, dict[str, Any
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ProfileError(f"{origin}: invalid TOML: {exc}") from None
-    name = str(data.pop("name", Path(ref).stem))
-    data.pop("description", None)
-    parent = data.pop("extends", None)
-    values: dict[str, Any] = {}
-    if parent is not None:
-        values.update(_read(str(parent), (*seen, ref))[2])
-    values.update(_flatten(data))
-    return name, origin, values
+    own = _validate(data, origin)
+    name = str(data.get("name", Path(ref).stem))
+    tables: dict[str, dict[str, object]] = {}
+    if "extends" in data:
+        tables = _read(str(data["extends"]), (*seen, ref))[2]
+    for section, values in own.items():
+        tables.setdefault(section, {}).update(values)
+    return name, origin, tables
 
 
 def load_profile(ref: str) -> Profile:
     """Load a built-in profile by name or a TOML file by path (``extends`` honoured)."""
-    name, origin, values = _read(ref)
-    return Profile(name, origin, values)
+    name, origin, tables = _read(ref)
+
+    def given(section: str) -> dict[str, Any]:
+        values = tables.get(section, {})
+        for f in fields(SECTIONS[section]):
+            if f.name not in values and f.default is MISSING:
+                expected = _describe(section_hints(section)[f.name])
+                raise ProfileError(
+                    f"{origin}: [{section}] {f.name} is not set ({expected}); set it, or "
+                    'extend a built-in profile (extends = "dgx-spark-2node")'
+                )
+        return values
+
+    return Profile(
+        name,
+        origin,
+        link=LinkSection(**given("link")),
+        nccl=NcclSection(**given("nccl")),
+        preflight=PreflightSection(**given("preflight")),
+        readiness=ReadinessSection(**given("readiness")),
+        throughput=ThroughputSection(**given("throughput")),
+        tool_calls=ToolCallsSection(**given("tool_calls")),
+        reasoning=ReasoningSection(**given("reasoning")),
+    )

@@ -1,444 +1,148 @@
-"""Settings: every ``--spark-*`` option, its ini twin and its ``SPARK_*`` variable,
-resolved in one place into a frozen object that remembers where each value came from.
+"""Settings: every ``--spark-*`` option of the options table (``options.OPTIONS``), its ini
+twin and its ``SPARK_*`` variable, resolved in one place into a frozen, typed ``Settings``
+(one field per option) that remembers where each value came from.
 
 Precedence: command line > environment > ini file > threshold profile > built-in default.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import shlex
-from collections.abc import Callable, Mapping
+import types
+import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from pytest_spark.settings.options import compare_fail, history_dir, run_ref
-from pytest_spark.settings.profiles import Profile, ProfileError, load_profile
-
-Parse = Callable[[str], Any]
-
-
-def _seconds(raw: str) -> float:
-    text = raw.strip().lower()
-    scale = 1.0
-    for suffix, factor in (("ms", 0.001), ("s", 1.0), ("m", 60.0), ("h", 3600.0)):
-        if text.endswith(suffix):
-            text, scale = text[: -len(suffix)], factor
-            break
-    value = float(text) * scale
-    if not value > 0:
-        raise ValueError("must be a positive number of seconds (e.g. 10, 2.5, 30s, 20m)")
-    return value
-
-
-def _port(raw: str) -> int:
-    value = int(raw)
-    if not 0 < value < 65536:
-        raise ValueError("must be a TCP port between 1 and 65535")
-    return value
-
-
-def _positive_int(raw: str) -> int:
-    value = int(raw)
-    if value < 1:
-        raise ValueError("must be a positive integer")
-    return value
-
-
-def _nodes(raw: str) -> int:
-    value = int(raw)
-    if value < 2:
-        raise ValueError("a cluster has at least 2 nodes")
-    return value
-
-
-SIM_ENGINES = ("emulator", "vllm-cpu")
-
-
-def _sim_engine(raw: str) -> str:
-    value = raw.strip().lower()
-    if value not in SIM_ENGINES:
-        raise ValueError(
-            f"must be one of {', '.join(SIM_ENGINES)} (vllm-cpu needs scripts/setup-vllm-cpu)"
-        )
-    return value
-
-
-def _host(raw: str) -> str:
-    host = raw.strip()
-    if not host or any(c.isspace() for c in host) or host.startswith("-"):
-        raise ValueError("must be a host name, address or ssh_config alias")
-    return host
-
-
-def _host_list(raw: str) -> tuple[str, ...]:
-    items = [part for part in raw.replace("\n", ",").split(",") if part.strip()]
-    return tuple(_host(part) for part in items)
-
-
-def _name_list(raw: str) -> tuple[str, ...]:
-    return tuple(part.strip() for part in raw.replace("\n", ",").split(",") if part.strip())
-
-
-def _bool(raw: str) -> bool:
-    low = raw.strip().lower()
-    if low in {"1", "true", "yes", "on"}:
-        return True
-    if low in {"0", "false", "no", "off", ""}:
-        return False
-    raise ValueError("must be true or false")
-
-
-def _hostkey_check(raw: str) -> str:
-    value = raw.strip().lower()
-    if value not in {"strict", "off"}:
-        raise ValueError("must be 'strict' (default) or 'off'")
-    return value
-
-
-def _thresholds(raw: str) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for item in raw.replace("\n", ",").split(","):
-        if not item.strip():
-            continue
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip() or not value.strip():
-            raise ValueError(f"{item.strip()!r} is not KEY=VALUE (e.g. link.min_rate_gbps=100)")
-        out[key.strip()] = value.strip()
-    return out
-
-
-def _url(raw: str) -> str:
-    url = raw.strip().rstrip("/")
-    if not url.startswith(("http://", "https://")) or len(url.split("//", 1)[1]) == 0:
-        raise ValueError("must be an http(s) URL such as http://127.0.0.1:8000")
-    return url.removesuffix("/v1")
-
-
-def _text(raw: str) -> str:
-    return raw
-
-
-def _remote_path(raw: str) -> str:
-    path = raw.strip().rstrip("/") or raw.strip()
-    if not path.startswith("/") or any(c in path for c in "\n\0"):
-        raise ValueError("must be an absolute path on the nodes (e.g. /data/models/NAME)")
-    return path
-
-
-RAY_MODES = ("auto", "on", "off")
-
-
-def _ray_mode(raw: str) -> str:
-    value = raw.strip().lower()
-    if value not in RAY_MODES:
-        raise ValueError(
-            "must be auto (from the serve args or the containers' processes), on (Ray) or "
-            "off (no Ray: torch.distributed ranks, launch-cluster.sh's default)"
-        )
-    return value
-
-
-def _head_path(raw: str) -> str:
-    path = raw.strip()
-    if not path.startswith(("/", "~/")) or any(c in path for c in "\n\0"):
-        raise ValueError("must be an absolute path on the head, or ~/PATH (e.g. ~/cluster.log)")
-    return path
-
-
-def _path(raw: str) -> Path:
-    if not raw.strip():
-        raise ValueError("must be a path")
-    return Path(raw.strip()).expanduser()
-
-
-@dataclass(frozen=True)
-class Option:
-    """One setting: ``--spark-<noun>``, ini ``spark_<noun>``, env ``SPARK_<NOUN>``."""
-
-    noun: str
-    parse: Parse
-    default: Any
-    help: str
-    metavar: str = ""
-    flag: bool = False
-    secret: bool = False
-    profile_key: str | None = None
-    ini_type: str = "string"
-    const: Any = None  # the value of a bare ``--spark-<noun>`` (an optional argument)
-
-    @property
-    def dest(self) -> str:
-        return "spark_" + self.noun.replace("-", "_")
-
-    @property
-    def cli(self) -> str:
-        return f"--spark-{self.noun}"
-
-    @property
-    def ini(self) -> str:
-        return self.dest
-
-    @property
-    def env(self) -> str:
-        return self.dest.upper()
-
-    @property
-    def attr(self) -> str:
-        return self.noun.replace("-", "_")
-
-
-OPTIONS: tuple[Option, ...] = (
-    Option(
-        "head", _host, None, "management address (or ssh_config alias) of the head node", "HOST"
-    ),
-    Option(
-        "workers",
-        _host_list,
-        (),
-        "management addresses of the workers; reached through "
-        "the head as a jump host when not directly reachable",
-        "HOST[,HOST...]",
-    ),
-    Option("user", _text, None, "SSH user (default: ssh_config, then the local user)", "USER"),
-    Option("ssh-key", _path, None, "SSH private key (default: ssh_config IdentityFile)", "PATH"),
-    Option(
-        "ssh-config",
-        _path,
-        Path("~/.ssh/config"),
-        "OpenSSH config to honour (Host aliases, "
-        "HostName, User, IdentityFile, Port, ProxyJump, UserKnownHostsFile)",
-        "PATH",
-    ),
-    Option("connect-timeout", _seconds, 10.0, "SSH connect timeout per node", "SECONDS"),
-    Option("command-timeout", _seconds, 60.0, "timeout of one remote command", "SECONDS"),
-    Option(
-        "hostkey-check",
-        _hostkey_check,
-        "strict",
-        "host key policy: strict (unknown or "
-        "changed keys are errors) or off (accept any key; the report says so)",
-        "strict|off",
-    ),
-    Option(
-        "profile",
-        _text,
-        "dgx-spark-2node",
-        "threshold profile: a built-in name (dgx-spark-2node, sim) or a TOML file",
-        "NAME|PATH",
-    ),
-    Option(
-        "threshold",
-        _thresholds,
-        {},
-        "override single thresholds of the profile",
-        "KEY=VALUE[,KEY=VALUE...]",
-    ),
-    Option(
-        "fabric-ifs",
-        _name_list,
-        (),
-        "fabric interfaces (default: discovered from ibdev2netdev devices that are Up)",
-        "IF[,IF]",
-    ),
-    Option("results", _path, None, "write JSON results to this file", "PATH"),
-    Option(
-        "sim",
-        _bool,
-        False,
-        "stand up sparksim (the embedded simulated cluster) for the "
-        "session, point everything at it and tear it down afterwards",
-        flag=True,
-        ini_type="bool",
-    ),
-    Option("sim-nodes", _nodes, 2, "number of sparksim nodes with --spark-sim", "N"),
-    Option(
-        "sim-engine",
-        _sim_engine,
-        "emulator",
-        "what serves on sparksim: its vLLM emulator, or real vLLM on CPU with a small model "
-        "(vllm-cpu; profile sim-vllm-cpu)",
-        "emulator|vllm-cpu",
-    ),
-    Option(
-        "api-url",
-        _url,
-        None,
-        "OpenAI-compatible API base URL (default: the head's "
-        "--spark-port, through an SSH tunnel when not directly reachable)",
-        "URL",
-    ),
-    Option(
-        "api-key",
-        _text,
-        None,
-        "API key (prefer SPARK_API_KEY or --spark-api-key-file; never printed)",
-        "KEY",
-        secret=True,
-    ),
-    Option("api-key-file", _path, None, "file holding the API key", "PATH"),
-    Option(
-        "model", _text, None, "served model id (default: the only one /v1/models lists)", "NAME"
-    ),
-    Option("port", _port, 8000, "vLLM API port on the head", "PORT"),
-    Option(
-        "http-timeout",
-        _seconds,
-        30.0,
-        "timeout of one HTTP request, and the idle timeout of a stream",
-        "SECONDS",
-    ),
-    Option(
-        "launch",
-        _bool,
-        False,
-        "start the serving cluster with the launch script on the "
-        "head, wait until it is ready, and stop it after the session",
-        flag=True,
-        ini_type="bool",
-    ),
-    Option(
-        "keep",
-        _bool,
-        False,
-        "with --spark-launch: leave the cluster running afterwards",
-        flag=True,
-        ini_type="bool",
-    ),
-    Option(
-        "launch-script",
-        _text,
-        "~/spark-vllm-docker/launch-cluster.sh",
-        "launch-cluster.sh path on the head (its README clones to ~/spark-vllm-docker)",
-        "PATH",
-    ),
-    Option(
-        "ray",
-        _ray_mode,
-        "auto",
-        "Ray or no-Ray deployment: auto reads it from the serve args "
-        "(--distributed-executor-backend ray; --nnodes/--headless) or the containers' "
-        "processes; with --spark-launch, on passes --ray to the launcher",
-        "auto|on|off",
-    ),
-    Option(
-        "serve-log",
-        _head_path,
-        None,
-        "attach mode: the launcher's log on the head (the operator's `launch-cluster.sh ... "
-        "exec vllm serve ... > PATH`), where the head's vLLM output goes in Ray mode",
-        "PATH",
-    ),
-    Option(
-        "launch-nodes",
-        _host_list,
-        (),
-        "node IPs passed to the launcher's -n (default: each node's primary fabric address)",
-        "IP[,IP...]",
-    ),
-    Option("image", _text, None, "serving image for the launcher's -t", "IMAGE"),
-    Option("container", _text, "vllm_node", "serving container name on every node", "NAME"),
-    Option(
-        "serve-args",
-        _text,
-        None,
-        "the `vllm serve ...` command the launcher runs in the head container",
-        "'vllm serve ...'",
-    ),
-    Option(
-        "model-dir",
-        _remote_path,
-        None,
-        "the model directory on the nodes (host path), "
-        "compared across nodes and sized by the preflight checks (default: the serve "
-        "args' model path when it exists on the nodes)",
-        "PATH",
-    ),
-    Option(
-        "nccl-debug",
-        _text,
-        None,
-        "launcher --nccl-debug level (VERSION, WARN, INFO, TRACE)",
-        "LEVEL",
-    ),
-    Option(
-        "ready-timeout",
-        _seconds,
-        1200.0,
-        "give up waiting for readiness after this long",
-        "SECONDS",
-        profile_key="readiness.ready_timeout_s",
-    ),
-    Option(
-        "hang-timeout",
-        _seconds,
-        300.0,
-        "no log progress on any node for this long while loading is a hang",
-        "SECONDS",
-        profile_key="readiness.hang_timeout_s",
-    ),
-    Option(
-        "history",
-        history_dir,
-        Path(".spark-history"),
-        "keep each run's figures (busbw, "
-        "tok/s, TTFT, TPOT, load phases) here, one JSON file per run; 'off' keeps none",
-        "DIR|off",
-    ),
-    Option(
-        "compare",
-        run_ref,
-        None,
-        "compare the figures with the last run of the same "
-        "cluster in the history, or with run RUN (its number, e.g. 0003, or file)",
-        "RUN",
-        const="last",
-    ),
-    Option(
-        "compare-fail",
-        compare_fail,
-        (),
-        "fail the session when a figure got worse by more "
-        "than PCT against the compared run (implies --spark-compare); METRIC is busbw, "
-        "tok_s, ttft, tpot, load or one figure such as tok_s@4",
-        "METRIC:PCT[,METRIC:PCT]",
-    ),
+from pytest_spark.settings.options import (
+    OPTIONS,
+    OPTIONS_BY_ATTR,
+    HostkeyCheck,
+    RayMode,
+    SimEngine,
+    _bool,
 )
-
-OPTIONS_BY_ATTR = {option.attr: option for option in OPTIONS}
+from pytest_spark.settings.profiles import Profile, ProfileError, load_profile
 
 
 @dataclass(frozen=True)
 class Settings:
-    """Resolved settings. ``sources[attr]`` says where each value came from."""
+    """Resolved settings: one typed field per entry of the options table (``OPTIONS``), with
+    the same name and in the same order, then ``sources``: where each value came from
+    (``source(attr)``: ``command line --spark-port``, ``environment SPARK_PORT``,
+    ``spark_port in pytest.ini``, ``profile sim``, ``default``, ``sparksim``), for
+    messages and the report. A value of the wrong type is refused when it is built."""
 
-    values: Mapping[str, Any]
-    sources: Mapping[str, str]
-    profile: Profile
-    secrets: frozenset[str] = field(default_factory=frozenset)
+    head: str | None
+    workers: tuple[str, ...]
+    user: str | None
+    ssh_key: Path | None
+    ssh_config: Path
+    connect_timeout: float
+    command_timeout: float
+    hostkey_check: HostkeyCheck
+    profile: Profile  # --spark-profile loaded, the --spark-threshold overrides applied
+    threshold: Mapping[str, str]
+    fabric_ifs: tuple[str, ...]
+    results: Path | None
+    sim: bool
+    sim_nodes: int
+    sim_engine: SimEngine
+    api_url: str | None
+    api_key: str | None = field(repr=False)
+    api_key_file: Path | None
+    model: str | None
+    port: int
+    http_timeout: float
+    launch: bool
+    keep: bool
+    launch_script: str
+    ray: RayMode
+    serve_log: str | None
+    launch_nodes: tuple[str, ...]
+    image: str | None
+    container: str
+    serve_args: str | None
+    model_dir: str | None
+    nccl_debug: str | None
+    ready_timeout: float
+    hang_timeout: float
+    history: Path | None
+    compare: str | None
+    compare_fail: tuple[tuple[str, float], ...]
+    sources: Mapping[str, str] = field(repr=False)
 
-    def __getattr__(self, name: str) -> Any:
-        values = object.__getattribute__(self, "values")
-        try:
-            return values[name]
-        except KeyError:
-            raise AttributeError(name) from None
+    def __post_init__(self) -> None:
+        hints = _field_types()
+        for name, hint in hints.items():
+            value = getattr(self, name)
+            if not conforms(value, hint):
+                source = self.sources.get(name, "?")
+                shown = "***" if OPTIONS_BY_ATTR[name].secret else repr(value)
+                raise TypeError(
+                    f"setting {name} = {shown} (from {source}) is a "
+                    f"{type(value).__name__}, expected {hint}"
+                )
+        missing = set(hints) - set(self.sources)
+        if missing:
+            raise TypeError(f"settings without a source: {', '.join(sorted(missing))}")
 
     def source(self, attr: str) -> str:
+        """Where the value of ``attr`` came from."""
         return self.sources[attr]
 
     def replace(self, **changes: Any) -> Settings:
         """A copy with some values set by the plugin itself (e.g. by --spark-sim)."""
-        values = dict(self.values)
-        sources = dict(self.sources)
-        for key, value in changes.items():
-            values[key] = value
-            sources[key] = "sparksim"
-        return Settings(values, sources, self.profile, self.secrets)
+        sources = {**self.sources, **dict.fromkeys(changes, "sparksim")}
+        return dataclasses.replace(self, **changes, sources=sources)
+
+
+@cache
+def _field_types() -> dict[str, object]:
+    """``{option attr: type}`` of Settings' option fields (all but ``sources``)."""
+    hints = typing.get_type_hints(Settings)
+    return {f.name: hints[f.name] for f in dataclasses.fields(Settings) if f.name != "sources"}
+
+
+def conforms(value: object, hint: object) -> bool:
+    """Whether ``value`` is of type ``hint`` (the few forms Settings' fields use)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if isinstance(hint, types.UnionType):
+        return any(conforms(value, arg) for arg in args)
+    if origin is typing.Literal:
+        return value in args
+    if origin is tuple:
+        if not isinstance(value, tuple):
+            return False
+        if len(args) == 2 and args[1] is Ellipsis:
+            return all(conforms(v, args[0]) for v in value)
+        return len(value) == len(args) and all(map(conforms, value, args))
+    if origin is Mapping:
+        return isinstance(value, Mapping) and all(
+            conforms(k, args[0]) and conforms(v, args[1]) for k, v in value.items()
+        )
+    if hint is type(None):
+        return value is None
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, float)
+    assert isinstance(hint, type), hint
+    return isinstance(value, hint)
+
+
+def defaults(profile: Profile, source: str = "default") -> Settings:
+    """Every option at its default (benchmarks and tests start from it: ``.replace``)."""
+    values: dict[str, Any] = {o.attr: o.default for o in OPTIONS}
+    values["profile"] = profile
+    return Settings(**values, sources=dict.fromkeys(values, source))
 
 
 SettingsError = pytest.UsageError  # a bad value, with its source named (UsageError is final)
@@ -494,20 +198,28 @@ def resolve(config: pytest.Config, environ: Mapping[str, str] | None = None) -> 
         sim_profile = "sim-vllm-cpu" if values["sim_engine"] == "vllm-cpu" else "sim"
         values["profile"], sources["profile"] = sim_profile, "default for --spark-sim"
     try:
-        profile = load_profile(values["profile"]).with_overrides(values["threshold"])
+        loaded = load_profile(values["profile"])
     except ProfileError as exc:
-        culprit = "threshold" if "threshold" in str(exc) else "profile"
-        raise SettingsError(f"{exc} (from {sources[culprit]})") from None
+        raise SettingsError(f"{exc} (from {sources['profile']})") from None
+    try:
+        values["profile"] = loaded.with_overrides(values["threshold"])
+    except ProfileError as exc:
+        raise SettingsError(f"{exc} (from {sources['threshold']})") from None
     for option in OPTIONS:
-        if (
-            option.profile_key
-            and sources[option.attr] == "default"
-            and (option.profile_key in profile.values)
-        ):
-            values[option.attr] = option.parse(str(profile[option.profile_key]))
-            sources[option.attr] = f"profile {profile.name}"
-    secrets = frozenset(o.attr for o in OPTIONS if o.secret)
-    return Settings(values, sources, profile, secrets)
+        if not option.profile_key or sources[option.attr] != "default":
+            continue
+        figure = values["profile"].value(option.profile_key)
+        if figure is None:  # the profile leaves it to the option's default
+            continue
+        source = f"profile {loaded.name}"
+        try:
+            values[option.attr] = option.parse(str(figure))
+        except ValueError as exc:
+            raise SettingsError(
+                f"Invalid value {figure!r} for {option.profile_key} from {source}: {exc}"
+            ) from None
+        sources[option.attr] = source
+    return Settings(**values, sources=sources)
 
 
 REPEATABLE = frozenset({"threshold"})
