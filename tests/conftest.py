@@ -10,17 +10,28 @@
 The ``sim`` marker keeps its meaning (needs root), so it also holds the suite tier:
 ``-m unit``, ``-m "sim and not suite"``, ``-m suite`` select the tiers, and
 ``scripts/run-tests --tier unit|sim|suite`` runs one of them (all three without it).
+
+The suite tier runs on xdist workers (``--dist loadgroup``), each with a sim of its own
+(the session ``sim`` fixture is per process). A module whose tests share one module-scoped
+run (the fault matrix's lanes, the emulator scenarios) is one work unit: one worker runs
+all of it, once; every other test is a unit of its own, taken by whichever worker is free.
+The units are made here (``pytest_xdist_make_scheduler``), not by ``xdist_group`` marks:
+xdist 3.8 carries a mark's group in the node id it rewrites, which pytest 9.2's node ids
+no longer take (pytest-dev/pytest-xdist#1386), so marked tests would be split silently.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 TESTS = Path(__file__).resolve().parent
 # Whole-suite runs that need no root: tests_e2e in subprocesses against emulators.
 SUITE_FILES = ("test_serving_suite.py",)
+# Modules whose tests read one module-scoped run: under xdist, all on one worker.
+SHARED_RUN_MODULES = ("suite/test_fault_matrix.py", "test_serving_suite.py")
 
 
 def tier_of(path: Path, needs_sim: bool) -> str:
@@ -43,3 +54,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         tier = tier_of(Path(str(item.path)), item.get_closest_marker("sim") is not None)
         if tier != "sim":  # the sim tier is the sim marker itself
             item.add_marker(getattr(pytest.mark, tier))
+
+
+def work_unit(nodeid: str) -> str:
+    """The xdist work unit of a test: its module for SHARED_RUN_MODULES, else the test."""
+    module = nodeid.split("::", 1)[0]
+    shared = {f"{TESTS.name}/{relative}" for relative in SHARED_RUN_MODULES}
+    return module if module in shared else nodeid
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup``: LoadScopeScheduling over :func:`work_unit` (the biggest unit,
+    the fault matrix, is handed out first). Other modes: xdist's own."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedRunScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return SharedRunScheduling(config, log)
