@@ -299,7 +299,7 @@ def _skip_if_decode_explains(
     if one is None:
         return
     decode = one.to_dict()["decode_tok_s"]["median"]
-    decode_floor = float(spark_settings.profile["throughput.min_decode_tok_s_1"])
+    decode_floor = spark_settings.profile.throughput.min_decode_tok_s_1
     if decode_explains_aggregate(aggregate, floor, decode, decode_floor):
         pytest.skip(
             f"aggregate output {aggregate:.1f} tok/s at 4 streams, expected >= {floor:g}: the "
