@@ -42,7 +42,7 @@ INSPECT = (
 # docker inspect trims trailing zeros of StartedAt; docker logs prints nine digits.
 STARTED = "2026-11-29T20:00:00Z"
 SERVE = "1234 /usr/bin/python3 /usr/local/bin/vllm serve /models/m --tensor-parallel-size 2"
-DOCKER_TOP = f"docker top {CONTAINER} -eo pid,args"
+DOCKER_TOP = f"docker top {CONTAINER} -eo pid,args -ww"
 OOM = (
     "(EngineCore_DP0 pid=312) ERROR 11-29 20:00:05 [core.py:866] torch.OutOfMemoryError: "
     "CUDA out of memory. Tried to allocate 1.50 GiB. GPU 0 has a total capacity of "

@@ -18,7 +18,7 @@ def _probe(top: str) -> str:
 
 def test_probe_asks_docker_top_for_the_pid_column() -> None:
     """Docker answers ``-eo args`` with "Couldn't find PID field in ps output"."""
-    assert "docker top vllm_node -eo pid,args" in probe("vllm_node")
+    assert "docker top vllm_node -eo pid,args -ww" in probe("vllm_node")
     assert parse_probe(_probe(REFUSED), None) is None
 
 

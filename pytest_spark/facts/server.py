@@ -4,8 +4,9 @@ SSH round trip, so a check can say which flag is missing and quote the line.
 Sources, first found wins:
 
 1. the container's own command (``docker inspect``) when it is ``vllm serve ...``;
-2. a ``vllm serve`` process inside the container (``docker top -eo pid,args``: Docker
-   refuses a ``ps`` format without the PID column): the launcher's model where the
+2. a ``vllm serve`` process inside the container (``docker top -eo pid,args -ww``: Docker
+   refuses a ``ps`` format without the PID column, and without ``-ww`` ps may cut each
+   line at 80 columns, before the flags: seen on sparksim's real dockerd): the launcher's model where the
    container runs ``sleep infinity`` and the server is a ``docker exec``; the server's own
    process (``python3 .../vllm serve ...``) before the ``bash -c`` that started it;
 3. vLLM's ``non-default args: {...}`` log line of the container's current start
@@ -120,7 +121,7 @@ def probe(container: str) -> str:
     c = shlex.quote(container)
     return (
         f"echo '{MARK}inspect'; docker inspect -f '{{{{json .Path}}}} {{{{json .Args}}}}' {c}"
-        f" 2>&1; echo '{MARK}top'; docker top {c} -eo pid,args 2>&1; echo '{MARK}log'; "
+        f" 2>&1; echo '{MARK}top'; docker top {c} -eo pid,args -ww 2>&1; echo '{MARK}log'; "
         f"since=$(docker inspect -f '{{{{.State.StartedAt}}}}' {c} 2>/dev/null); "
         f'docker logs ${{since:+--since "$since"}} {c} 2>&1 | grep -F {shlex.quote(NON_DEFAULT)}'
         " | tail -n 1"

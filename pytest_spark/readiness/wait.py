@@ -132,7 +132,7 @@ def probe_command(
     )
     if processes:
         parts.append(
-            f'echo {SEP} procs; case "$st" in running*) docker top {c} -eo pid,args '
+            f'echo {SEP} procs; case "$st" in running*) docker top {c} -eo pid,args -ww '
             "2>/dev/null | grep -E 'vllm|VLLM::|ray' | cut -c1-1000 | head -n 50;; esac"
         )
     if launcher_log is not None:

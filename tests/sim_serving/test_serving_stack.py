@@ -189,7 +189,7 @@ def wait_log(sim: Any, node: str, needle: str, timeout: float = 60) -> str:
 
 
 def serving_processes(sim: Any, node: str) -> str:
-    return sim.out(node, "docker top vllm_node -eo pid,args")
+    return sim.out(node, "docker top vllm_node -eo pid,args -ww")
 
 
 def test_no_ray_serve_runs_one_rank_per_node(sim: Any) -> None:
