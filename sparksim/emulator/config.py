@@ -295,7 +295,7 @@ class Knobs:
     tp_peer_port: int = 0
     tp_peer_host: str = ""
     heartbeat_s: float = 0.5
-    heartbeat_timeout_s: float = 3.0
+    heartbeat_timeout_s: float = 10.0
     pg_wait_s: float = 10.0
     pg_backoff: float = 2.0
     pg_timeout_s: float = 1800.0

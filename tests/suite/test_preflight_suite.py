@@ -38,6 +38,8 @@ NO_LAUNCH = (
     | {f"test_link_flaps[{n}-twin{t}]" for n in (H, W) for t in (0, 1)}
 )
 SERVING = {f"test_serving_env_matches_fabric[{n}]" for n in (H, W)}
+# tests_infra/test_alike.py: nodes alike, in the preflight category, one check each
+ALIKE = {"test_host_software_alike", "test_serving_image_alike", "test_clock_ntp_synchronized"}
 
 
 def launch(sim: SimCluster) -> dict[str, Any]:
@@ -245,7 +247,7 @@ def test_spark_sim_healthy_passes_every_preflight_check(tmp_path: Path) -> None:
     assert run.ret == 0, run.output
     assert run.results["cluster"]["sim"] is True
     outcomes = run.outcomes()
-    assert set(outcomes) == NO_LAUNCH | SERVING, outcomes
+    assert set(outcomes) == NO_LAUNCH | SERVING | ALIKE, outcomes
     assert set(outcomes.values()) == {"passed"}, outcomes
     assert {c["category"] for c in run.results["checks"]} == {"preflight"}
 

@@ -86,6 +86,10 @@ def test_xdist_same_verdicts_one_launch_one_measurement(sim: SimCluster, tmp_pat
         str(REPO / "tests_infra"),
         str(REPO / "tests_e2e"),
         *launch_args(sim),
+        # The image to look for, as an operator gives it: without it test_docker_ready looks
+        # for the serving container's, and passes or skips on a node by whether the launch
+        # has reached that node when the preflight probe runs (a race, not a verdict).
+        f"--spark-image={sim.info['launch']['image']}",
         *TRIM,
         "--spark-history=off",
     ]
