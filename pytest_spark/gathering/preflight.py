@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import pytest
 
@@ -28,6 +30,8 @@ from pytest_spark.gathering.links import fabric_ifs, node_link_facts
 from pytest_spark.parsers.links import ParseError
 from pytest_spark.parsers.serveargs import parse_serve_args
 from pytest_spark.settings.resolve import Settings
+
+T = TypeVar("T")
 
 CLOCK_SAMPLES = 3
 
@@ -69,21 +73,39 @@ def node_preflight(cluster: Cluster, node: Node) -> NodePreflight:
     settings = cluster.settings
     where = model_dir(settings).path
 
-    def probe() -> NodePreflight:
-        command = preflight_probe_command(
-            container=settings.container, image=settings.image, model_dir=where
-        )
+    command = preflight_probe_command(
+        container=settings.container, image=settings.image, model_dir=where
+    )
+    return cached_probe(
+        cluster, node, command, lambda out: parse_preflight_probe(out, where), key="preflight"
+    )
+
+
+def cached_probe(
+    cluster: Cluster,
+    node: Node,
+    command: str,
+    parse: Callable[[str], T],
+    *,
+    key: str,
+    what: str | None = None,
+) -> T:
+    """One probe round trip of a node, parsed and cached for the session under
+    ``(f"{key}-facts", node)``; output that does not parse fails the asking check with
+    the command's evidence (``what``: the probe's name there, default ``key``)."""
+
+    def probe() -> T:
         result = node.run(command, timeout=120)
         try:
-            return parse_preflight_probe(result.stdout, where)
+            return parse(result.stdout)
         except ParseError as exc:
             pytest.fail(
-                f"{node.name}: cannot read the preflight probe output ({exc}):\n"
+                f"{node.name}: cannot read the {what or key} probe output ({exc}):\n"
                 f"{result.evidence()}",
                 pytrace=False,
             )
 
-    return cluster.cached(("preflight-facts", node.name), probe)
+    return cluster.cached((f"{key}-facts", node.name), probe)
 
 
 def all_preflight(cluster: Cluster) -> dict[str, NodePreflight | RemoteError]:
