@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from . import alikefaults, cluster, engines, faults, hostfaults, reachfaults, serving
+from .emulator.config import Knobs
 from .netns import SimError
 from .topology import MAX_NODES
 
@@ -61,6 +62,16 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="X",
         help="emulated vLLM load time scale: 1 loads like the real 122B model (~13 min), "
         "the default 0.002 in ~2 s",
+    )
+    p_up.add_argument(
+        "--emu",
+        type=_emu_knob,
+        action="append",
+        default=[],
+        metavar="KNOB=VALUE",
+        help="an emulator knob for every `vllm serve` of this sim (repeatable), e.g. "
+        "decode_tok_s=160 (default 40: the real 122B at TP=2) or ttft_s=0.1; the knobs are "
+        "sparksim.emulator.config.Knobs' numeric fields",
     )
     p_up.add_argument(
         "--engine",
@@ -216,6 +227,7 @@ def run(argv: list[str] | None = None) -> int:
             time_scale=args.time_scale,
             engine=args.engine,
             launch_mode=args.launch_mode,
+            emu=dict(args.emu),
         )
         print(json.dumps(data, indent=2))
         print(
@@ -265,6 +277,23 @@ def run(argv: list[str] | None = None) -> int:
     for msg in msgs:
         print(msg)
     return 0
+
+
+def _emu_knob(raw: str) -> tuple[str, str]:
+    """``KNOB=VALUE`` for one of the emulator's numeric knobs (time_scale has --time-scale)."""
+    name, sep, value = raw.partition("=")
+    knobs = vars(Knobs()).items()
+    numeric = {k for k, v in knobs if isinstance(v, int | float) and not isinstance(v, bool)}
+    numeric.discard("time_scale")
+    if not sep or name not in numeric:
+        raise argparse.ArgumentTypeError(
+            f"{raw!r}: expected KNOB=VALUE with KNOB one of {', '.join(sorted(numeric))}"
+        )
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{raw!r}: {value!r} is not a number") from None
+    return name, f"{number:g}"
 
 
 def _time_scale(raw: str) -> float:

@@ -140,6 +140,7 @@ def up(
     time_scale: float = 0.002,
     engine: str = engines.DEFAULT,
     launch_mode: str = serving.DEFAULT_LAUNCH_MODE,
+    emu: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     state_dir = Path(os.path.abspath(state_dir))
     if any(c.isspace() for c in str(state_dir)):
@@ -164,7 +165,7 @@ def up(
         k = registry.claim(state_dir, count)
         topo = build(k, count)
         try:
-            _build(state_dir, topo, time_scale)
+            _build(state_dir, topo, time_scale, emu or {})
         except BaseException:
             _cleanup_instance(k, state_dir)
             registry.release(k)
@@ -174,7 +175,9 @@ def up(
         return cluster
 
 
-def _build(state_dir: Path, topo: Topology, time_scale: float = 0.002) -> None:
+def _build(
+    state_dir: Path, topo: Topology, time_scale: float = 0.002, emu: dict[str, str] | None = None
+) -> None:
     names = {n.name for n in topo.nodes}
     for old in (state_dir / "nodes").glob("*"):
         if old.name not in names and old.is_dir():
@@ -202,7 +205,7 @@ def _build(state_dir: Path, topo: Topology, time_scale: float = 0.002) -> None:
     for n in topo.nodes:
         nodes_mod.start_sshd(state_dir, n)
     nodes_mod.wait_sshd(state_dir, topo.nodes)
-    serving.start(state_dir, topo, time_scale)  # Docker engine, image, model, launcher
+    serving.start(state_dir, topo, time_scale, emu)  # Docker engine, image, model, launcher
 
 
 # ---------------------------------------------------------------------- down

@@ -178,10 +178,12 @@ def node_binds(state_dir: Path, node: NodeSpec) -> list[tuple[Path, str]]:
 # ------------------------------------------------------------------ up / down
 
 
-def start(state_dir: Path, topo: Topology, time_scale: float = 0.002) -> dict[str, Any]:
+def start(
+    state_dir: Path, topo: Topology, time_scale: float = 0.002, emu: dict[str, str] | None = None
+) -> dict[str, Any]:
     """Engines, image, models and launcher on every node; returns the timings."""
     for n in topo.nodes:  # the checkpoint is there with or without Docker
-        install_node(state_dir, topo, n, time_scale)
+        install_node(state_dir, topo, n, time_scale, emu)
     why = enabled()
     if why is not None:
         report = {"docker": False, "reason": why}
@@ -262,7 +264,11 @@ def _import_image(engines: list[docker.Engine], tarball: Path) -> None:
 
 
 def install_node(
-    state_dir: Path, topo: Topology, node: NodeSpec, time_scale: float = 0.002
+    state_dir: Path,
+    topo: Topology,
+    node: NodeSpec,
+    time_scale: float = 0.002,
+    emu: dict[str, str] | None = None,
 ) -> None:
     """Model, sim settings and (head) launcher in the node's home."""
     h = prepare_home(state_dir, node)
@@ -270,7 +276,11 @@ def install_node(
     etc = h / SIM_ETC
     nodes_mod.write_atomic(etc / ENGINE_ENV, "")
     # The sim's own engine defaults (read before engine.env, which faults rewrite).
-    defaults = {"SPARKSIM_EMU_TIME_SCALE": f"{time_scale:g}", **engines.defaults_env(state_dir)}
+    defaults = {
+        "SPARKSIM_EMU_TIME_SCALE": f"{time_scale:g}",
+        **{f"SPARKSIM_EMU_{name.upper()}": value for name, value in (emu or {}).items()},
+        **engines.defaults_env(state_dir),
+    }
     nodes_mod.write_atomic(etc / DEFAULTS_ENV, "".join(f"{k}={v}\n" for k, v in defaults.items()))
     etc.joinpath(CONTROL).unlink(missing_ok=True)
     if node.role == "head":

@@ -41,7 +41,7 @@ def test_shared_run_modules_are_one_work_unit_each() -> None:
         assert t.work_unit(f"{module}::test_b") == module
     matrix = "tests/suite/test_fault_matrix.py"
     assert t.work_unit(f"{matrix}::test_fault[healthy-launch]") == matrix
-    other = "tests/suite/test_link_suite.py::test_healthy_sim_passes_every_link_check"
+    other = "tests/suite/test_link_suite.py::test_spark_sim_option_stands_up_and_tears_down"
     assert t.work_unit(other) == other
     assert (
         t.work_unit("tests_infra/test_link.py::test_link_up")

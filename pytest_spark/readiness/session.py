@@ -338,6 +338,7 @@ def ensure_serving(
         except StartupFailed as exc:
             doc.update(
                 status="failed",
+                failed_s=round(time.monotonic() - t0, 3),
                 message=str(exc),
                 timeline=exc.watch.timeline(),
                 facts=exc.watch.facts,
@@ -345,7 +346,7 @@ def ensure_serving(
             write_json(state_path, doc)
             raise NotServing(str(exc)) from None
         except (LaunchError, NotServing, RemoteError) as exc:
-            doc.update(status="failed", message=str(exc))
+            doc.update(status="failed", failed_s=round(time.monotonic() - t0, 3), message=str(exc))
             write_json(state_path, doc)
             raise NotServing(str(exc)) from None
         doc.update(

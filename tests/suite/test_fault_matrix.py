@@ -9,7 +9,7 @@ import re
 import shlex
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -19,7 +19,9 @@ import pytest
 
 from conftest import (  # type: ignore[import-not-found]
     REPO,
+    SUITE_SIM_ARGS,
     SuiteRun,
+    assert_one_failure_the_rest_point_at_it,
     launch_args,
     node_ssh,
     run_suite,
@@ -157,6 +159,13 @@ def _readiness_launch_row(row: Row) -> bool:
         and set(row.fails) <= {"readiness"}
         and all(argv[0] == "engine" for argv in row.inject)
         and "placement" not in row.fault
+    )
+
+
+def _load_failure_row(row: Row) -> bool:
+    """A launch row whose engine crashes or hangs while it loads."""
+    return row.run == "launch" and any(
+        argv[0] == "engine" and argv[1].startswith(("crash-", "hang-")) for argv in row.inject
     )
 
 
@@ -331,7 +340,7 @@ class Matrix:
 
     def _lane(self, index: int, session_sim: SimCluster) -> None:
         try:
-            sim = session_sim if index == 0 else sim_up(2)
+            sim = session_sim if index == 0 else sim_up(2, SUITE_SIM_ARGS)
         except BaseException as exc:  # no sim for this lane: the others take its rows
             sys.stderr.write(f"fault matrix: lane {index} has no sim, runs nothing: {exc}\n")
             return
@@ -466,6 +475,8 @@ def run_row(sim: SimCluster, stack: Stack, row: Row, tmp_path: Path) -> SuiteRun
     elif row.run == "launch":
         args += [*launch_args(sim), f"--spark-serve-args={_serve_args(sim, row)}"]
         args.append(f"--spark-ray={'on' if row.mode == 'ray' else 'off'}")  # the launcher's mode
+        if _load_failure_row(row):  # the watch must end it, long before this timeout
+            args.append(f"--spark-ready-timeout={LOAD_FAILURE_READY_TIMEOUT_S:g}")
     else:
         args += [f"--spark-serve-args={_serve_args(sim, row)}", f"--spark-container={container}"]
     try:
@@ -519,6 +530,7 @@ def test_fault(matrix: Matrix, row: Row) -> None:
             serving = run.results["serving"]
             assert [p["phase"] for p in serving["timeline"]] == PHASES, serving
             assert serving["ready_s"] > 3, serving
+        prove(row, run)
         return
     assert run.ret == 1, run.output[-3000:]
     for category in row.fails:
@@ -572,3 +584,121 @@ def test_fault(matrix: Matrix, row: Row) -> None:
         assert row.because and row.because.lower() in check["message"].lower(), (
             f"skip does not point at the root cause {row.because!r}: {where}"
         )
+    prove(row, run)
+
+
+# Row proofs: what a fault's own suite run once asserted beside the table (the exact checks
+# that fail and skip, the figures, the evidence), asserted on the matrix's run of the same
+# fault: one whole-suite run per fault, not one more per proof.
+LOAD_FAILURE_READY_TIMEOUT_S = 300.0
+LOAD_FAILURE_BUDGET_S = 150.0  # the sim profile's crash, hang and placement budgets, well in
+LINK = "tests_infra/test_link.py::"
+
+
+def prove(row: Row, run: SuiteRun) -> None:
+    if _load_failure_row(row):
+        prove_fails_fast_with_evidence(row, run)
+    proof = LINK_PROOFS.get(row.id)
+    if proof is not None:
+        proof(run)
+
+
+def prove_fails_fast_with_evidence(row: Row, run: SuiteRun) -> None:
+    """A load that crashes or hangs is caught by the startup watch, with Ray and without:
+    long before the ready timeout, with the signature, a fix and every node's log tail; the
+    launch is stopped; test_cluster_serving has the evidence and every serving check skips
+    citing it."""
+    serving = run.results["serving"]
+    assert serving["status"] == "failed" and serving["stopped"] is True, serving
+    assert serving["failed_s"] < LOAD_FAILURE_BUDGET_S, serving  # not the 300 s ready timeout
+    message = serving["message"]
+    assert row.because and row.because in message, message  # the signature
+    assert "fix:" in message, message
+    assert "--- last" in message, message  # every node's log tail
+    assert all(node in message for node in ("spark-head", "spark-worker-1")), message
+    assert_one_failure_the_rest_point_at_it(run, "vLLM", where="tests_e2e/")
+
+
+def _link(run: SuiteRun, outcome: str) -> dict[str, dict[str, Any]]:
+    return {
+        c["nodeid"].removeprefix(LINK): c
+        for c in run.results["checks"]
+        if c["nodeid"].startswith(LINK) and c["outcome"] == outcome
+    }
+
+
+def prove_healthy_links(run: SuiteRun) -> None:
+    """Every link check passes: 2 nodes x (1 + 2 twins x 5) + 2 twins x 2, at 200 Gb/s."""
+    checks = [c for c in run.results["checks"] if c["nodeid"].startswith(LINK)]
+    assert len(checks) == 13 * 2 and {c["outcome"] for c in checks} == {"passed"}, checks
+    rate = next(c for c in checks if c["nodeid"] == f"{LINK}test_link_rate[spark-head-twin0]")
+    assert (rate["measured"], rate["unit"]) == (200.0, "Gb/s"), rate
+
+
+def prove_link_down(run: SuiteRun) -> None:
+    """One root cause, one failure: the admin-down end. Its peer's no-carrier end and the
+    twin count skip citing it; the twin's dependents skip pointing at the link-up check."""
+    failed = _link(run, "failed")
+    assert set(failed) == {"test_link_up[spark-worker-1-twin1]"}, failed
+    down = failed["test_link_up[spark-worker-1-twin1]"]["message"]
+    assert "spark-worker-1 enp1s0f1np1" in down and "administratively down" in down, down
+    assert "ip link set enp1s0f1np1 up" in down, down
+    skipped = {name: c["message"] for name, c in _link(run, "skipped").items()}
+    assert set(skipped) == {
+        "test_fabric_twins_up[spark-head]",
+        "test_fabric_twins_up[spark-worker-1]",
+        "test_link_up[spark-head-twin1]",
+    } | {
+        f"test_{t}[{n}-twin1]"
+        for t in ("roce_active", "link_rate", "ping_peer_at_full_mtu")
+        for n in ("spark-head", "spark-worker-1")
+    }, skipped
+    assert "no carrier" in skipped["test_link_up[spark-head-twin1]"]
+    cited = "test_link_up[spark-worker-1-twin1] has the evidence"
+    for name, reason in skipped.items():
+        assert "see the link-up check" in reason or cited in reason, (name, reason)
+
+
+def prove_degraded_rate(run: SuiteRun) -> None:
+    """The rate check of the degraded port fails, with both figures and the fix; its QSFP
+    twin skips citing it."""
+    failed = _link(run, "failed")
+    assert list(failed) == ["test_link_rate[spark-worker-1-twin0]"], failed
+    record = failed["test_link_rate[spark-worker-1-twin0]"]
+    message = record["message"]
+    assert "spark-worker-1 enP2p1s0f1np1" in message, message
+    assert "100 Gb/s" in message and ">= 200 Gb/s" in message and "cable" in message, message
+    assert (record["measured"], record["expected"]) == (100.0, 200.0), record
+    twin = _link(run, "skipped")["test_link_rate[spark-worker-1-twin1]"]["message"]
+    assert "test_link_rate[spark-worker-1-twin0] has the evidence" in twin, twin
+
+
+def prove_mtu_mismatch(run: SuiteRun) -> None:
+    """Each twin's consistency check fails with both nodes' MTUs; the lost full-MTU ping is
+    its consequence (skipped citing it); the small-MTU end warns of the RoCE cost."""
+    failed = _link(run, "failed")
+    assert set(failed) == {"test_mtu_consistent[twin0]", "test_mtu_consistent[twin1]"}, failed
+    for record in failed.values():
+        assert "spark-head 9000, spark-worker-1 1500" in record["message"], record
+    skipped = _link(run, "skipped")
+    for twin in ("twin0", "twin1"):
+        ping = skipped[f"test_ping_peer_at_full_mtu[spark-head-{twin}]"]["message"]
+        assert f"test_mtu_consistent[{twin}] has the evidence" in ping, ping
+    warned = _link(run, "passed")["test_mtu[spark-worker-1-twin0]"]
+    assert warned["level"] == "warn" and "~5%" in warned["message"], warned
+    assert "SparkCheckWarning" in run.output, run.output[-3000:]
+
+
+LINK_PROOFS: dict[str, Callable[[SuiteRun], None]] = {
+    "healthy-launch": prove_healthy_links,
+    "fabric-link-down-twin-enp1s0f1np1": prove_link_down,
+    "rate-degraded-100g": prove_degraded_rate,
+    "mtu-mismatch": prove_mtu_mismatch,
+}
+
+
+def test_row_proofs_name_rows_of_the_table() -> None:
+    """A proof keyed by a row id the table no longer has would never run."""
+    ids = {row.id for row in CASES}
+    assert set(LINK_PROOFS) <= ids, set(LINK_PROOFS) - ids
+    assert sum(_load_failure_row(row) for row in CASES) >= 7  # crash x3, hang x2, no-Ray

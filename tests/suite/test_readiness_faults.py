@@ -1,6 +1,9 @@
-"""Readiness against sparksim: every load failure is caught by the startup watch with the
-node, the signature, a fix and every node's log tail, long before the ready timeout; a
-worker dying after ready is caught in attach mode; attach mode reports what it finds."""
+"""Readiness against sparksim: a worker dying after ready is caught in attach mode; attach
+mode reports what it finds. That every load failure is caught by the startup watch with
+the node, the signature, a fix and every node's log tail, long before the ready timeout,
+is proved on the fault matrix's crash and hang rows, with Ray and without
+(tests/suite/test_fault_matrix.py, ``prove_fails_fast_with_evidence``): the same launches,
+run once."""
 
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import pytest
 from conftest import (  # type: ignore[import-not-found]
     REPO,
     SuiteRun,
+    assert_one_failure_the_rest_point_at_it,
     launch_args,
     node_ssh,
     run_suite,
@@ -40,55 +44,6 @@ def launch_with(sim: SimCluster, tmp_path: Path, *extra: str) -> tuple[SuiteRun,
         sim=sim,
     )
     return run, time.monotonic() - t0
-
-
-@pytest.mark.parametrize(
-    ("fault", "signature", "words", "mode"),
-    [
-        ("crash-oom", "cuda-oom", "CUDA out of memory", "off"),
-        ("crash-oom", "cuda-oom", "CUDA out of memory", "on"),
-        ("crash-free-memory", "free-memory", "Free memory on device", "auto"),
-        ("crash-nccl", "nccl", "NCCL", "auto"),
-        ("hang-placement-group", "placement-group", "ray status", "on"),  # Ray's own
-        ("hang-silent", "no log progress", "stalled", "off"),
-        ("hang-silent", "no log progress", "stalled", "on"),
-    ],
-)
-def test_load_failure_fails_fast_with_evidence(
-    sim: SimCluster, tmp_path: Path, fault: str, signature: str, words: str, mode: str
-) -> None:
-    """Each load failure, with Ray (--spark-ray=on: the launcher gets --ray) and without."""
-    sim_fault(sim, "clear")
-    sim_fault(sim, "engine", fault)
-    try:
-        run, seconds = launch_with(sim, tmp_path, f"--spark-ray={mode}")
-    finally:
-        sim_fault(sim, "clear")
-    assert run.ret == 1, run.output
-    assert seconds < 150, seconds  # the sim profile's budgets, not the 300 s ready timeout
-    serving = run.results["serving"]
-    assert serving["status"] == "failed" and serving["stopped"] is True
-    message = serving["message"]
-    assert signature in message and words in message, message
-    assert "fix:" in message
-    assert "--- last" in message and "spark-worker-1" in message  # every node's tail
-    assert_one_failure_the_rest_point_at_it(run, "vLLM")
-
-
-def assert_one_failure_the_rest_point_at_it(run: SuiteRun, headline: str) -> None:
-    """test_cluster_serving fails with the evidence; the container check gives each node's
-    own verdict; every other check skips naming the root cause: nothing passes on a dead
-    cluster and nothing piles on."""
-    checks = {c["nodeid"].split("::", 1)[1]: c for c in run.results["checks"]}
-    serving = checks.pop("test_cluster_serving")
-    assert serving["outcome"] == "failed" and serving["message"].startswith(headline), serving
-    for name, check in checks.items():
-        if name.startswith("test_serving_container_running"):
-            assert check["outcome"] in ("passed", "failed", "skipped"), check
-            continue
-        assert check["outcome"] == "skipped", (name, check)
-        assert check["message"].startswith(f"the cluster is not serving: {headline}"), check
-        assert check["message"].endswith("(test_cluster_serving has the evidence)"), check
 
 
 def test_keep_then_attach_then_worker_death(sim: SimCluster, tmp_path: Path) -> None:
