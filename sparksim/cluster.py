@@ -257,7 +257,7 @@ def _teardown(state_dir: Path) -> list[str]:
     for k in sorted(ks):
         removed += _cleanup_instance(k, state_dir)
         registry.release(k)
-    for name in (CLUSTER_JSON, "faults.json"):
+    for name in (CLUSTER_JSON, "faults.json", serving.KEPT_TARBALL):
         (state_dir / name).unlink(missing_ok=True)
     return removed
 
@@ -283,7 +283,7 @@ def down_all() -> list[str]:
             if sdir is not None:
                 cluster = load_cluster(sdir)
                 if cluster is not None and int(cluster.get("instance", -1)) == k:
-                    for name in (CLUSTER_JSON, "faults.json"):
+                    for name in (CLUSTER_JSON, "faults.json", serving.KEPT_TARBALL):
                         (sdir / name).unlink(missing_ok=True)
         return removed
 

@@ -32,6 +32,7 @@ from .topology import NodeSpec, Topology, resolve_node
 HOME = "home"  # DIR/nodes/<name>/home is the node's /root
 SIM_ETC = ".sparksim"  # ~/.sparksim on the node, /etc/sparksim in serving containers
 ENGINE_ENV = "engine.env"
+KEPT_TARBALL = "image.tar"  # the sim's own link to its image tarball (_keep_tarball)
 CONTROL = "control.json"
 LAUNCHER_DIR = "spark-vllm-docker"
 LAUNCHER = Path(__file__).resolve().parent / "launcher" / "launch-cluster.sh"
@@ -224,7 +225,7 @@ def start(
     report = {
         "docker": True,
         "image": image.IMAGE,
-        "tarball": str(built["path"]),
+        "tarball": str(_keep_tarball(state_dir, built["path"])),
         "image_built": built["built"],
         "image_build_s": round(built["seconds"], 2),
         "image_import_s": round(import_s, 2),
@@ -261,6 +262,20 @@ def _import_image(engines: list[docker.Engine], tarball: Path) -> None:
         _, err = proc.communicate()
         if proc.returncode != 0:
             raise SimError(f"{e.node_dir.name}: docker import {tarball} failed: {err.strip()}")
+
+
+def _keep_tarball(state_dir: Path, path: Path) -> Path:
+    """The image tarball this sim re-imports from (``fault clear`` after ``docker
+    no-image``), hard-linked into its state dir: another checkout's sim building a newer
+    image prunes the cache (image.KEEP_TARBALLS), and the file must outlive that. The
+    cache's own path where a link cannot be made (another file system)."""
+    kept = state_dir / KEPT_TARBALL
+    kept.unlink(missing_ok=True)
+    try:
+        os.link(path, kept)
+    except OSError:
+        return path
+    return kept
 
 
 def install_node(
