@@ -267,6 +267,8 @@ class Stack:
             "--spark-history=off",
             sim=self.sim,
         )
+        if run.ret != 0:  # --spark-keep left a failed launch running: the next row's
+            self.stop()  # launch would meet it ("already running"), one failure per row
         assert run.ret == 0, run.output
         self.up = True
 
