@@ -456,10 +456,9 @@ def test_the_probe_reads_sparksims_tools_as_the_real_ones(tmp_path: Path) -> Non
     _, q = _sim_tool(tmp_path, "nvidia-smi", ["-q", "-d", "PERFORMANCE,TEMPERATURE"])
     _, journal = _sim_tool(tmp_path, "journalctl", ["-k", "-b", "--no-pager", "-o", "short-iso"])
     lines = journal.splitlines()
-    kernel = "source journalctl lines %d\n%s" % (
-        sum(" kernel: " in ln for ln in lines),
-        "\n".join(ln for ln in lines if "NVRM" in ln or "Xid" in ln),
-    )
+    count = sum(" kernel: " in ln for ln in lines)
+    nvrm = "\n".join(ln for ln in lines if "NVRM" in ln or "Xid" in ln)
+    kernel = f"source journalctl lines {count}\n{nvrm}"
     h = parse_gpu_health(
         {
             "gpu_query": section("gpu_query", query),
