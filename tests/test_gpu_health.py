@@ -348,6 +348,24 @@ def test_kernel_log_application_xids_warn() -> None:
     assert f.level == "fail" and "1 x Xid 109 (context switch timeout)" in f.message
 
 
+def test_kernel_log_driver_assertion_warns_and_an_xid_beside_it_fails() -> None:
+    # the open driver's assertion form (NVIDIA/open-gpu-kernel-modules#120)
+    assertion = (
+        "[   24.020433] NVRM: nvAssertOkFailedNoLog: Assertion failed: Generic operating "
+        "system error [NV_ERR_OPERATING_SYSTEM] (0x00000059)"
+    )
+    (event,) = parse_kernel_log(assertion)
+    assert event.soft and event.xid is None
+    f = check_gpu_kernel_log(H, _kernel(assertion, "dmesg"), SECTION)
+    assert f.level == "warn" and "1 driver assertion line(s)" in f.message
+    assert "nvidia-bug-report.sh" in f.message
+    xid = "[  300.1] NVRM: Xid (PCI:000f:01:00): 48, pid=1, name=python3, An uncorrectable DBE"
+    f = check_gpu_kernel_log(H, _kernel(assertion + "\n" + xid, "dmesg"), SECTION)
+    assert (
+        f.level == "fail" and f.measured == 1 and "1 x Xid 48 (double-bit ECC error)" in f.message
+    )
+
+
 def test_kernel_log_unreadable_says_so() -> None:
     refused = (
         "journalctl: exit 1, 0 kernel lines: "

@@ -275,7 +275,10 @@ def _fix(events: list[KernelEvent]) -> str:
     for e in events:
         info = XID_CATALOG.get(e.xid) if e.xid is not None else None
         fix = (
-            info.action
+            "a driver assertion: nothing to do unless the GPU misbehaves; if it recurs, "
+            "collect `nvidia-bug-report.sh` for NVIDIA"
+            if e.soft
+            else info.action
             if info and info.action
             else "look the code up in NVIDIA's Xid catalog (docs.nvidia.com/deploy/xid-errors)"
             if e.xid is not None
@@ -313,13 +316,20 @@ def check_gpu_kernel_log(node: str, kernel: KernelLog, section: GpuHealthSection
             message=f"{node}: no Xid or NVRM errors since boot ({where})",
         )
     warn_only = set(section.warn_xids)
-    failing = [e for e in kernel.events if e.xid is None or e.xid not in warn_only]
+    failing = [
+        e
+        for e in kernel.events
+        if (e.xid is None and not e.soft) or (e.xid is not None and e.xid not in warn_only)
+    ]
     shown = failing or list(kernel.events)
     counts = Counter(e.xid for e in shown if e.xid is not None)
-    others = sum(1 for e in shown if e.xid is None)
+    others = sum(1 for e in shown if e.xid is None and not e.soft)
+    asserts = sum(1 for e in shown if e.soft)
     parts = [_xid_text(code, n) for code, n in counts.items()]
     if others:
         parts.append(f"{others} NVRM error line(s)")
+    if asserts:
+        parts.append(f"{asserts} driver assertion line(s)")
     lines = [e.line for e in shown]
     sample = "; ".join(f"`{ln}`" for ln in lines[-3:])
     evidence = {"kernel log": "\n".join(lines[-50:])}
@@ -343,7 +353,8 @@ def check_gpu_kernel_log(node: str, kernel: KernelLog, section: GpuHealthSection
         evidence=evidence,
         message=(
             f"{node}: the kernel log since boot ({where}) has {', '.join(parts)} "
-            f"(application-level, profile gpu_health.warn_xids): {sample}. If the serving "
-            f"engine crashed then, {_fix(shown)}"
+            "(application-level Xids in profile gpu_health.warn_xids, or driver assertions "
+            f"a healthy driver may print): {sample}. If the serving engine crashed then, "
+            f"{_fix(shown)}"
         ),
     )

@@ -223,12 +223,15 @@ _NVRM_ERROR = re.compile(
 @dataclass(frozen=True)
 class KernelEvent:
     """One NVRM error line: ``xid`` (the code) for an Xid line, None for another NVRM
-    error (``RmInitAdapter failed``, ``GPU ... has fallen off the bus``)."""
+    error (``RmInitAdapter failed``, ``GPU ... has fallen off the bus``). ``soft``: a
+    driver assertion (``nvAssertFailedNoLog: Assertion failed``), which healthy drivers
+    also print now and then: worth a look, not a failed GPU."""
 
     line: str
     xid: int | None = None
     pci: str | None = None
     detail: str = ""
+    soft: bool = False
 
 
 def parse_kernel_log(text: str) -> list[KernelEvent]:
@@ -246,5 +249,7 @@ def parse_kernel_log(text: str) -> list[KernelEvent]:
                 KernelEvent(line.strip(), int(m["code"]), m["pci"], m["rest"].lstrip(", "))
             )
         elif _NVRM_ERROR.search(line):
-            events.append(KernelEvent(line.strip(), detail=line.split("NVRM:", 1)[1].strip()))
+            detail = line.split("NVRM:", 1)[1].strip()
+            soft = re.search(r"\bassert", detail, re.IGNORECASE) is not None
+            events.append(KernelEvent(line.strip(), detail=detail, soft=soft))
     return events
