@@ -20,6 +20,7 @@ from pytest_spark.checks.gpuhealth import (
     check_gpu_persistence,
     check_gpu_temperature,
     check_gpu_throttle,
+    gpu_lost_in_kernel_log,
 )
 from pytest_spark.checks.preflight import Skip
 from pytest_spark.facts.gpuhealth import PROBE_BODY, GpuHealth, KernelLog, parse_gpu_health
@@ -337,6 +338,12 @@ def test_kernel_log_gb10_init_failure_fails_naming_both_lines() -> None:
     assert f.level == "fail" and f.measured == 2
     assert "1 x Xid 169" in f.message and "1 NVRM error line(s)" in f.message
     assert "RmInitAdapter failed" in f.message
+    # the Xid's catalog action, not the generic driver fix of the line beside it
+    assert "power-cycle the node" in f.message and "reinstall the driver" not in f.message
+    f = check_gpu_kernel_log(
+        H, _kernel(fixture("syslog_fallen_off_bus.txt").splitlines()[0]), SECTION
+    )
+    assert f.level == "fail" and "reinstall the driver" in f.message
 
 
 def test_kernel_log_application_xids_warn() -> None:
@@ -364,6 +371,15 @@ def test_kernel_log_driver_assertion_warns_and_an_xid_beside_it_fails() -> None:
     assert (
         f.level == "fail" and f.measured == 1 and "1 x Xid 48 (double-bit ECC error)" in f.message
     )
+
+
+def test_gpu_lost_is_read_from_xid_79_or_the_drivers_own_words() -> None:
+    lost = gpu_lost_in_kernel_log(_kernel(fixture("syslog_fallen_off_bus.txt")))
+    assert lost is not None and "has fallen off the bus" in lost.line
+    xid = "NVRM: Xid (PCI:000f:01:00): 79, pid=1, name=python3, GPU has fallen off the bus."
+    assert gpu_lost_in_kernel_log(_kernel(xid)) is not None
+    assert gpu_lost_in_kernel_log(_kernel(fixture("dmesg_ctime_xid13_109.txt"))) is None
+    assert gpu_lost_in_kernel_log(_kernel(fixture("kernel_gb10_xid169_rminit.txt"))) is None
 
 
 def test_kernel_log_unreadable_says_so() -> None:

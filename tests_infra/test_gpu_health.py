@@ -14,11 +14,13 @@ import pytest
 from pytest_spark import Cluster, Node, SparkCheck
 from pytest_spark.access.base import RemoteError
 from pytest_spark.checks.gpuhealth import (
+    KERNEL_VERDICT,
     TEMPERATURE_VERDICT,
     check_gpu_kernel_log,
     check_gpu_persistence,
     check_gpu_temperature,
     check_gpu_throttle,
+    gpu_lost_in_kernel_log,
 )
 from pytest_spark.checks.preflight import Skip
 from pytest_spark.facts.gpuhealth import GpuHealth
@@ -37,16 +39,24 @@ def _facts(cluster: Cluster, node: Node) -> NodePreflight:
 
 
 @pytest.fixture
-def gpu_health(spark_cluster: Cluster, spark_node: Node) -> GpuHealth:
-    """This node's GPU readings; skipped citing test_gpu_visible when nvidia-smi sees no
-    GPU there (that check owns the cause)."""
+def gpu_health(
+    request: pytest.FixtureRequest, spark_cluster: Cluster, spark_node: Node
+) -> GpuHealth:
+    """This node's GPU readings; skipped when nvidia-smi sees no GPU there, citing the
+    check that owns the cause: test_gpu_kernel_errors when the kernel log says the GPU
+    fell off the bus, else test_gpu_visible."""
     facts = _facts(spark_cluster, spark_node)
     assert facts.gpu_health is not None
     if not facts.gpu.gpus:
         why = facts.gpu.error or "nvidia-smi -L lists no GPU"
+        owner = f"test_gpu_visible[{spark_node.name}]"
+        kernel = f"{KERNEL_VERDICT}[{spark_node.name}]"
+        lost = gpu_lost_in_kernel_log(facts.gpu_health.kernel)
+        if lost is not None and verdict_in_session(request.session, kernel):
+            owner, why = kernel, "it fell off the bus"
         pytest.skip(
             f"{spark_node.name}: no GPU readings because nvidia-smi sees no GPU ({why}; "
-            f"test_gpu_visible[{spark_node.name}] has the evidence)"
+            f"{owner} has the evidence)"
         )
     return facts.gpu_health
 

@@ -18,14 +18,18 @@ from pytest_spark.parsers.gpuhealth import XID_CATALOG, KernelEvent
 from pytest_spark.settings.profiles import GpuHealthSection
 
 __all__ = [
+    "KERNEL_VERDICT",
     "TEMPERATURE_VERDICT",
     "check_gpu_kernel_log",
     "check_gpu_persistence",
     "check_gpu_temperature",
     "check_gpu_throttle",
+    "gpu_lost_in_kernel_log",
 ]
 
 TEMPERATURE_VERDICT = "test_gpu_temperature"
+KERNEL_VERDICT = "test_gpu_kernel_errors"
+LOST_XIDS = (79,)  # the GPU is gone from the bus: nvidia-smi then finds no device
 BENIGN = ("gpu_idle", "applications_clocks_setting", "sync_boost", "display_clocks_setting")
 THERMAL = ("hw_thermal_slowdown", "sw_thermal_slowdown")
 _POWER_CYCLE = (
@@ -271,6 +275,10 @@ def _xid_text(code: int, count: int) -> str:
 
 
 def _fix(events: list[KernelEvent]) -> str:
+    """The fixes of the events' kinds; an Xid's catalog action covers the driver's other
+    error lines beside it (they are its consequences: "GPU ... has fallen off the bus")."""
+    if any(e.xid is not None for e in events):
+        events = [e for e in events if e.xid is not None or e.soft]
     fixes = []
     for e in events:
         info = XID_CATALOG.get(e.xid) if e.xid is not None else None
@@ -288,6 +296,16 @@ def _fix(events: list[KernelEvent]) -> str:
         if fix not in fixes:
             fixes.append(fix)
     return "; ".join(fixes)
+
+
+def gpu_lost_in_kernel_log(kernel: KernelLog) -> KernelEvent | None:
+    """The kernel line saying the GPU fell off the bus (Xid 79, or the driver's own ``GPU
+    ... has fallen off the bus``), if any: then a GPU nvidia-smi cannot see is this
+    cause's consequence, and the kernel log check has the evidence."""
+    for e in kernel.events:
+        if e.xid in LOST_XIDS or (e.xid is None and "fallen off the bus" in e.line):
+            return e
+    return None
 
 
 def check_gpu_kernel_log(node: str, kernel: KernelLog, section: GpuHealthSection) -> Finding:
