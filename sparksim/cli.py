@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import alikefaults, cluster, engines, faults, hostfaults, reachfaults, serving
+from . import alikefaults, cluster, engines, faults, gpufaults, hostfaults, reachfaults, serving
 from .emulator.config import Knobs
 from .netns import SimError
 from .topology import MAX_NODES
@@ -120,6 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     hostfaults.add_parsers(kinds, common, node_help)  # docker, gpu, disk, clock, ssh, ...
     alikefaults.add_parsers(kinds, common, node_help)  # driver, ntp, nccl-build
     reachfaults.add_parser(kinds, common, node_help)  # unreachable NODE --how cut|sshd
+    gpufaults.add_parsers(kinds, common, node_help)  # gpu-xid, gpu-throttle, ...
     return parser
 
 
@@ -266,6 +267,8 @@ def run(argv: list[str] | None = None) -> int:
             msgs = hostfaults.apply(state_dir, topo, args)
         elif args.kind == reachfaults.KIND:
             msgs = reachfaults.apply(state_dir, topo, args)
+        elif args.kind in gpufaults.KINDS:
+            msgs = gpufaults.apply(state_dir, topo, args)
         else:
             msgs = (
                 reachfaults.clear(state_dir, topo)

@@ -32,12 +32,44 @@ from .netns import SimError, run
 from .topology import ALL_PORTS, FABRIC_TWINS, HEALTHY_RATE_MBPS, NodeSpec, Topology
 
 SSHD = "/usr/sbin/sshd"
-TOOLS = ("ibdev2netdev", "ibstat", "ibv_devinfo", "rdma", "nvidia-smi", "ethtool", "timedatectl")
+TOOLS = (
+    "ibdev2netdev",
+    "ibstat",
+    "ibv_devinfo",
+    "rdma",
+    "nvidia-smi",
+    "ethtool",
+    "timedatectl",
+    "journalctl",  # the node's kernel log (tools/kernellog.py; gpufaults add to it)
+    "dmesg",
+)
 TOOLS_PKG = "sparksim_tools"
 CABLED = {dev for _, dev, _ in FABRIC_TWINS}
 FIRMWARE = "28.45.4028"
 DRIVER_VERSION = "580.95.05"
 CUDA_VERSION = "13.0"
+# An idle GB10 as nvidia-smi reads it (fixtures/gpu/README.md: 41-45 C, 208 of 3003 MHz,
+# P8, ~4.5 W, persistence On, only the idle clocks event reason active).
+GPU_HEALTH = {
+    "temperature_c": 41,
+    "sm_clock_mhz": 208,
+    "max_sm_clock_mhz": 3003,
+    "power_w": 4.21,
+    "util_pct": 0,
+    "pstate": "P8",
+    "persistence": True,
+    "reasons": ["gpu_idle"],
+}
+BOOT_LOG = (
+    {"t": 0.0, "msg": "Booting Linux on physical CPU 0x0000000000 [0x410fd870]"},
+    {"t": 4.21, "msg": "nvidia: loading out-of-tree module taints kernel."},
+    {"t": 4.25, "msg": "nvidia-nvlink: Nvlink Core is being initialized, major device number 509"},
+    {
+        "t": 4.31,
+        "msg": f"NVRM: loading NVIDIA UNIX Open Kernel Module for aarch64  {DRIVER_VERSION}  "
+        "Release Build",
+    },
+)
 
 
 def tools_python() -> str:
@@ -118,7 +150,9 @@ def initial_state(node: NodeSpec) -> dict[str, object]:
                 }
             ],
             "processes": [],
+            "health": dict(GPU_HEALTH),  # tools/gpu.py; gpufaults change it
         },
+        "kernel_log": [dict(line) for line in BOOT_LOG],  # tools/kernellog.py
         "time": {"ntp": True, "synchronized": True},  # timedatectl (tools/timesync.py)
     }
 

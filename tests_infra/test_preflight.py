@@ -12,6 +12,7 @@ import pytest
 
 from pytest_spark import Cluster, Finding, Node, SparkCheck
 from pytest_spark.access.base import HostKeyError, RemoteError
+from pytest_spark.checks.gpuhealth import KERNEL_VERDICT, gpu_lost_in_kernel_log
 from pytest_spark.checks.preflight import (
     ENV_VERDICT,
     Skip,
@@ -86,15 +87,26 @@ def test_gpu_not_held_by_others(
 
 
 def test_gpu_visible(
-    spark_node: Node, preflight: NodePreflight, spark_cluster: Cluster, spark_check: SparkCheck
+    request: pytest.FixtureRequest,
+    spark_node: Node,
+    preflight: NodePreflight,
+    spark_cluster: Cluster,
+    spark_check: SparkCheck,
 ) -> None:
     if preflight.gpu.driver_version:
         spark_check.attach("driver_version", preflight.gpu.driver_version)
-    spark_check.require(
-        check_gpu_visible(
-            spark_node.name, preflight.gpu, spark_cluster.profile.preflight.gpus_per_node
-        )
+    finding = check_gpu_visible(
+        spark_node.name, preflight.gpu, spark_cluster.profile.preflight.gpus_per_node
     )
+    owner = f"{KERNEL_VERDICT}[{spark_node.name}]"  # tests_infra/test_gpu_health.py
+    if not finding.ok and preflight.gpu_health and verdict_in_session(request.session, owner):
+        lost = gpu_lost_in_kernel_log(preflight.gpu_health.kernel)
+        if lost is not None:
+            pytest.skip(
+                f"{spark_node.name}: no GPU because it fell off the bus ({owner} has the "
+                f"evidence: {lost.line})"
+            )
+    spark_check.require(finding)
 
 
 def test_disk_space(

@@ -21,8 +21,9 @@ the tokenizer files, *.index.json and every small file), ``model_samples`` (of e
 file, a sampled sha256: its size and :data:`SAMPLES` blocks of 64 KiB spread evenly from
 the first to the last, :func:`sampled_sha256`; the 119 GB of weight shards are not read
 whole, ~1 MiB each is), ``netdevs`` (sysfs
-carrier counters of every netdev) and ``journal`` (``journalctl -k --since -24h`` lines
-about links going down). A missing tool gives ``rc=127``; a hung one is stopped (``rc=124``).
+carrier counters of every netdev), ``journal`` (``journalctl -k --since -24h`` lines
+about links going down) and the GPU health sections of :mod:`pytest_spark.facts.gpuhealth`.
+A missing tool gives ``rc=127``; a hung one is stopped (``rc=124``).
 
 The per-command parsers are in :mod:`pytest_spark.parsers.preflight`; this module frames
 and assembles. Nothing reads GPU memory fields (a GB10 reports ``[N/A]``).
@@ -35,6 +36,8 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
+from pytest_spark.facts.gpuhealth import PROBE_BODY as GPU_HEALTH_PROBE
+from pytest_spark.facts.gpuhealth import GpuHealth, parse_gpu_health
 from pytest_spark.facts.links import ProbeSection, probe_script, split_probe
 from pytest_spark.parsers.links import ParseError
 from pytest_spark.parsers.preflight import (
@@ -145,6 +148,7 @@ s journal sh -c 'if ! command -v journalctl >/dev/null 2>&1; then
   echo "lines $(printf "%s\n" "$out" | grep -c .)"
   printf "%s\n" "$out" | grep -iE "@LINKDOWN@" | tail -n 500
   exit $rc'
+@GPUHEALTH@
 rm -f "$t"
 """
 
@@ -178,6 +182,7 @@ def preflight_probe_command(
         .replace("@SAMPLES@", str(SAMPLES))
         .replace("@SMALLK@", str(2 * EDGE_BYTES // 1024 + 1))
         .replace("@LINKDOWN@", LINK_DOWN)
+        .replace("@GPUHEALTH@", GPU_HEALTH_PROBE.strip())
     )
     return probe_script(MARKER, "preflight", timeout_s, body)
 
@@ -315,6 +320,7 @@ class NodePreflight:
     model: ModelListing | None
     carriers: dict[str, CarrierCounters]
     journal: JournalFacts
+    gpu_health: GpuHealth | None = None  # facts.gpuhealth: its sections of this probe
 
 
 @dataclass(frozen=True)
@@ -529,6 +535,7 @@ def parse_preflight_probe(text: str, model_dir: str | None = None) -> NodePrefli
         model=_model(sections, model_dir),
         carriers=_carriers(sections.get("netdevs")),
         journal=_journal(sections.get("journal")),
+        gpu_health=parse_gpu_health(sections),
     )
 
 

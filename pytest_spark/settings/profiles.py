@@ -62,6 +62,26 @@ class PreflightSection:
 
 
 @dataclass(frozen=True)
+class GpuHealthSection:
+    """``[gpu_health]``: temperature, clocks event reasons, persistence mode and the kernel
+    log's Xid / NVRM errors (tests_infra/test_gpu_health.py). A reason whose ``*_fails``
+    is false warns instead of failing; idle, applications clocks, sync boost and display
+    clocks are never a fault."""
+
+    max_temp_c: float = 90.0  # at or above: fail (also at the GPU's own slowdown temp)
+    warn_temp_c: float = 80.0
+    sw_power_cap_fails: bool = False
+    sw_thermal_slowdown_fails: bool = True
+    hw_slowdown_fails: bool = True
+    hw_thermal_slowdown_fails: bool = True
+    hw_power_brake_slowdown_fails: bool = True
+    min_busy_sm_clock_mhz: float = 1400.0  # SM clock floor while the GPU is busy
+    busy_util_pct: float = 80.0  # "busy": utilisation at or above this
+    require_persistence: bool = True  # persistence mode Disabled fails (else warns)
+    warn_xids: tuple[int, ...] = (13, 31, 43, 45)  # application-level Xids: warn only
+
+
+@dataclass(frozen=True)
 class ReadinessSection:
     """``[readiness]``: the startup wait. ``ready_timeout_s`` and ``hang_timeout_s`` are
     the defaults of --spark-ready-timeout and --spark-hang-timeout."""
@@ -115,6 +135,7 @@ Section = (
     LinkSection
     | NcclSection
     | PreflightSection
+    | GpuHealthSection
     | ReadinessSection
     | ThroughputSection
     | ToolCallsSection
@@ -131,6 +152,7 @@ class Profile:
     link: LinkSection
     nccl: NcclSection
     preflight: PreflightSection
+    gpu_health: GpuHealthSection
     readiness: ReadinessSection
     throughput: ThroughputSection
     tool_calls: ToolCallsSection
@@ -353,6 +375,7 @@ def load_profile(ref: str) -> Profile:
         link=LinkSection(**given("link")),
         nccl=NcclSection(**given("nccl")),
         preflight=PreflightSection(**given("preflight")),
+        gpu_health=GpuHealthSection(**given("gpu_health")),
         readiness=ReadinessSection(**given("readiness")),
         throughput=ThroughputSection(**given("throughput")),
         tool_calls=ToolCallsSection(**given("tool_calls")),

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
-from . import gpu, links, timesync
+from . import gpu, kernellog, links, timesync
 
 TOOLS: dict[str, Callable[[str, list[str]], int]] = {
     "ibdev2netdev": links.ibdev2netdev,
@@ -17,6 +17,8 @@ TOOLS: dict[str, Callable[[str, list[str]], int]] = {
     "ethtool": links.ethtool,
     "nvidia-smi": gpu.nvidia_smi,
     "timedatectl": timesync.timedatectl,
+    "journalctl": kernellog.journalctl,
+    "dmesg": kernellog.dmesg,
 }
 
 

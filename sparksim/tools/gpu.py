@@ -3,6 +3,13 @@
 GPUs, driver version and the fake GPU processes come from state.json (``gpu`` key);
 faults may add processes there (``{"pid", "name", "type", "used_memory_mib"}``). An empty
 GPU list gives ``No devices were found`` and exit status 6, as the real tool does.
+
+Health readings (``gpu.health``: temperature, SM clock and its maximum, power draw,
+utilisation, P-state, persistence mode, the active clocks event reasons) answer
+``--query-gpu`` (``clocks_event_reasons.*`` and the pre-535 ``clocks_throttle_reasons.*``
+names) and ``-q [-d PERFORMANCE,TEMPERATURE,...]`` in driver 580's layout; what GB10
+reports as N/A (power limit, slowdown temperatures, memory) is N/A here too
+(fixtures/gpu/README.md). The gpufaults module changes the readings.
 """
 
 from __future__ import annotations
@@ -45,7 +52,33 @@ GPU_FIELDS: Fields = {
     "fan.speed": ("fan.speed [%]", " %"),
     "mig.mode.current": ("mig.mode.current", None),
     "ecc.mode.current": ("ecc.mode.current", None),
+    "clocks.sm": ("clocks.current.sm [MHz]", " MHz"),
+    "clocks.current.sm": ("clocks.current.sm [MHz]", " MHz"),
+    "clocks.gr": ("clocks.current.graphics [MHz]", " MHz"),
+    "clocks.current.graphics": ("clocks.current.graphics [MHz]", " MHz"),
+    "clocks.max.sm": ("clocks.max.sm [MHz]", " MHz"),
+    "clocks.max.gr": ("clocks.max.graphics [MHz]", " MHz"),
+    "clocks.max.graphics": ("clocks.max.graphics [MHz]", " MHz"),
+    "clocks.mem": ("clocks.current.memory [MHz]", " MHz"),
+    "temperature.memory": ("temperature.memory", None),
 }
+# NVML clocks event reasons: bit, query name, -q label (driver 580's nvidia-smi -q).
+REASONS = (
+    (0x1, "gpu_idle", "Idle"),
+    (0x2, "applications_clocks_setting", "Applications Clocks Setting"),
+    (0x4, "sw_power_cap", "SW Power Cap"),
+    (0x8, "hw_slowdown", "HW Slowdown"),
+    (0x40, "hw_thermal_slowdown", "HW Thermal Slowdown"),
+    (0x80, "hw_power_brake_slowdown", "HW Power Brake Slowdown"),
+    (0x10, "sync_boost", "Sync Boost"),
+    (0x20, "sw_thermal_slowdown", "SW Thermal Slowdown"),
+    (0x100, "display_clocks_setting", "Display Clock Setting"),
+)
+for _prefix in ("clocks_event_reasons", "clocks_throttle_reasons"):
+    GPU_FIELDS[f"{_prefix}.active"] = (f"{_prefix}.active", None)
+    GPU_FIELDS[f"{_prefix}.supported"] = (f"{_prefix}.supported", None)
+    for _bit, _name, _label in REASONS:
+        GPU_FIELDS[f"{_prefix}.{_name}"] = (f"{_prefix}.{_name}", None)
 APP_FIELDS: Fields = {
     "pid": ("pid", None),
     "process_name": ("process_name", None),
@@ -58,7 +91,35 @@ APP_FIELDS: Fields = {
 }
 
 
+def _health(info: State) -> State:
+    return dict(info.get("health") or {})
+
+
+def _mask(health: State) -> int:
+    active = set(health.get("reasons") or ())
+    return sum(bit for bit, name, _ in REASONS if name in active)
+
+
 def _gpu_value(field: str, gpu: State, info: State) -> str:
+    health = _health(info)
+    if "_reasons." in field:
+        what = field.split(".", 1)[1]
+        if what == "active":
+            return f"0x{_mask(health):016x}"
+        if what == "supported":
+            return f"0x{sum(bit for bit, _, _ in REASONS):016x}"
+        return "Active" if what in (health.get("reasons") or ()) else "Not Active"
+    clocks = {
+        "clocks.sm": health.get("sm_clock_mhz"),
+        "clocks.current.sm": health.get("sm_clock_mhz"),
+        "clocks.gr": health.get("sm_clock_mhz"),
+        "clocks.current.graphics": health.get("sm_clock_mhz"),
+        "clocks.max.sm": health.get("max_sm_clock_mhz"),
+        "clocks.max.gr": health.get("max_sm_clock_mhz"),
+        "clocks.max.graphics": health.get("max_sm_clock_mhz"),
+    }
+    if field in clocks:
+        return NA if clocks[field] is None else f"{clocks[field]} MHz"
     values = {
         "index": str(gpu["index"]),
         "name": gpu["name"],
@@ -67,14 +128,14 @@ def _gpu_value(field: str, gpu: State, info: State) -> str:
         "count": str(len(info["gpus"])),
         "pci.bus_id": gpu["pci_bus_id"],
         "serial": NA,
-        "persistence_mode": "Enabled",
-        "pstate": "P8",
+        "persistence_mode": "Enabled" if health.get("persistence", True) else "Disabled",
+        "pstate": str(health.get("pstate", "P8")),
         "compute_cap": gpu.get("compute_cap", "12.1"),
         "compute_mode": "Default",
         "display_active": "Disabled",
-        "temperature.gpu": "41",
-        "utilization.gpu": "0 %",
-        "power.draw": "4.21 W",
+        "temperature.gpu": str(health.get("temperature_c", 41)),
+        "utilization.gpu": f"{health.get('util_pct', 0)} %",
+        "power.draw": f"{float(health.get('power_w', 4.21)):.2f} W",
         "mig.mode.current": NA,
         "ecc.mode.current": NA,
     }
@@ -126,14 +187,20 @@ def _table(info: State) -> str:
         "|                                         |                        |               MIG M. |",  # noqa: E501
         "|" + "=" * 41 + "+" + "=" * 24 + "+" + "=" * 22 + "|",
     ]
+    health = _health(info)
+    pm = "On" if health.get("persistence", True) else "Off"
+    temp = f"{health.get('temperature_c', 41)}C"
+    watts = f"{round(float(health.get('power_w', 4.21)))}W"
+    pstate = str(health.get("pstate", "P8"))
+    util = f"{health.get('util_pct', 0)}%"
     for i, gpu in enumerate(info["gpus"]):
         if i:
             lines.append(bar)
         lines += [
-            f"|{gpu['index']:>4}  {gpu['name']:<31}On  |   {gpu['pci_bus_id']:<16} Off |"
+            f"|{gpu['index']:>4}  {gpu['name']:<30}{pm:>3}  |   {gpu['pci_bus_id']:<16} Off |"
             f"{'N/A':>21} |",
-            "| N/A   41C    P8              4W /  N/A  | Not Supported          |"
-            "      0%      Default |",
+            f"| N/A  {temp:>4}    {pstate:<3}           {watts:>4} /  N/A  "
+            f"| Not Supported          |{util:>8}      Default |",
             "|" + " " * 41 + "|" + " " * 24 + "|" + f"{'N/A':>21} |",
         ]
     lines += [
@@ -162,6 +229,97 @@ def _table(info: State) -> str:
     return "".join(line + "\n" for line in lines)
 
 
+def _kv(indent: int, key: str, value: object) -> str:
+    return f"{' ' * indent}{key:<{42 - indent}}: {value}"
+
+
+def _smi_q(info: State, display: set[str]) -> str:
+    """``nvidia-smi -q [-d ...]`` in driver 580's layout; GB10's N/A fields as N/A."""
+    health = _health(info)
+    active = set(health.get("reasons") or ())
+    every = not display
+    lines = [
+        "",
+        "==============NVSMI LOG==============",
+        "",
+        _kv(0, "Timestamp", time.strftime("%a %b %e %H:%M:%S %Y")),
+        _kv(0, "Driver Version", info["driver_version"]),
+        _kv(0, "CUDA Version", info["cuda_version"]),
+        "",
+        _kv(0, "Attached GPUs", len(info["gpus"])),
+    ]
+    for gpu in info["gpus"]:
+        lines.append(f"GPU {gpu['pci_bus_id']}")
+        if every:
+            lines += [
+                _kv(4, "Product Name", gpu["name"]),
+                _kv(4, "Product Brand", "NVIDIA"),
+                _kv(4, "Product Architecture", "Blackwell"),
+                _kv(
+                    4,
+                    "Persistence Mode",
+                    "Enabled" if health.get("persistence", True) else "Disabled",
+                ),
+                _kv(4, "Addressing Mode", "ATS"),
+                _kv(4, "GPU UUID", gpu["uuid"]),
+                _kv(4, "FB Memory Usage", ""),
+                _kv(8, "Total", NA[1:-1]),
+            ]
+        if every or "PERFORMANCE" in display:
+            lines.append(_kv(4, "Performance State", health.get("pstate", "P8")))
+            lines.append("    Clocks Event Reasons")
+            for _, name, label in REASONS:
+                indent = 12 if name in ("hw_thermal_slowdown", "hw_power_brake_slowdown") else 8
+                lines.append(_kv(indent, label, "Active" if name in active else "Not Active"))
+            lines.append("    Clocks Event Reasons Counters")
+            for label in (
+                "SW Power Capping",
+                "Sync Boost",
+                "SW Thermal Slowdown",
+                "HW Thermal Slowdown",
+                "HW Power Braking",
+            ):
+                lines.append(_kv(8, label, "0 us"))
+        if every or "TEMPERATURE" in display:
+            lines.append("    Temperature")
+            lines.append(_kv(8, "GPU Current Temp", f"{health.get('temperature_c', 41)} C"))
+            for label in (
+                "GPU T.Limit Temp",
+                "GPU Shutdown Temp",
+                "GPU Slowdown Temp",
+                "GPU Max Operating Temp",
+                "GPU Target Temperature",
+                "Memory Current Temp",
+                "Memory Max Operating Temp",
+            ):
+                lines.append(_kv(8, label, "N/A"))
+        if every or "POWER" in display:
+            lines.append("    GPU Power Readings")
+            lines.append(_kv(8, "Average Power Draw", "N/A"))
+            lines.append(
+                _kv(8, "Instantaneous Power Draw", f"{float(health.get('power_w', 4.21)):.2f} W")
+            )
+            for label in (
+                "Current Power Limit",
+                "Requested Power Limit",
+                "Default Power Limit",
+                "Min Power Limit",
+                "Max Power Limit",
+            ):
+                lines.append(_kv(8, label, "N/A"))
+        if every or "CLOCK" in display:
+            lines.append("    Clocks")
+            for label in ("Graphics", "SM"):
+                lines.append(_kv(8, label, f"{health.get('sm_clock_mhz', 208)} MHz"))
+            lines.append(_kv(8, "Memory", "N/A"))
+            lines.append("    Max Clocks")
+            for label in ("Graphics", "SM"):
+                lines.append(_kv(8, label, f"{health.get('max_sm_clock_mhz', 3003)} MHz"))
+            lines.append(_kv(8, "Memory", "N/A"))
+        lines.append("")
+    return "".join(line + "\n" for line in lines)
+
+
 def _query(spec: str, table: Fields) -> list[str] | str:
     fields = [f.strip() for f in spec.split(",") if f.strip()]
     for f in fields:
@@ -178,6 +336,16 @@ def nvidia_smi(node_dir: str, argv: list[str]) -> int:
         return 6
     query_gpu = query_apps = None
     fmt: set[str] = set()
+    if argv and argv[0] in ("-q", "--query"):
+        display: set[str] = set()
+        rest = argv[1:]
+        for i, a in enumerate(rest):
+            if a in ("-d", "--display") and i + 1 < len(rest):
+                display |= {d.strip().upper() for d in rest[i + 1].split(",") if d.strip()}
+            elif a.startswith("--display="):
+                display |= {d.strip().upper() for d in a.split("=", 1)[1].split(",")}
+        sys.stdout.write(_smi_q(info, display))
+        return 0
     for a in argv:
         if a.startswith("--query-gpu="):
             query_gpu = a.split("=", 1)[1]

@@ -40,6 +40,17 @@ NO_LAUNCH = (
 SERVING = {f"test_serving_env_matches_fabric[{n}]" for n in (H, W)}
 # tests_infra/test_alike.py: nodes alike, in the preflight category, one check each
 ALIKE = {"test_host_software_alike", "test_serving_image_alike", "test_clock_ntp_synchronized"}
+# tests_infra/test_gpu_health.py: GPU health per node, in the preflight category
+GPU_HEALTH = {
+    f"{t}[{n}]"
+    for t in (
+        "test_gpu_temperature",
+        "test_gpu_clocks_not_throttled",
+        "test_gpu_persistence_mode",
+        "test_gpu_kernel_errors",
+    )
+    for n in (H, W)
+}
 
 
 def launch(sim: SimCluster) -> dict[str, Any]:
@@ -247,7 +258,7 @@ def test_spark_sim_healthy_passes_every_preflight_check(tmp_path: Path) -> None:
     assert run.ret == 0, run.output
     assert run.results["cluster"]["sim"] is True
     outcomes = run.outcomes()
-    assert set(outcomes) == NO_LAUNCH | SERVING | ALIKE, outcomes
+    assert set(outcomes) == NO_LAUNCH | SERVING | ALIKE | GPU_HEALTH, outcomes
     assert set(outcomes.values()) == {"passed"}, outcomes
     assert {c["category"] for c in run.results["checks"]} == {"preflight"}
 
