@@ -6,9 +6,10 @@ Sources, first found wins:
 1. the container's own command (``docker inspect``) when it is ``vllm serve ...``;
 2. a ``vllm serve`` process inside the container (``docker top -eo pid,args -ww``: Docker
    refuses a ``ps`` format without the PID column, and without ``-ww`` ps may cut each
-   line at 80 columns, before the flags: seen on sparksim's real dockerd): the launcher's model where the
-   container runs ``sleep infinity`` and the server is a ``docker exec``; the server's own
-   process (``python3 .../vllm serve ...``) before the ``bash -c`` that started it;
+   line at 80 columns, before the flags: seen on sparksim's real dockerd): the launcher's
+   model where the container runs ``sleep infinity`` and the server is a ``docker exec``;
+   the server's own process (``python3 .../vllm serve ...``) before the ``bash -c`` that
+   started it;
 3. vLLM's ``non-default args: {...}`` log line of the container's current start
    (``docker logs --since`` its StartedAt, so an earlier run's line is never read);
 4. the ``--spark-serve-args`` the suite launched with.
