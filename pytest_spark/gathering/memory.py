@@ -1,0 +1,56 @@
+"""Memory facts of the cluster: one memory probe round trip per node (cached for the
+session), the engine's claim from the serve args, and whether the serving engine already
+runs on a node (its container, from the preflight probe). The check is pure
+(:mod:`pytest_spark.checks.memory`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pytest_spark.access.base import RemoteError
+from pytest_spark.access.cluster import Cluster, Node
+from pytest_spark.checks.memory import Claim
+from pytest_spark.facts.memory import NodeMemory, memory_probe_command, parse_memory_probe
+from pytest_spark.facts.preflight import NodePreflight
+from pytest_spark.gathering.preflight import all_preflight, cached_probe
+from pytest_spark.parsers.serveargs import parse_serve_args
+from pytest_spark.settings.resolve import Settings
+
+
+def node_memory(cluster: Cluster, node: Node) -> NodeMemory:
+    return cached_probe(cluster, node, memory_probe_command(), parse_memory_probe, key="memory")
+
+
+def all_memory(cluster: Cluster) -> dict[str, NodeMemory | RemoteError]:
+    cluster.connect()
+    return cluster.map(lambda node: node_memory(cluster, node))
+
+
+def engine_claim(settings: Settings) -> Claim:
+    """The claim the launch will make: the serve args' --gpu-memory-utilization, else
+    vLLM's default."""
+    args = settings.serve_args
+    utilization = parse_serve_args(args).gpu_memory_utilization if args else None
+    return Claim.from_serve_args(utilization, bool(args))
+
+
+@dataclass(frozen=True)
+class EngineState:
+    """Whether the serving container runs on the node, and its processes (host PIDs)."""
+
+    running: bool
+    pids: frozenset[int]
+    container: str
+
+
+def engine_state(cluster: Cluster, node: Node) -> EngineState:
+    """From the preflight probe of the node (cached): the serving container running means
+    the engine has started (or is starting) and holds (or is taking) its claim."""
+    facts = all_preflight(cluster).get(node.name)
+    container = cluster.settings.container
+    if not isinstance(facts, NodePreflight):
+        return EngineState(False, frozenset(), container)
+    serving = facts.docker.serving
+    if serving is None or not serving.running:
+        return EngineState(False, frozenset(), container)
+    return EngineState(True, frozenset(serving.pids), container)
