@@ -14,12 +14,11 @@ from __future__ import annotations
 import pytest
 
 from pytest_spark import Cluster, Node, SparkCheck
-from pytest_spark.access.base import RemoteError
 from pytest_spark.checks.memory import check_memory_headroom
 from pytest_spark.checks.preflight import Skip, check_gpu_holders
 from pytest_spark.facts.preflight import NodePreflight
 from pytest_spark.fixtures import verdict_in_session
-from pytest_spark.gathering.memory import all_memory, engine_claim, engine_state
+from pytest_spark.gathering.memory import engine_claim, engine_state, node_memory
 from pytest_spark.gathering.preflight import all_preflight
 
 pytestmark = pytest.mark.preflight
@@ -51,9 +50,7 @@ def test_memory_headroom(
 ) -> None:
     """MemAvailable covers the engine's claim (--gpu-memory-utilization x MemTotal) plus
     the OS headroom; nothing outside the serving container holds what the engine needs."""
-    facts = all_memory(spark_cluster)[spark_node.name]
-    if isinstance(facts, RemoteError):
-        pytest.fail(f"node unreachable: {facts}", pytrace=False)
+    facts = node_memory(spark_cluster, spark_node)
     settings = spark_cluster.settings
     profile = spark_cluster.profile.memory
     claim = engine_claim(settings)

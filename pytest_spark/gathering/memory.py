@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pytest_spark.access.base import RemoteError
 from pytest_spark.access.cluster import Cluster, Node
 from pytest_spark.checks.memory import Claim
 from pytest_spark.facts.memory import NodeMemory, memory_probe_command, parse_memory_probe
@@ -18,12 +17,9 @@ from pytest_spark.settings.resolve import Settings
 
 
 def node_memory(cluster: Cluster, node: Node) -> NodeMemory:
+    """The node's memory probe, once per session (a RemoteError raises: the caller's node
+    is reachable, or test_node_reachable has it)."""
     return cached_probe(cluster, node, memory_probe_command(), parse_memory_probe, key="memory")
-
-
-def all_memory(cluster: Cluster) -> dict[str, NodeMemory | RemoteError]:
-    cluster.connect()
-    return cluster.map(lambda node: node_memory(cluster, node))
 
 
 def engine_claim(settings: Settings) -> Claim:

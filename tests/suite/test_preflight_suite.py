@@ -40,6 +40,8 @@ NO_LAUNCH = (
 SERVING = {f"test_serving_env_matches_fabric[{n}]" for n in (H, W)}
 # tests_infra/test_alike.py: nodes alike, in the preflight category, one check each
 ALIKE = {"test_host_software_alike", "test_serving_image_alike", "test_clock_ntp_synchronized"}
+# tests_infra/test_memory.py: GB10 memory headroom, preflight, per node
+MEMORY = {f"test_memory_headroom[{n}]" for n in (H, W)}
 
 
 def launch(sim: SimCluster) -> dict[str, Any]:
@@ -247,7 +249,7 @@ def test_spark_sim_healthy_passes_every_preflight_check(tmp_path: Path) -> None:
     assert run.ret == 0, run.output
     assert run.results["cluster"]["sim"] is True
     outcomes = run.outcomes()
-    assert set(outcomes) == NO_LAUNCH | SERVING | ALIKE, outcomes
+    assert set(outcomes) == NO_LAUNCH | SERVING | ALIKE | MEMORY, outcomes
     assert set(outcomes.values()) == {"passed"}, outcomes
     assert {c["category"] for c in run.results["checks"]} == {"preflight"}
 
