@@ -54,7 +54,7 @@ def test_memory_headroom(
     settings = spark_cluster.settings
     profile = spark_cluster.profile.memory
     claim = engine_claim(settings)
-    engine = engine_state(spark_cluster, spark_node)
+    engine = engine_state(spark_cluster, spark_node, facts)
     spark_check.attach("claim", f"{claim.fraction:g} ({claim.source})")
     spark_check.attach("engine_running", str(engine.running))
     result = check_memory_headroom(

@@ -39,14 +39,15 @@ class EngineState:
     container: str
 
 
-def engine_state(cluster: Cluster, node: Node) -> EngineState:
-    """From the preflight probe of the node (cached): the serving container running means
-    the engine has started (or is starting) and holds (or is taking) its claim."""
+def engine_state(cluster: Cluster, node: Node, memory: NodeMemory) -> EngineState:
+    """Whether an engine already holds its claim on the node: the serving container runs
+    (from the preflight probe, cached), or a GPU compute app runs (nvidia-smi lists it
+    even where its memory is ``[N/A]``: an engine run another way, e.g. a compose
+    service of another name). A compute app outside the serving container is also
+    test_gpu_not_held_by_others' failure, which the check then cites."""
     facts = all_preflight(cluster).get(node.name)
     container = cluster.settings.container
-    if not isinstance(facts, NodePreflight):
-        return EngineState(False, frozenset(), container)
-    serving = facts.docker.serving
-    if serving is None or not serving.running:
-        return EngineState(False, frozenset(), container)
-    return EngineState(True, frozenset(serving.pids), container)
+    serving = facts.docker.serving if isinstance(facts, NodePreflight) else None
+    pids = frozenset(serving.pids) if serving is not None and serving.running else frozenset()
+    running = (serving is not None and serving.running) or bool(memory.apps)
+    return EngineState(running, pids, container)
