@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -306,6 +307,33 @@ def _notice_writer(config: pytest.Config) -> Callable[[str], None]:
             reporter.ensure_newline()
             reporter.write_line(f"pytest-dgx-spark: {text}", yellow=True)
             reporter.flush()
+
+    return write
+
+
+def progress_line_writer(config: pytest.Config, every_s: float = 10.0) -> Callable[[str], None]:
+    """A progress line flushed to the terminal as it goes, under capture too: rewritten in
+    place on a terminal; in a log (a pipe) one line per ``every_s`` and the last (100%)."""
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    capman = config.pluginmanager.get_plugin("capturemanager")
+    last = {"t": float("-inf")}
+
+    def write(line: str) -> None:
+        if reporter is None:
+            return
+        tty = reporter.isatty() if callable(getattr(reporter, "isatty", None)) else False
+        now = time.monotonic()
+        final = " 100% " in f" {line} "
+        if not tty and not final and now - last["t"] < every_s:
+            return
+        last["t"] = now
+        with capman.global_and_fixture_disabled() if capman else contextlib.nullcontext():
+            if tty:
+                reporter.write(f"\r{line:<78}" + ("\n" if final else ""), flush=True)
+            else:
+                reporter.ensure_newline()
+                reporter.write_line(line)
+                reporter.flush()  # live in a CI log too: a pipe is block-buffered
 
     return write
 

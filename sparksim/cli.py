@@ -14,7 +14,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import alikefaults, cluster, engines, faults, gpufaults, hostfaults, reachfaults, serving
+from . import (
+    alikefaults,
+    cluster,
+    engines,
+    faults,
+    gpufaults,
+    hostfaults,
+    memfaults,
+    reachfaults,
+    serving,
+)
 from .emulator.config import Knobs
 from .netns import SimError
 from .topology import MAX_NODES
@@ -121,6 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     alikefaults.add_parsers(kinds, common, node_help)  # driver, ntp, nccl-build
     reachfaults.add_parser(kinds, common, node_help)  # unreachable NODE --how cut|sshd
     gpufaults.add_parsers(kinds, common, node_help)  # gpu-xid, gpu-throttle, ...
+    memfaults.add_parsers(kinds, common, node_help)  # memory-held NODE --gib N
     return parser
 
 
@@ -269,9 +280,12 @@ def run(argv: list[str] | None = None) -> int:
             msgs = reachfaults.apply(state_dir, topo, args)
         elif args.kind in gpufaults.KINDS:
             msgs = gpufaults.apply(state_dir, topo, args)
+        elif args.kind in memfaults.KINDS:
+            msgs = memfaults.apply(state_dir, topo, args)
         else:
             msgs = (
                 reachfaults.clear(state_dir, topo)
+                + memfaults.clear(state_dir, topo)
                 + alikefaults.clear(state_dir, topo)
                 + hostfaults.clear(state_dir, topo)
                 + serving.clear(state_dir, topo)

@@ -12,7 +12,7 @@ a sysfs of its own network namespace (host cgroup mounts kept), its own /tmp, /v
 tools dir covers ``/usr/local/sbin`` (first on sshd's default PATH), an
 empty file covers ``/root/.bashrc`` (pyenv init costs ~130 ms per command), the node's
 ``ssh/`` dir covers ``/root/.ssh`` (head -> worker ssh works) and a cluster hosts file
-covers ``/etc/hosts``.
+covers ``/etc/hosts`` and a GB10's meminfo covers ``/proc/meminfo`` (sim/meminfo.py).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from types import ModuleType
 
+from .meminfo import write_meminfo
 from .netns import SimError, run
 from .topology import ALL_PORTS, FABRIC_TWINS, HEALTHY_RATE_MBPS, NodeSpec, Topology
 
@@ -246,6 +247,7 @@ def write_node_files(state_dir: Path, topo: Topology, node: NodeSpec, lib: Path)
         "Subsystem sftp internal-sftp\n",
     )
     write_atomic(nd / "empty", "")
+    write_meminfo(nd / "meminfo")  # a GB10's /proc/meminfo (sim/meminfo.py)
     # The node's /etc/hosts: every node by hostname on the management network.
     hosts = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
     hosts += [f"{n.mgmt}\t{n.name}" for n in topo.nodes]
@@ -299,6 +301,7 @@ def _mount_script(state_dir: Path, node: NodeSpec) -> str:
         (nd / "ssh", "/root/.ssh"),
         (nd / "hosts", "/etc/hosts"),
         (nd / "empty", "/root/.bashrc"),
+        (nd / "meminfo", "/proc/meminfo"),
     ]
     park = q(str(nd / "cgroup"))
     steps = [

@@ -30,8 +30,13 @@ from pytest_spark.checks.preflight import (
     same_env_note,
 )
 from pytest_spark.facts.preflight import ClockSample, ModelListing, NodePreflight
-from pytest_spark.fixtures import require_unless_twin_down, verdict_in_session
+from pytest_spark.fixtures import (
+    progress_line_writer,
+    require_unless_twin_down,
+    verdict_in_session,
+)
 from pytest_spark.gathering.links import unusable_fabric_links
+from pytest_spark.gathering.modelhash import full_hash_listings
 from pytest_spark.gathering.preflight import (
     address_owners,
     all_preflight,
@@ -163,6 +168,10 @@ def test_model_dir_identical(
         pytest.skip(
             f"{where.source} {where.path} does not exist on any node (a path inside "
             "the container?): set --spark-model-dir to the host directory"
+        )
+    if spark_cluster.settings.model_hash == "full":  # every byte of every shard, with progress
+        listings = full_hash_listings(
+            spark_cluster, where.path, listings, progress_line_writer(pytestconfig)
         )
     spark_check.require(check_model_identical(where.path, listings, where.source or ""))
 

@@ -22,6 +22,7 @@ class ServeArgs:
     executor_backend: str | None = None  # --distributed-executor-backend
     nnodes: int | None = None
     headless: bool = False
+    gpu_memory_utilization: float | None = None  # None: not on the line (vLLM's default)
 
     @property
     def mode(self) -> str | None:
@@ -107,6 +108,9 @@ def parse_serve_args(command: str) -> ServeArgs:
         executor_backend=values.get("distributed-executor-backend"),
         nnodes=int(values["nnodes"]) if "nnodes" in values else None,
         headless="headless" in flags,
+        gpu_memory_utilization=(
+            float(values["gpu-memory-utilization"]) if "gpu-memory-utilization" in values else None
+        ),
     )
 
 

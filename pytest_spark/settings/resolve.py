@@ -25,6 +25,7 @@ from pytest_spark.settings.options import (
     OPTIONS,
     OPTIONS_BY_ATTR,
     HostkeyCheck,
+    ModelHash,
     RayMode,
     SimEngine,
     _bool,
@@ -71,6 +72,7 @@ class Settings:
     container: str
     serve_args: str | None
     model_dir: str | None
+    model_hash: ModelHash
     nccl_debug: str | None
     ready_timeout: float
     hang_timeout: float

@@ -1,0 +1,241 @@
+"""GB10 memory headroom: the parsers on recorded outputs (fixtures/memory), the probe's
+facts, and the check's verdicts before a launch and while the engine serves."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from pytest_spark.checks.memory import VLLM_DEFAULT_UTILIZATION, Claim, check_memory_headroom
+from pytest_spark.checks.preflight import Skip
+from pytest_spark.facts.memory import NodeMemory, parse_memory_probe
+from pytest_spark.parsers.links import ParseError
+from pytest_spark.parsers.memory import (
+    GIB,
+    MemInfo,
+    ProcessMemory,
+    parse_compute_app_memory,
+    parse_meminfo,
+    parse_process_memory,
+)
+from pytest_spark.parsers.serveargs import parse_serve_args
+from pytest_spark.settings.profiles import load_profile
+from sparksim.meminfo import meminfo_text
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "memory"
+W = "spark-worker-1"
+CLAIM = Claim(0.9, "--gpu-memory-utilization 0.9 in the serve args")
+
+
+def probe(name: str) -> NodeMemory:
+    return parse_memory_probe((FIXTURES / name).read_text())
+
+
+def kb(text: str, key: str) -> int:
+    m = re.search(rf"^{re.escape(key)}:\s+(\d+) kB$", text, re.M)
+    assert m, key
+    return int(m[1]) * 1024
+
+
+# ----------------------------------------------------------------------------- parsers
+
+
+def test_meminfo_of_a_real_kernel() -> None:
+    text = (FIXTURES / "meminfo_x86_dev_machine.txt").read_text()
+    info = parse_meminfo(text)
+    assert info.total == kb(text, "MemTotal")
+    assert info.available == kb(text, "MemAvailable")
+    assert info.free == kb(text, "MemFree")
+    assert info.cached == kb(text, "Cached") + kb(text, "Buffers")
+    assert info.swap_used == kb(text, "SwapTotal") - kb(text, "SwapFree")
+
+
+def test_meminfo_without_memavailable_and_not_meminfo() -> None:
+    old = "MemTotal:  1000 kB\nMemFree:  400 kB\nBuffers:  10 kB\nCached:  90 kB\n"
+    info = parse_meminfo(old)  # kernels before 3.14
+    assert (info.available, info.free, info.cached) == (None, 400 * 1024, 100 * 1024)
+    with pytest.raises(ParseError, match="no MemTotal"):
+        parse_meminfo("cat: /proc/meminfo: No such file or directory\n")
+
+
+def test_compute_apps_tolerate_na_memory() -> None:
+    apps = parse_compute_app_memory(
+        "4242, /usr/bin/python3, [N/A]\n4343, VLLM::EngineCore, 61440 MiB\n"
+    )
+    assert [(a.pid, a.name, a.used) for a in apps] == [
+        (4242, "/usr/bin/python3", None),
+        (4343, "VLLM::EngineCore", 60 * GIB),
+    ]
+    assert parse_compute_app_memory("No running processes found\n") == []
+    assert parse_compute_app_memory("") == []
+
+
+def test_process_listing_largest_first_and_gone_processes_skipped() -> None:
+    out = parse_process_memory(
+        "7\t100\tsshd\tsshd: root\n9\t\tgone\t\n8\t900\tpython3\tpython3 x\n"
+    )
+    assert [(p.pid, p.rss) for p in out] == [(8, 900 * 1024), (7, 100 * 1024)]
+
+
+def test_serve_args_memory_utilization() -> None:
+    line = "vllm serve /m --tensor-parallel-size 2 --gpu-memory-utilization 0.85"
+    assert parse_serve_args(line).gpu_memory_utilization == 0.85
+    assert parse_serve_args("vllm serve /m --gpu-memory-utilization=0.7").gpu_memory_utilization
+    assert parse_serve_args("vllm serve /m").gpu_memory_utilization is None
+
+
+def test_probe_of_a_held_node_names_the_holder() -> None:
+    idle, held = probe("probe_worker_idle.txt"), probe("probe_worker_held_60gib.txt")
+    assert idle.meminfo and held.meminfo
+    assert idle.meminfo.available and held.meminfo.available
+    assert idle.meminfo.available - held.meminfo.available == 60 * GIB
+    top = held.processes[0]
+    assert (top.name, top.rss) == ("python3", 60 * GIB)
+    assert "signal.pause()" in top.args
+    assert all("\n" not in p.args for p in held.processes)
+    assert held.apps == ()  # nvidia-smi answered: no compute app
+
+
+def test_sim_meminfo_is_a_gb10s() -> None:
+    idle = parse_meminfo(meminfo_text())
+    assert round(idle.total / GIB, 1) == 119.7  # CUDA's total in vLLM's free-memory error
+    assert idle.available is not None and idle.available > 0.9 * idle.total + 4 * GIB
+    full = parse_meminfo(meminfo_text(118 * 1024 * 1024))
+    assert full.free > 0 and full.available is not None and full.available < 2 * GIB
+
+
+# ------------------------------------------------------------------------------- check
+
+
+def test_idle_node_passes_before_the_launch() -> None:
+    f = check_memory_headroom(W, probe("probe_worker_idle.txt"), CLAIM, 4.0, engine_running=False)
+    assert not isinstance(f, Skip) and f.level == "pass", f
+    assert f.expected["claim_gib"] == pytest.approx(0.9 * 119.7, abs=0.1)
+
+
+def test_held_node_fails_before_the_launch_naming_the_process() -> None:
+    f = check_memory_headroom(
+        W, probe("probe_worker_held_60gib.txt"), CLAIM, 4.0, engine_running=False
+    )
+    assert not isinstance(f, Skip) and f.level == "fail"
+    m = f.message
+    assert m.startswith(f"{W}: MemAvailable 56.3 GiB of MemTotal 119.7 GiB")  # measured
+    assert "at least 111.7 GiB" in m and "0.9 x MemTotal = 107.7 GiB" in m  # expected
+    assert "vLLM will refuse to start" in m and "Free memory on device" in m  # consequence
+    assert re.search(
+        r"pid \d+ python3 \(python3 -c import signal; signal.pause\(\)\) holds 60.0 GiB", m
+    )
+    assert "dockerd" not in m  # 0.1 GiB: not a holder worth naming, nor killing
+    assert re.search(r"kill \d+;", m) and "lower --gpu-memory-utilization to 0.43" in m  # fix
+
+
+def test_serving_node_is_judged_on_the_os_headroom_alone() -> None:
+    """A healthy serving GB10: the engine holds 0.9 of 119.7 GiB, ~8 GiB stay available.
+    Counting the claim again would fail it; with the engine running it passes."""
+    serving = NodeMemory(
+        "spark-2",
+        MemInfo(
+            total=int(119.7 * GIB),
+            free=int(6 * GIB),
+            available=int(8 * GIB),
+            cached=int(2 * GIB),
+            swap_total=0,
+            swap_free=0,
+        ),
+        None,
+        (ProcessMemory(77, "python3", 3 * GIB, "python3 -m vllm serve /m"),),
+        (),
+    )
+    running = check_memory_headroom(
+        W, serving, CLAIM, 4.0, engine_running=True, own_pids=frozenset({77})
+    )
+    assert not isinstance(running, Skip) and running.level == "pass", running
+    before = check_memory_headroom(W, serving, CLAIM, 4.0, engine_running=False)
+    assert not isinstance(before, Skip) and before.level == "fail"
+    assert "python3 -m vllm serve" in before.message  # outside own_pids it is a holder
+    assert serving.meminfo
+    squeezed = replace(serving, meminfo=replace(serving.meminfo, available=int(2 * GIB)))
+    own = check_memory_headroom(
+        W, squeezed, CLAIM, 4.0, engine_running=True, own_pids=frozenset({77})
+    )
+    assert not isinstance(own, Skip) and own.level == "fail"
+    assert "python3 -m vllm serve" not in own.message  # the engine's own: not a holder
+
+
+def test_held_while_serving_fails_on_the_os_headroom() -> None:
+    held = probe("probe_worker_held_60gib.txt")
+    assert held.meminfo
+    short = replace(held, meminfo=replace(held.meminfo, available=int(2.3 * GIB)))
+    f = check_memory_headroom(W, short, CLAIM, 4.0, engine_running=True)
+    assert not isinstance(f, Skip) and f.level == "fail"
+    assert "expected at least 4.0 GiB left for the OS" in f.message
+    assert "with the serving engine running" in f.message and "python3" in f.message
+    assert "lower --gpu-memory-utilization" not in f.message  # the engine is already up
+
+
+def test_gpu_holder_is_the_one_failure() -> None:
+    f = check_memory_headroom(
+        W,
+        probe("probe_worker_held_60gib.txt"),
+        CLAIM,
+        4.0,
+        engine_running=False,
+        gpu_held="test_gpu_not_held_by_others[spark-worker-1] has the evidence",
+    )
+    assert isinstance(f, Skip)
+    assert "because the GPU is held outside the serving container" in f.reason
+    assert "test_gpu_not_held_by_others[spark-worker-1]" in f.reason and "56.3 GiB" in f.reason
+
+
+def test_gpu_apps_with_na_memory_are_named() -> None:
+    held = probe("probe_worker_held_60gib.txt")
+    apps = tuple(parse_compute_app_memory("5151, ollama, [N/A]\n"))
+    f = check_memory_headroom(W, replace(held, apps=apps), CLAIM, 4.0, engine_running=False)
+    assert not isinstance(f, Skip)
+    assert "GPU compute app pid 5151 ollama: memory [N/A]" in f.message
+
+
+def test_no_big_process_says_where_else_to_look() -> None:
+    held = probe("probe_worker_held_60gib.txt")
+    small = replace(held, processes=held.processes[1:])  # the holder gone, memory still short
+    f = check_memory_headroom(W, small, CLAIM, 4.0, engine_running=False)
+    assert not isinstance(f, Skip) and f.level == "fail"
+    assert "No process outside the serving container holds 1 GiB or more" in f.message
+    assert "the largest: pid" in f.message and "slabtop" in f.message
+
+
+def test_swap_in_use_and_page_cache_warn() -> None:
+    idle = probe("probe_worker_idle.txt")
+    assert idle.meminfo
+    swapped = replace(
+        idle, meminfo=replace(idle.meminfo, swap_free=idle.meminfo.swap_total - 3 * GIB)
+    )
+    f = check_memory_headroom(W, swapped, CLAIM, 4.0, engine_running=False)
+    assert not isinstance(f, Skip) and f.level == "warn" and "3.0 GiB is swapped out" in f.message
+    cached = replace(idle, meminfo=replace(idle.meminfo, free=int(50 * GIB)))
+    f = check_memory_headroom(W, cached, CLAIM, 4.0, engine_running=False)
+    assert not isinstance(f, Skip) and f.level == "warn" and "drop_caches" in f.message
+
+
+def test_unreadable_meminfo_fails_with_the_error() -> None:
+    bad = NodeMemory("n", None, "cat /proc/meminfo: Permission denied", (), None, "x")
+    f = check_memory_headroom(W, bad, CLAIM, 4.0, engine_running=False)
+    assert not isinstance(f, Skip) and f.level == "fail" and "Permission denied" in f.message
+
+
+def test_claim_defaults_to_vllms() -> None:
+    claim = Claim.from_serve_args(None, have_args=True)
+    assert claim.fraction == VLLM_DEFAULT_UTILIZATION == 0.92
+    assert "vLLM's default 0.92" in claim.source
+    assert (
+        Claim.from_serve_args(0.8, True).source == "--gpu-memory-utilization 0.8 in the serve args"
+    )
+
+
+@pytest.mark.parametrize("name", ["dgx-spark-2node", "sim"])
+def test_profiles_carry_the_os_headroom(name: str) -> None:
+    memory = load_profile(name).memory
+    assert memory.os_headroom_gib == 4.0 and memory.top_holders == 3

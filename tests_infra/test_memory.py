@@ -1,0 +1,73 @@
+"""GB10 memory headroom (issue #15 §2): before a 15-minute load, does every node have the
+memory that ``--gpu-memory-utilization`` will claim, plus the OS's share?
+
+Per node: MemAvailable, MemTotal and swap from /proc/meminfo (nvidia-smi's memory is
+``[N/A]`` on GB10's unified memory) against the claim of the serve args (vLLM's default
+when they have none) and the profile's ``memory.os_headroom_gib``; while the serving engine
+runs, against the headroom alone (its claim is taken; see pytest_spark.checks.memory). A
+short node names the largest processes outside the serving container. Facts come from one
+memory probe round trip per node (cached) and the preflight probe's container list.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_spark import Cluster, Node, SparkCheck
+from pytest_spark.checks.memory import check_memory_headroom
+from pytest_spark.checks.preflight import Skip, check_gpu_holders
+from pytest_spark.facts.preflight import NodePreflight
+from pytest_spark.fixtures import verdict_in_session
+from pytest_spark.gathering.memory import engine_claim, engine_state, node_memory
+from pytest_spark.gathering.preflight import all_preflight
+
+pytestmark = pytest.mark.preflight
+
+GPU_HOLDERS = "test_gpu_not_held_by_others"
+
+
+def _gpu_held(request: pytest.FixtureRequest, cluster: Cluster, node: Node) -> str | None:
+    """The GPU-holder check's failure on this node, when that check runs in the session:
+    a stale engine holds memory too, and that is its one failure."""
+    if not verdict_in_session(request.session, GPU_HOLDERS):
+        return None
+    facts = all_preflight(cluster).get(node.name)
+    if not isinstance(facts, NodePreflight):
+        return None
+    found = check_gpu_holders(
+        node.name, facts.docker, facts.gpu, cluster.settings.container, facts.now
+    )
+    if isinstance(found, Skip) or found.ok:
+        return None
+    return f"{GPU_HOLDERS}[{node.name}] has the evidence"
+
+
+def test_memory_headroom(
+    request: pytest.FixtureRequest,
+    spark_node: Node,
+    spark_cluster: Cluster,
+    spark_check: SparkCheck,
+) -> None:
+    """MemAvailable covers the engine's claim (--gpu-memory-utilization x MemTotal) plus
+    the OS headroom; nothing outside the serving container holds what the engine needs."""
+    facts = node_memory(spark_cluster, spark_node)
+    settings = spark_cluster.settings
+    profile = spark_cluster.profile.memory
+    claim = engine_claim(settings)
+    engine = engine_state(spark_cluster, spark_node, facts)
+    spark_check.attach("claim", f"{claim.fraction:g} ({claim.source})")
+    spark_check.attach("engine_running", str(engine.running))
+    result = check_memory_headroom(
+        spark_node.name,
+        facts,
+        claim,
+        profile.os_headroom_gib,
+        engine_running=engine.running,
+        own_pids=engine.pids,
+        max_swap_used_gib=profile.max_swap_used_gib,
+        top_holders=profile.top_holders,
+        gpu_held=_gpu_held(request, spark_cluster, spark_node),
+    )
+    if isinstance(result, Skip):
+        pytest.skip(result.reason)
+    spark_check.require(result)
