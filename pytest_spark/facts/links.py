@@ -55,6 +55,7 @@ __all__ = [
     "PortFacts",
     "ProbeSection",
     "discover_fabric_ifs",
+    "joint_probe",
     "link_probe_command",
     "parse_link_probe",
     "ping_command",
@@ -124,6 +125,36 @@ def probe_script(marker: str, name: str, timeout_s: int, body: str) -> str:
         .replace("@TIMEOUT@", str(int(timeout_s)))
     )
     return "sh -c " + shlex.quote((frame + body).strip() + "\n")
+
+
+_JOINT = r"""
+d=$(mktemp -d 2>/dev/null) || { d="/tmp/.pytest-spark-joint.$$"; mkdir -p "$d"; }
+i=0
+for c in "$@"; do
+  i=$((i+1))
+  sh -c "$c" >"$d/$i" 2>"$d/$i.err" </dev/null &
+done
+wait
+i=0
+for c in "$@"; do
+  i=$((i+1))
+  cat "$d/$i"
+  cat "$d/$i.err" >&2
+done
+rm -rf "$d"
+"""
+
+
+def joint_probe(commands: list[str]) -> str:
+    """Several probe commands as one ``sh -c`` command (one round trip): they run side by
+    side on the node, their outputs are printed one after another in the given order (each
+    probe's own marker keeps its sections apart; the parsers skip lines outside their
+    own), and the scratch directory holding them is removed."""
+    if not commands:
+        raise ValueError("joint_probe needs at least one command")
+    if len(commands) == 1:
+        return commands[0]
+    return shlex.join(["sh", "-c", _JOINT.strip() + "\n", "_", *commands])
 
 
 def link_probe_command(sysfs: str = "/sys", timeout_s: int = 10) -> str:
