@@ -11,7 +11,12 @@ from pathlib import Path
 import pytest
 
 from pytest_spark.checks.links import check_ping, check_ping_pairs, ping_pairs_culprit
-from pytest_spark.facts.links import PingTarget, parse_ping_matrix, ping_matrix_command
+from pytest_spark.facts.links import (
+    PingTarget,
+    matrix_peers,
+    parse_ping_matrix,
+    ping_matrix_command,
+)
 from pytest_spark.parsers.links import PingResult
 
 pytestmark = pytest.mark.unit
@@ -40,6 +45,10 @@ while [ $# -gt 1 ]; do
   shift
 done
 addr=$1
+if [ -n "$RUNNING" ]; then  # how many pings run at once
+  mkdir -p "$RUNNING/$addr-$size"; ls "$RUNNING" | wc -l >>"$RUNNING.log"; sleep 0.3
+  rmdir "$RUNNING/$addr-$size"
+fi
 if [ "$size" -gt 1472 ] && case " $DROP_BIG " in *" $addr "*) true ;; *) false ;; esac; then
   printf '%s' "$LOST" |
     sed "s/{addr}/$addr/g; s/{iface}/$iface/; s/{size}/$size/; s/{count}/$count/g"
@@ -50,7 +59,7 @@ printf '%s' "$REPLIES" | sed "s/{addr}/$addr/g; s/{iface}/$iface/; s/{size}/$siz
 """
 
 
-def _run(command: str, tmp_path: Path, drop_big: str = "") -> str:
+def _run(command: str, tmp_path: Path, drop_big: str = "", running: str = "") -> str:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     ping = bin_dir / "ping"
@@ -59,6 +68,7 @@ def _run(command: str, tmp_path: Path, drop_big: str = "") -> str:
     env = {
         "PATH": f"{bin_dir}:/usr/bin:/bin",
         "DROP_BIG": drop_big,
+        "RUNNING": running,
         "REPLIES": REPLIES,
         "LOST": LOST,
     }
@@ -67,6 +77,14 @@ def _run(command: str, tmp_path: Path, drop_big: str = "") -> str:
     )
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
+
+
+@pytest.mark.parametrize("count", range(2, 10))
+def test_the_matrix_pings_every_pair_from_one_end_at_least(count: int) -> None:
+    pinged = {frozenset((i, j)) for i in range(count) for j in matrix_peers(count, i)}
+    assert pinged == {frozenset((i, j)) for i in range(count) for j in range(i + 1, count)}
+    assert all(len(matrix_peers(count, i)) == count // 2 for i in range(count))
+    assert matrix_peers(2, 0) == [1] and matrix_peers(2, 1) == [0]  # as the ring did
 
 
 def test_every_target_is_pinged_in_one_command_and_a_lost_one_gets_a_small_ping(
@@ -87,6 +105,17 @@ def test_every_target_is_pinged_in_one_command_and_a_lost_one_gets_a_small_ping(
     assert lost.small is not None and lost.small.received == 1  # small frames pass
     assert got[("enP2p1s0f1np1", "198.19.1.3")].small is None  # other twin: no drop
     assert not list(Path("/tmp").glob(".pytest-spark-ping.*"))
+
+
+def test_a_node_runs_at_most_fan_out_pings_at_once(tmp_path: Path) -> None:
+    targets = [PingTarget("enp1s0f1np1", f"198.19.0.{i}", 9000) for i in range(2, 9)]
+    running = tmp_path / "running"
+    running.mkdir()
+    out = _run(ping_matrix_command(targets, fan_out=3), tmp_path, running=str(running))
+    assert len(parse_ping_matrix(out)) == 7  # every target, in waves of 3
+    at_once = [int(n) for n in (tmp_path / "running.log").read_text().split()]
+    assert len(at_once) == 7 and max(at_once) <= 3
+    assert max(at_once) > 1  # side by side within a wave
 
 
 def test_ping_matrix_command_refuses_what_is_not_an_interface_or_address() -> None:

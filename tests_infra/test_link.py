@@ -29,6 +29,7 @@ from pytest_spark.facts.links import (
     PingTarget,
     PortFacts,
     discover_fabric_ifs,
+    matrix_peers,
     parse_ping_matrix,
     ping_matrix_command,
 )
@@ -176,9 +177,10 @@ def test_same_subnet(
 
 
 def _pair_pings(cluster: Cluster) -> dict[tuple[str, str], dict[str, tuple[Any, ...] | str]]:
-    """The ping matrix, once per session: every node pings every other node on every
-    fabric twin, all at once, one round trip per node (every pair, both ways, so a
-    switch port that drops full-size frames shows on each pair through it). Per (node,
+    """The ping matrix, once per session: every pair of nodes on every fabric twin, pinged
+    from one end (facts.links.matrix_peers: a DF ping's reply tests the way back), all
+    nodes at once, one round trip per node; a switch port that drops full-size frames
+    shows on each pair through it. Per (node,
     twin): peer -> (peer_addr, mtu, big ping, small ping or None), or why that pair was
     not pinged (the peer unreachable, its twin not usable, no address)."""
     ifs = fabric_ifs(cluster)
@@ -192,9 +194,8 @@ def _pair_pings(cluster: Cluster) -> dict[tuple[str, str], dict[str, tuple[Any, 
             if not link_is_usable(port_of(facts, ifname))[0]:
                 continue
             mtu = port_of(facts, ifname).mtu or 1500
-            for peer in cluster.nodes:
-                if peer is node:
-                    continue
+            nodes = cluster.nodes
+            for peer in (nodes[i] for i in matrix_peers(len(nodes), nodes.index(node))):
                 error = cluster.unreachable(peer)
                 if error is not None:
                     cells[(ifname, peer.name)] = f"peer {unreachable_reason(peer.name, error)}"
@@ -217,7 +218,7 @@ def _pair_pings(cluster: Cluster) -> dict[tuple[str, str], dict[str, tuple[Any, 
         targets, cells = plan(node)
         if not targets:
             return cells
-        result = node.run(ping_matrix_command(targets, count), timeout=60)
+        result = node.run(ping_matrix_command(targets, count), timeout=120)
         try:
             outcomes = parse_ping_matrix(result.stdout)
         except ParseError as exc:
@@ -252,18 +253,28 @@ def _pair_pings(cluster: Cluster) -> dict[tuple[str, str], dict[str, tuple[Any, 
 
 
 def _pair_findings(
-    cluster: Cluster, node: Node, fabric_if: str, port: PortFacts
+    cluster: Cluster, node: Node, fabric_if: str, port: PortFacts, culprit: str | None
 ) -> tuple[dict[str, Finding], list[str]]:
-    """This node's finding per pinged peer on the twin, and why other peers were not."""
-    cells = _pair_pings(cluster).get((node.name, fabric_if), {})
+    """A finding per pair of this node on the twin: the pings it sent and, when it is the
+    culprit every failing pair goes through, the other nodes' pings of it too; and why
+    other peers were not pinged."""
+    matrix = _pair_pings(cluster)
     findings: dict[str, Finding] = {}
     reasons: list[str] = []
-    for peer, cell in cells.items():
+    for peer, cell in matrix.get((node.name, fabric_if), {}).items():
         if isinstance(cell, str):
             reasons.append(cell)
             continue
         addr, mtu, big, small = cell
         findings[peer] = check_ping(node.name, port, peer, addr, big, mtu, small_ping=small)
+    if culprit == node.name:
+        for (sender, ifname), cells in matrix.items():
+            cell = cells.get(node.name)
+            if ifname == fabric_if and sender not in findings and isinstance(cell, tuple):
+                addr, mtu, big, small = cell
+                findings[sender] = check_ping(
+                    sender, fabric_if, node.name, addr, big, mtu, small_ping=small
+                )
     return findings, reasons
 
 
@@ -287,14 +298,15 @@ def test_ping_peer_at_full_mtu(
     fabric_if: str,
     spark_check: SparkCheck,
 ) -> None:
-    """A don't-fragment ping filling the MTU reaches every other node on this twin (the
-    ping matrix covers every pair, both ways, all pinged at once). Failing pairs that all
-    go through one node are that node's failure; the others skip citing it."""
+    """Don't-fragment pings filling the MTU reach the node's peers on this twin (the ping
+    matrix covers every pair; its DF replies test the way back). Failing pairs that all go
+    through one node are that node's failure, with every pair through it; the others skip
+    citing it."""
     require_usable(spark_node, port)
-    findings, reasons = _pair_findings(spark_cluster, spark_node, fabric_if, port)
+    culprit = ping_pairs_culprit(_failing_pairs(spark_cluster, fabric_if))
+    findings, reasons = _pair_findings(spark_cluster, spark_node, fabric_if, port, culprit)
     if not findings:
         pytest.skip("; ".join(reasons) or f"{spark_node.name}: no peer to ping on {fabric_if}")
-    culprit = ping_pairs_culprit(_failing_pairs(spark_cluster, fabric_if))
     finding = check_ping_pairs(spark_node.name, fabric_if, findings, culprit)
     if not finding.ok:
         if not check_mtu_consistent(_twin_ports(pytestconfig, spark_cluster, fabric_if)).ok:

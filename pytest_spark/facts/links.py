@@ -53,6 +53,7 @@ __all__ = [
     "BASE_SECTIONS",
     "LINK_PROBE",
     "MARKER",
+    "PING_FAN_OUT",
     "PING_MARKER",
     "NodeLinkFacts",
     "PingOutcome",
@@ -62,6 +63,7 @@ __all__ = [
     "discover_fabric_ifs",
     "joint_probe",
     "link_probe_command",
+    "matrix_peers",
     "parse_link_probe",
     "parse_ping_matrix",
     "ping_command",
@@ -602,11 +604,29 @@ class PingOutcome:
     problem: str | None = None
 
 
-def ping_matrix_command(targets: list[PingTarget], count: int = 3, timeout_s: int = 30) -> str:
-    """Every target pinged at once, in one round trip: a don't-fragment ping filling the
-    target's MTU (payload = MTU - 28), ``count`` times, and where that loses replies one
-    default-size (1500) ping of the same peer. Each ping's output is kept in a ``mktemp
-    -d`` directory, printed in order, then removed."""
+def matrix_peers(count: int, index: int) -> list[int]:
+    """The nodes (indexes into ``count`` nodes) that node ``index`` pings in the ping
+    matrix: the next ``count // 2`` in ring order. Every pair is then pinged from at least
+    one end, and a DF ping's reply is as large as its request, so one ping tests the
+    pair's path both ways at full MTU: N x N/2 pings instead of N x (N - 1). Two nodes
+    ping each other."""
+    if not 0 <= index < count:
+        raise ValueError(f"index {index} not in 0..{count - 1}")
+    return [(index + d) % count for d in range(1, count // 2 + 1)]
+
+
+PING_FAN_OUT = 8  # pings a node runs at once (a bounded burst: ARP and the peers' CPUs)
+
+
+def ping_matrix_command(
+    targets: list[PingTarget], count: int = 3, timeout_s: int = 60, fan_out: int = PING_FAN_OUT
+) -> str:
+    """Every target pinged in one round trip, ``fan_out`` at a time: a don't-fragment ping
+    filling the target's MTU (payload = MTU - 28), ``count`` times, and where that loses
+    replies one default-size (1500) ping of the same peer. Each ping's output is kept in a
+    ``mktemp -d`` directory, printed in order, then removed."""
+    if fan_out < 1:
+        raise ValueError(f"fan_out must be at least 1, got {fan_out}")
     if not targets:
         raise ValueError("ping_matrix_command needs at least one target")
     if count < 1:
@@ -619,6 +639,8 @@ def ping_matrix_command(targets: list[PingTarget], count: int = 3, timeout_s: in
         if target.mtu < 68:
             raise ValueError(f"mtu must be at least 68 (IPv4 minimum), got {target.mtu}")
         calls.append(f"q {shlex.quote(target.ifname)} {target.addr} {target.mtu - 28}")
+        if len(calls) % (fan_out + 1) == fan_out:
+            calls.append("wait")
     body = (
         _PINGS.replace("@COUNT@", str(count))
         .replace("@SMALL@", str(SMALL_PING_MTU - 28))
