@@ -27,7 +27,7 @@ from . import (
 )
 from .emulator.config import Knobs
 from .netns import SimError
-from .topology import MAX_NODES
+from .topology import MAX_NODES, TOPOLOGIES
 
 
 def _positive_int(text: str) -> int:
@@ -64,6 +64,14 @@ def build_parser() -> argparse.ArgumentParser:
     p_up = sub.add_parser("up", parents=[common], help="start the cluster, print its JSON")
     p_up.add_argument(
         "--nodes", type=_nodes, default=2, metavar="N", help="number of nodes, >= 2 (default: 2)"
+    )
+    p_up.add_argument(
+        "--topology",
+        choices=TOPOLOGIES,
+        default=None,
+        help="the fabric: direct (a cable per twin between two nodes; the default for 2) "
+        "or switch (every node's twins on one switch, a bridge per twin; the default for "
+        "more than 2)",
     )
     p_up.add_argument(
         "--time-scale",
@@ -122,6 +130,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     k.add_argument("twin", metavar="TWIN", nargs="?", help=twin_help)
     k = kinds.add_parser("mtu", parents=[common], help="set a fabric port's MTU")
+    k.add_argument("node", metavar="NODE", help=node_help)
+    k.add_argument("mtu", metavar="MTU", type=_positive_int, help="MTU (healthy: 9000)")
+    k.add_argument("twin", metavar="TWIN", nargs="?", help=twin_help)
+    k = kinds.add_parser(
+        "switch-mtu", parents=[common], help="set the MTU of a node's port on the switch"
+    )
     k.add_argument("node", metavar="NODE", help=node_help)
     k.add_argument("mtu", metavar="MTU", type=_positive_int, help="MTU (healthy: 9000)")
     k.add_argument("twin", metavar="TWIN", nargs="?", help=twin_help)
@@ -195,7 +209,7 @@ def _print_status(report: dict[str, Any]) -> None:
     word = "healthy" if report["healthy"] else "UNHEALTHY"
     print(
         f"sparksim instance {report['instance']} at {report['state_dir']}: up, {word}, "
-        f"{len(report['nodes'])} nodes"
+        f"{len(report['nodes'])} nodes, {report.get('topology', 'direct')} fabric"
     )
     for n in report["nodes"]:
         ports = "  ".join(
@@ -236,6 +250,7 @@ def run(argv: list[str] | None = None) -> int:
         data = cluster.up(
             state_dir,
             args.nodes,
+            topology=args.topology,
             time_scale=args.time_scale,
             engine=args.engine,
             launch_mode=args.launch_mode,
@@ -243,7 +258,8 @@ def run(argv: list[str] | None = None) -> int:
         )
         print(json.dumps(data, indent=2))
         print(
-            f"spark-sim: {args.nodes} nodes up in {time.monotonic() - start:.1f} s "
+            f"spark-sim: {args.nodes} nodes ({data['topology']}) up in "
+            f"{time.monotonic() - start:.1f} s "
             f"(instance {data['instance']}, ssh -F {data['ssh_config']} "
             f"{data['nodes'][0]['mgmt']})",
             file=sys.stderr,
@@ -264,6 +280,8 @@ def run(argv: list[str] | None = None) -> int:
             msgs = faults.link_rate(state_dir, topo, args.node, args.mbps, args.twin)
         elif args.kind == "mtu":
             msgs = faults.mtu(state_dir, topo, args.node, args.mtu, args.twin)
+        elif args.kind == "switch-mtu":
+            msgs = faults.switch_mtu(state_dir, topo, args.node, args.mtu, args.twin)
         elif args.kind == "stale-container":
             msgs = serving.stale_container(state_dir, topo, args.node, args.name, args.port)
         elif args.kind == "worker-kill":

@@ -56,7 +56,8 @@ def load_cluster(state_dir: Path) -> dict[str, Any] | None:
 
 
 def topology_of(cluster: dict[str, Any]) -> Topology:
-    return build(int(cluster["instance"]), len(cluster["nodes"]))
+    kind = cluster.get("topology")
+    return build(int(cluster["instance"]), len(cluster["nodes"]), str(kind) if kind else None)
 
 
 def require_topology(state_dir: Path) -> Topology:
@@ -70,6 +71,8 @@ def require_topology(state_dir: Path) -> Topology:
 
 
 def _network_lines(topo: Topology) -> list[str]:
+    """The root namespace's part (run there): the nodes' namespaces, the management
+    bridge, and every fabric cable (a veth per twin, node to node or node to switch)."""
     lines = [f"netns add {n.netns}" for n in topo.nodes]
     lines += [
         f"link add {topo.bridge} type bridge",
@@ -89,16 +92,23 @@ def _network_lines(topo: Topology) -> list[str]:
                 f"peer name {ifname} netns {b.netns} mtu {HEALTHY_MTU}"
             )
         return lines
+    lines.append(f"netns add {topo.switch_netns}")
     for t, (ifname, _, _) in enumerate(FABRIC_TWINS):
+        lines += [
+            f"link add {ifname} netns {n.netns} mtu {HEALTHY_MTU} type veth "
+            f"peer name {topo.switch_port(n, t)} netns {topo.switch_netns} mtu {HEALTHY_MTU}"
+            for n in topo.nodes
+        ]
+    return lines
+
+
+def _switch_lines(topo: Topology) -> list[str]:
+    """The switch namespace's part: one bridge per twin holding every node's port."""
+    lines = ["link set lo up"]
+    for t in range(len(FABRIC_TWINS)):
         br = topo.twin_bridge(t)
         lines += [f"link add {br} mtu {HEALTHY_MTU} type bridge", f"link set {br} up"]
-        for n in topo.nodes:
-            port = topo.switch_port(n, t)
-            lines += [
-                f"link add {ifname} netns {n.netns} mtu {HEALTHY_MTU} type veth "
-                f"peer name {port} mtu {HEALTHY_MTU}",
-                f"link set {port} master {br} up",
-            ]
+        lines += [f"link set {topo.switch_port(n, t)} master {br} up" for n in topo.nodes]
     return lines
 
 
@@ -121,6 +131,7 @@ def _cluster_json(state_dir: Path, topo: Topology) -> dict[str, Any]:
         "version": 1,
         "instance": topo.instance,
         "state_dir": str(state_dir),
+        "topology": topo.kind,
         "nodes": [n.as_json() for n in topo.nodes],
         "ssh_config": str(state_dir / "ssh_config"),
         "known_hosts": str(state_dir / "known_hosts"),
@@ -137,6 +148,7 @@ def up(
     state_dir: Path,
     count: int,
     *,
+    topology: str | None = None,
     time_scale: float = 0.002,
     engine: str = engines.DEFAULT,
     launch_mode: str = serving.DEFAULT_LAUNCH_MODE,
@@ -150,6 +162,10 @@ def up(
         )
     if not 2 <= count <= MAX_NODES:
         raise SimError(f"--nodes {count}: expected 2..{MAX_NODES}")
+    try:
+        build(0, count, topology)  # a bad --topology fails before anything is made
+    except ValueError as exc:
+        raise SimError(str(exc)) from None
     state_dir.mkdir(parents=True, exist_ok=True)
     with lock(state_dir):
         report = health(state_dir)
@@ -163,7 +179,7 @@ def up(
         engines.select(state_dir, engine)  # read by the node and serving set-up below
         serving.select_launch_mode(state_dir, launch_mode)  # said in cluster.json's "launch"
         k = registry.claim(state_dir, count)
-        topo = build(k, count)
+        topo = build(k, count, topology)
         try:
             _build(state_dir, topo, time_scale, emu or {})
         except BaseException:
@@ -199,6 +215,8 @@ def _build(
     nodes_mod.write_client_files(state_dir, topo)
 
     ip_batch(_network_lines(topo))
+    if topo.switched:
+        ip_batch(_switch_lines(topo), netns=topo.switch_netns)
     for i, n in enumerate(topo.nodes):
         ip_batch(_node_lines(topo, i), netns=n.netns)
     apply_shaping(state_dir, topo)
@@ -313,6 +331,9 @@ def health(state_dir: Path) -> dict[str, Any]:
     root = set(link_names())
     if topo.bridge not in root:
         problems.append(f"bridge {topo.bridge} missing")
+    report["topology"] = topo.kind
+    if topo.switched and topo.switch_netns not in present:
+        problems.append(f"switch: namespace {topo.switch_netns} missing")
     for n in topo.nodes:
         entry: dict[str, Any] = {**n.as_json(), "sshd": "down", "pid": None, "links": []}
         pid = nodes_mod.read_pid(state_dir, n)

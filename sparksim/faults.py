@@ -80,7 +80,8 @@ def apply_shaping(state_dir: Path, topo: Topology) -> None:
         for p in n.fabric:
             if topo.switched:
                 mbit = tbf_mbit(rates[(n.index, p.twin)])
-                per_ns.setdefault(None, []).append(tbf_line(topo.switch_port(n, p.twin), mbit))
+                port = topo.switch_port(n, p.twin)
+                per_ns.setdefault(topo.switch_netns, []).append(tbf_line(port, mbit))
             else:
                 other = topo.peer(n)
                 mbit = tbf_mbit(min(rates[(n.index, p.twin)], rates[(other.index, p.twin)]))
@@ -151,7 +152,8 @@ def clear(state_dir: Path, topo: Topology) -> list[str]:
                 f"link set {topo.switch_port(n, t)} mtu {HEALTHY_MTU} up"
                 for n in topo.nodes
                 for t in range(len(FABRIC_TWINS))
-            ]
+            ],
+            netns=topo.switch_netns,
         )
     apply_shaping(state_dir, topo)
     count = len(load_faults(state_dir))
@@ -160,3 +162,28 @@ def clear(state_dir: Path, topo: Topology) -> list[str]:
         f"cleared {count} fault(s): fabric healthy (up, mtu {HEALTHY_MTU}, "
         f"{HEALTHY_RATE_MBPS} Mb/s)"
     ]
+
+
+# ------------------------------------------------------------ the switch (--topology switch)
+
+
+def switch_mtu(
+    state_dir: Path, topo: Topology, node_spec: str, value: int, twin: str | None
+) -> list[str]:
+    """The MTU of the switch port a node is cabled to (the node's own port keeps its MTU,
+    so `ip link` on every node looks healthy): full-size frames to and from that node
+    are dropped at the switch, small ones pass, as with a switch port left at 1500."""
+    if not topo.switched:
+        raise SimError(
+            "switch-mtu: this sim has no switch (direct cables); start it with "
+            "`spark-sim up --topology switch`"
+        )
+    if not 68 <= value <= 65535:
+        raise SimError(f"switch-mtu {value}: expected 68..65535 (healthy fabric is {HEALTHY_MTU})")
+    node, twins = _target(topo, node_spec, twin)
+    ports = [topo.switch_port(node, t) for t in twins]
+    ip_batch([f"link set {port} mtu {value}" for port in ports], netns=topo.switch_netns)
+    names = [FABRIC_TWINS[t][0] for t in twins]
+    for name in names:
+        _record(state_dir, "switch-mtu", node, name, value, healthy=value == HEALTHY_MTU)
+    return [f"{node.name} {name}: its switch port's mtu {value}" for name in names]

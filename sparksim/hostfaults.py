@@ -443,10 +443,10 @@ def _replug(topo: Topology, node: NodeSpec, ifname: str) -> None:
         ip_batch(
             [
                 f"link add {ifname} netns {node.netns} mtu {HEALTHY_MTU} type veth "
-                f"peer name {port} mtu {HEALTHY_MTU}",
-                f"link set {port} master {topo.twin_bridge(t)} up",
+                f"peer name {port} netns {topo.switch_netns} mtu {HEALTHY_MTU}"
             ]
         )
+        ip_batch([f"link set {port} master {topo.twin_bridge(t)} up"], netns=topo.switch_netns)
     else:
         peer = topo.peer(node)
         ip_batch(

@@ -209,6 +209,22 @@ def write_client_files(state_dir: Path, topo: Topology) -> None:
     write_atomic(state_dir / "authorized_keys", pubkey(identity) + "\n", 0o600)
 
 
+SSHD_LOG_LEVEL_ENV = "SPARKSIM_SSHD_LOG_LEVEL"
+SSHD_LOG_LEVELS = ("QUIET", "FATAL", "ERROR", "INFO", "VERBOSE", "DEBUG1", "DEBUG2", "DEBUG3")
+
+
+def sshd_log_level() -> str:
+    """Each node's sshd LogLevel: INFO, or ``$SPARKSIM_SSHD_LOG_LEVEL`` at ``up``. DEBUG1
+    logs every command a client runs (``req exec``): benchmarks/scale.py counts the
+    suite's round trips per node in ``DIR/nodes/<name>/sshd.log`` that way."""
+    level = os.environ.get(SSHD_LOG_LEVEL_ENV, "INFO").upper()
+    if level not in SSHD_LOG_LEVELS:
+        raise SimError(
+            f"{SSHD_LOG_LEVEL_ENV}={level!r}: expected one of {', '.join(SSHD_LOG_LEVELS)}"
+        )
+    return level
+
+
 def write_node_files(state_dir: Path, topo: Topology, node: NodeSpec, lib: Path) -> None:
     nd = node_dir(state_dir, node)
     ssh_dir = nd / "ssh"
@@ -243,7 +259,7 @@ def write_node_files(state_dir: Path, topo: Topology, node: NodeSpec, lib: Path)
         + _serving().sshd_setenv(state_dir, node)
         + "MaxStartups 200:30:400\n"
         "MaxSessions 100\n"
-        "LogLevel INFO\n"
+        f"LogLevel {sshd_log_level()}\n"
         "Subsystem sftp internal-sftp\n",
     )
     write_atomic(nd / "empty", "")

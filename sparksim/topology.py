@@ -4,6 +4,17 @@ Instance ``k`` owns the management subnet ``198.18.k.0/24`` on the root-namespac
 ``spk{k}br`` and the namespaces ``spk{k}-n{i}``. Node ``i`` (1-based) is ``spark-i`` at
 ``198.18.k.(10+i)``. Every root-namespace link name starts with ``spk{k}`` so that
 ``down`` (and ``down --all``) can find what an instance left behind.
+
+Fabric topologies (``spark-sim up --topology``):
+
+- ``direct`` (two nodes, the default for two): one cable per twin, node to node, as
+  the two-Spark playbook cables them;
+- ``switch`` (the default for more than two): every node's twins on one switched fabric,
+  as in NVIDIA's multi-Sparks-through-a-switch playbook (NVIDIA/dgx-spark-playbooks,
+  ``nvidia/multi-sparks-through-switch``: every Spark's QSFP ports cabled to one switch,
+  all of them in one RoCE subnet per twin). The switch is a namespace of its own,
+  ``spk{k}-sw``, holding one Linux bridge per twin (``br0``, ``br1``) and one port per
+  node and twin (``n{i}f{t}``, the switch's end of that node's cable).
 """
 
 from __future__ import annotations
@@ -37,7 +48,8 @@ ALL_PORTS: tuple[tuple[str, str], ...] = (
     ("roceP2p1s0f1", "enP2p1s0f1np1"),
 )
 
-NETNS_RE = re.compile(r"^spk(\d+)-n(\d+)$")
+TOPOLOGIES = ("direct", "switch")
+NETNS_RE = re.compile(r"^spk(\d+)-(?:n(\d+)|sw)$")
 LINK_RE = re.compile(r"^spk(\d+)(?:br|n\d+m|f\d|n\d+f\d)$")
 
 
@@ -76,6 +88,7 @@ class NodeSpec:
 class Topology:
     instance: int
     nodes: tuple[NodeSpec, ...]
+    kind: str = "direct"  # one of TOPOLOGIES
 
     @property
     def bridge(self) -> str:
@@ -87,14 +100,21 @@ class Topology:
 
     @property
     def switched(self) -> bool:
-        """True when the fabric goes through a bridge per twin (N > 2)."""
-        return len(self.nodes) > 2
+        """True when the fabric goes through the switch (a bridge per twin)."""
+        return self.kind == "switch"
+
+    @property
+    def switch_netns(self) -> str:
+        """The switch's namespace: its bridges and ports live there."""
+        return f"spk{self.instance}-sw"
 
     def twin_bridge(self, twin: int) -> str:
-        return f"spk{self.instance}f{twin}"
+        """The twin's bridge, in :attr:`switch_netns`."""
+        return f"br{twin}"
 
     def switch_port(self, node: NodeSpec, twin: int) -> str:
-        return f"spk{self.instance}n{node.index}f{twin}"
+        """The switch's end of the node's cable for this twin, in :attr:`switch_netns`."""
+        return f"n{node.index}f{twin}"
 
     def peer(self, node: NodeSpec) -> NodeSpec:
         """The other node of a two-node (direct cable) cluster."""
@@ -106,11 +126,24 @@ def bridge_name(instance: int) -> str:
     return f"spk{instance}br"
 
 
-def build(instance: int, count: int) -> Topology:
+def default_topology(count: int) -> str:
+    """Two nodes: a direct cable per twin (today's default); more: the switch."""
+    return "direct" if count == 2 else "switch"
+
+
+def build(instance: int, count: int, kind: str | None = None) -> Topology:
     if not 0 <= instance < MAX_INSTANCES:
         raise ValueError(f"instance {instance} out of range 0..{MAX_INSTANCES - 1}")
     if not 2 <= count <= MAX_NODES:
         raise ValueError(f"--nodes {count} out of range 2..{MAX_NODES}")
+    kind = kind or default_topology(count)
+    if kind not in TOPOLOGIES:
+        raise ValueError(f"--topology {kind!r}: expected one of {', '.join(TOPOLOGIES)}")
+    if kind == "direct" and count != 2:
+        raise ValueError(
+            f"--topology direct joins exactly two nodes (a cable per twin), not {count}: "
+            "use --topology switch"
+        )
     nodes = []
     for i in range(1, count + 1):
         fabric = tuple(
@@ -128,7 +161,7 @@ def build(instance: int, count: int) -> Topology:
                 fabric=fabric,
             )
         )
-    return Topology(instance=instance, nodes=tuple(nodes))
+    return Topology(instance=instance, nodes=tuple(nodes), kind=kind)
 
 
 def tbf_mbit(rate_mbps: int) -> int:

@@ -178,3 +178,12 @@ def test_invalid_toml_names_the_file(tmp_path: Path) -> None:
     bad.write_text("[link\n")
     with pytest.raises(ProfileError, match=r"bad\.toml: invalid TOML"):
         load_profile(str(bad))
+
+
+def test_switch_profile_keeps_the_playbook_floor_and_leaves_ranks_to_the_serve_args() -> None:
+    switch, two = load_profile("dgx-spark-switch"), load_profile("dgx-spark-2node")
+    assert switch.nccl.min_busbw_gbps == 21.875  # spark_cluster_setup.py MIN_NCCL_TEST_BW
+    assert switch.link.min_rate_gbps == 200 and switch.link.fabric_twins == 2
+    assert switch.throughput == two.throughput  # from the profile it extends
+    # no fixed GPU count: ray status is held to the serve args' ranks (or one a node)
+    assert switch.readiness.expected_gpus is None and two.readiness.expected_gpus is None

@@ -11,7 +11,7 @@ from pytest_spark.access.api import ApiEndpoint
 from pytest_spark.access.cluster import node_names
 from pytest_spark.fixtures import ApiState, ServingState, not_serving_reason
 from pytest_spark.parsers.ray import parse_ray_status
-from pytest_spark.parsers.serveargs import parse_serve_args
+from pytest_spark.parsers.serveargs import expected_ray_members, parse_serve_args
 from pytest_spark.readiness.session import ServingInfo, serving_nodes
 from pytest_spark.serving import ServingError
 from pytest_spark.serving.canary import WireProbe
@@ -243,9 +243,12 @@ def test_ray_reports_every_node_and_gpu(
             )
         )
         return
-    nodes = len(spark_cluster.nodes)
-    expected_gpus = spark_cluster.profile.readiness.expected_gpus
-    gpus = float(nodes) if expected_gpus is None else expected_gpus
+    nodes, gpus, why = expected_ray_members(
+        spark_settings.serve_args,
+        len(spark_cluster.nodes),
+        spark_cluster.profile.readiness.expected_gpus,
+        spark_cluster.profile.preflight.gpus_per_node,
+    )
     measured = {"nodes": len(status.active), "gpus": status.total("GPU")}
     expected = {"nodes": nodes, "gpus": gpus}
     if measured != expected:
@@ -256,9 +259,10 @@ def test_ray_reports_every_node_and_gpu(
                 node=spark_head.name,
                 message=(
                     f"ray status on {spark_head.name}: {len(status.active)} active node(s) and "
-                    f"{status.total('GPU'):g} GPU(s), expected {nodes} and {gpus:g}. A node's Ray "
-                    "worker is not joined or its GPU is not registered: the TP=2 placement group "
-                    "cannot form (vLLM then hangs waiting for it)"
+                    f"{status.total('GPU'):g} GPU(s), expected {nodes} and {gpus:g} ({why}). "
+                    "A node's Ray worker is not joined or its GPU is not registered: the "
+                    f"placement group of {gpus:g} GPU(s) cannot form (vLLM then hangs "
+                    "waiting for it)"
                 ),
                 evidence={"ray status": result.evidence()},
             )

@@ -8,6 +8,7 @@ import pytest
 
 from pytest_spark import Cluster, Node, SparkCheck
 from pytest_spark.access.base import RemoteError
+from pytest_spark.checks.base import Finding
 from pytest_spark.checks.links import (
     check_fabric_twins,
     check_link_rate,
@@ -15,15 +16,25 @@ from pytest_spark.checks.links import (
     check_mtu,
     check_mtu_consistent,
     check_ping,
+    check_ping_pairs,
     check_roce_active,
     check_same_subnet,
     link_is_usable,
     peer_took_the_link_down,
+    ping_pairs_culprit,
     twin_key,
 )
-from pytest_spark.facts.links import NodeLinkFacts, PortFacts, discover_fabric_ifs, ping_command
+from pytest_spark.facts.links import (
+    NodeLinkFacts,
+    PingTarget,
+    PortFacts,
+    discover_fabric_ifs,
+    matrix_peers,
+    parse_ping_matrix,
+    ping_matrix_command,
+)
 from pytest_spark.gathering.links import all_link_facts, fabric_ifs, node_link_facts, port_of
-from pytest_spark.parsers.links import parse_ping
+from pytest_spark.parsers.links import ParseError
 from pytest_spark.readiness.reachability import require_reachable, unreachable_reason
 
 pytestmark = pytest.mark.link
@@ -165,43 +176,118 @@ def test_same_subnet(
     )
 
 
-def _ring_pings(cluster: Cluster, fabric_if: str) -> dict[str, tuple[Any, ...] | str]:
-    """Every node pings the next one on this twin, all at once (once per session): a node's
-    entry is (peer, peer_addr, mtu, big ping, small ping or None) or why it was not run."""
+def _pair_pings(cluster: Cluster) -> dict[tuple[str, str], dict[str, tuple[Any, ...] | str]]:
+    """The ping matrix, once per session: every pair of nodes on every fabric twin, pinged
+    from one end (facts.links.matrix_peers: a DF ping's reply tests the way back), all
+    nodes at once, one round trip per node; a switch port that drops full-size frames
+    shows on each pair through it. Per (node,
+    twin): peer -> (peer_addr, mtu, big ping, small ping or None), or why that pair was
+    not pinged (the peer unreachable, its twin not usable, no address)."""
+    ifs = fabric_ifs(cluster)
+    count = cluster.profile.link.ping_count
 
-    def ping(node: Node) -> tuple[Any, ...] | str:
-        nodes = cluster.nodes
-        peer = nodes[(nodes.index(node) + 1) % len(nodes)]
-        error = cluster.unreachable(peer)
-        if error is not None:
-            return f"peer {unreachable_reason(peer.name, error)}"
-        peer_port = port_of(node_link_facts(cluster, peer), fabric_if)
-        if not peer_port.addresses:
-            return f"peer {peer.name} has no IPv4 address on {fabric_if} (see the subnet check)"
-        peer_addr = peer_port.addresses[0].ip
-        mtu = port_of(node_link_facts(cluster, node), fabric_if).mtu or 1500
-        count = cluster.profile.link.ping_count
-        result = node.run(ping_command(fabric_if, peer_addr, mtu, count), timeout=30)
-        parsed = parse_ping(result.stdout + result.stderr)
-        small = None
-        if parsed.received < parsed.transmitted:
-            small_result = node.run(ping_command(fabric_if, peer_addr, 1500, 1), timeout=15)
-            small = parse_ping(small_result.stdout + small_result.stderr)
-        return (peer, peer_addr, mtu, parsed, small)
+    def plan(node: Node) -> tuple[list[PingTarget], dict[tuple[str, str], Any]]:
+        targets: list[PingTarget] = []
+        cells: dict[tuple[str, str], Any] = {}
+        facts = node_link_facts(cluster, node)
+        for ifname in ifs:
+            if not link_is_usable(port_of(facts, ifname))[0]:
+                continue
+            mtu = port_of(facts, ifname).mtu or 1500
+            nodes = cluster.nodes
+            for peer in (nodes[i] for i in matrix_peers(len(nodes), nodes.index(node))):
+                error = cluster.unreachable(peer)
+                if error is not None:
+                    cells[(ifname, peer.name)] = f"peer {unreachable_reason(peer.name, error)}"
+                    continue
+                peer_port = port_of(node_link_facts(cluster, peer), ifname)
+                usable, reason = link_is_usable(peer_port, peer.name)
+                if not usable:
+                    cells[(ifname, peer.name)] = f"peer {reason}"
+                elif not peer_port.addresses:
+                    cells[(ifname, peer.name)] = (
+                        f"peer {peer.name} has no IPv4 address on {ifname} (see the subnet check)"
+                    )
+                else:
+                    addr = str(peer_port.addresses[0].ip)
+                    cells[(ifname, peer.name)] = (addr, mtu)
+                    targets.append(PingTarget(ifname, addr, mtu))
+        return targets, cells
 
-    def all_pings() -> dict[str, tuple[Any, ...] | str]:
-        usable = [
-            n
-            for n in cluster.nodes
-            if cluster.unreachable(n) is None
-            and link_is_usable(port_of(node_link_facts(cluster, n), fabric_if))[0]
-        ]
-        return {
-            name: (value if not isinstance(value, RemoteError) else str(value))
-            for name, value in cluster.map(ping, usable).items()
-        }
+    def ping(node: Node) -> dict[tuple[str, str], Any]:
+        targets, cells = plan(node)
+        if not targets:
+            return cells
+        result = node.run(ping_matrix_command(targets, count), timeout=120)
+        try:
+            outcomes = parse_ping_matrix(result.stdout)
+        except ParseError as exc:
+            pytest.fail(
+                f"{node.name}: cannot read the ping probe output ({exc}):\n{result.evidence()}",
+                pytrace=False,
+            )
+        for key, cell in cells.items():
+            if isinstance(cell, tuple):
+                addr, mtu = cell
+                got = outcomes.get((key[0], addr))
+                if got is None or got.big is None:
+                    why = got.problem if got is not None else "not in the ping probe output"
+                    cells[key] = f"{node.name}: the ping of {addr} gave no result ({why})"
+                else:
+                    cells[key] = (addr, mtu, got.big, got.small)
+        return cells
 
-    return cluster.cached(("ring-pings", fabric_if), all_pings)
+    def matrix() -> dict[tuple[str, str], dict[str, tuple[Any, ...] | str]]:
+        reachable = [n for n in cluster.nodes if cluster.unreachable(n) is None]
+        out: dict[tuple[str, str], dict[str, tuple[Any, ...] | str]] = {}
+        for name, cells in cluster.map(ping, reachable).items():
+            if isinstance(cells, RemoteError):
+                for ifname in ifs:
+                    out[(name, ifname)] = {"": str(cells)}
+                continue
+            for (ifname, peer), cell in cells.items():
+                out.setdefault((name, ifname), {})[peer] = cell
+        return out
+
+    return cluster.cached("ping-matrix", matrix)
+
+
+def _pair_findings(
+    cluster: Cluster, node: Node, fabric_if: str, port: PortFacts, culprit: str | None
+) -> tuple[dict[str, Finding], list[str]]:
+    """A finding per pair of this node on the twin: the pings it sent and, when it is the
+    culprit every failing pair goes through, the other nodes' pings of it too; and why
+    other peers were not pinged."""
+    matrix = _pair_pings(cluster)
+    findings: dict[str, Finding] = {}
+    reasons: list[str] = []
+    for peer, cell in matrix.get((node.name, fabric_if), {}).items():
+        if isinstance(cell, str):
+            reasons.append(cell)
+            continue
+        addr, mtu, big, small = cell
+        findings[peer] = check_ping(node.name, port, peer, addr, big, mtu, small_ping=small)
+    if culprit == node.name:
+        for (sender, ifname), cells in matrix.items():
+            cell = cells.get(node.name)
+            if ifname == fabric_if and sender not in findings and isinstance(cell, tuple):
+                addr, mtu, big, small = cell
+                findings[sender] = check_ping(
+                    sender, fabric_if, node.name, addr, big, mtu, small_ping=small
+                )
+    return findings, reasons
+
+
+def _failing_pairs(cluster: Cluster, fabric_if: str) -> list[tuple[str, str]]:
+    """(sender, receiver) of every DF ping on this twin that did not get its replies."""
+    pairs = []
+    for (name, ifname), cells in _pair_pings(cluster).items():
+        if ifname != fabric_if:
+            continue
+        for peer, cell in cells.items():
+            if not isinstance(cell, str) and cell[2].received < cell[2].transmitted:
+                pairs.append((name, peer))
+    return pairs
 
 
 def test_ping_peer_at_full_mtu(
@@ -212,22 +298,28 @@ def test_ping_peer_at_full_mtu(
     fabric_if: str,
     spark_check: SparkCheck,
 ) -> None:
-    """A don't-fragment ping filling the MTU reaches the next node (a ring covers every
-    port as sender and as receiver); the whole ring is pinged at once."""
+    """Don't-fragment pings filling the MTU reach the node's peers on this twin (the ping
+    matrix covers every pair; its DF replies test the way back). Failing pairs that all go
+    through one node are that node's failure, with every pair through it; the others skip
+    citing it."""
     require_usable(spark_node, port)
-    outcome = _ring_pings(spark_cluster, fabric_if).get(spark_node.name)
-    if outcome is None or isinstance(outcome, str):
-        pytest.skip(outcome or f"{spark_node.name}: not pinged")
-    peer, peer_addr, mtu, parsed, small = outcome
-    finding = check_ping(spark_node.name, port, peer.name, peer_addr, parsed, mtu, small_ping=small)
-    if (
-        not finding.ok
-        and not check_mtu_consistent(_twin_ports(pytestconfig, spark_cluster, fabric_if)).ok
-    ):
-        # Full-size frames die at the smaller MTU: the mismatch is the root cause.
-        pytest.skip(
-            f"{spark_node.name} {fabric_if}: DF ping at MTU {mtu} lost, because the MTU "
-            f"differs between nodes (test_mtu_consistent[{_twin_id(spark_cluster, fabric_if)}]"
-            " has the evidence)"
-        )
+    culprit = ping_pairs_culprit(_failing_pairs(spark_cluster, fabric_if))
+    findings, reasons = _pair_findings(spark_cluster, spark_node, fabric_if, port, culprit)
+    if not findings:
+        pytest.skip("; ".join(reasons) or f"{spark_node.name}: no peer to ping on {fabric_if}")
+    finding = check_ping_pairs(spark_node.name, fabric_if, findings, culprit)
+    if not finding.ok:
+        if not check_mtu_consistent(_twin_ports(pytestconfig, spark_cluster, fabric_if)).ok:
+            # Full-size frames die at the smaller MTU: the mismatch is the root cause.
+            pytest.skip(
+                f"{spark_node.name} {fabric_if}: DF pings at full MTU lost, because the MTU "
+                f"differs between nodes (test_mtu_consistent[{_twin_id(spark_cluster, fabric_if)}]"
+                " has the evidence)"
+            )
+        if culprit is not None and culprit != spark_node.name:
+            pytest.skip(
+                f"{spark_node.name} {fabric_if}: DF pings at full MTU lost only to {culprit}, "
+                f"which every failing pair goes through (test_ping_peer_at_full_mtu[{culprit}-"
+                f"{_twin_id(spark_cluster, fabric_if)}] has the evidence)"
+            )
     spark_check.require(finding)

@@ -29,10 +29,12 @@ __all__ = [
     "check_mtu",
     "check_mtu_consistent",
     "check_ping",
+    "check_ping_pairs",
     "check_roce_active",
     "check_same_subnet",
     "check_twin_subnets_distinct",
     "link_is_usable",
+    "ping_pairs_culprit",
     "twin_key",
 ]
 
@@ -618,6 +620,77 @@ def check_ping(
             f"`ethtool -S {ifname}` for symbol/FEC errors and reseat the cable."
         ),
         evidence=evidence,
+    )
+
+
+# ---------------------------------------------------------------------- every pair
+
+
+def ping_pairs_culprit(failing: Sequence[tuple[str, str]]) -> str | None:
+    """The one node in every failing pair of the ping matrix (sender, receiver), or None
+    when no single node is: with two or more failing pairs all through one node, its
+    port (or its switch port) is the cause and the others' pings only meet it."""
+    pairs = {frozenset(p) for p in failing if p[0] != p[1]}
+    if len(pairs) < 2:
+        return None  # one pair (or none): its two ends are equally suspect
+    common = frozenset.intersection(*pairs)
+    return next(iter(common)) if len(common) == 1 else None
+
+
+def check_ping_pairs(
+    node: str, ifname: str, findings: Mapping[str, Finding], culprit: str | None = None
+) -> Finding:
+    """The node's DF pings at full MTU to every peer on one twin (a ping matrix: every
+    pair, both ways), one verdict naming each pair that failed, with that pair's own
+    finding. ``culprit`` (see :func:`ping_pairs_culprit`) is the node every failing pair
+    goes through; when it is this node, the message says so. Depends on link up."""
+    where = _where(node, ifname)
+    failed = {peer: f for peer, f in findings.items() if not f.ok}
+    warned = {peer: f for peer, f in findings.items() if f.ok and f.level == "warn"}
+    total = len(findings)
+    evidence = {f"{node} -> {peer}": f.message for peer, f in findings.items()}
+    if failed:
+        pairs = ", ".join(f"{node} <-> {peer}" for peer in failed)
+        if culprit == node:
+            first = next(iter(failed.values()))
+            detail = (
+                f" Every failing pair of this twin's ping matrix goes through {node} (the "
+                f"other nodes' pings of each other pass), so {node}'s end is the cause: "
+                f"its MTU or the switch port it is cabled to (a port left at 1500 drops "
+                f"full-size frames both ways); compare `ip link show {ifname}` on {node} "
+                f"with the others and check that switch port's MTU and state. First pair: "
+                f"{first.message}"
+            )
+        else:
+            detail = " " + " ".join(f.message for f in failed.values())
+        return Finding.failed(
+            len(failed),
+            0,
+            "pairs",
+            node=node,
+            message=(
+                f"{where}: DF pings at full MTU failed on {len(failed)} of {total} pair(s) "
+                f"({pairs}), expected every pair to answer.{detail}"
+            ),
+            evidence=evidence,
+        )
+    if warned:
+        return Finding.warned(
+            len(warned),
+            0,
+            "pairs",
+            node=node,
+            message=f"{where}: {len(warned)} of {total} pair(s) lost some replies: "
+            + " ".join(f.message for f in warned.values()),
+            evidence=evidence,
+        )
+    peers = ", ".join(findings)
+    return Finding.passed(
+        0,
+        0,
+        "pairs",
+        node=node,
+        message=f"{where}: DF pings at full MTU answered by every peer ({peers})",
     )
 
 

@@ -36,6 +36,7 @@ from pytest_spark.parsers.links import (
     IbvPort,
     IpLink,
     ParseError,
+    PingResult,
     RdmaLink,
     RoceMapping,
     parse_ethtool,
@@ -44,6 +45,7 @@ from pytest_spark.parsers.links import (
     parse_ibv_devinfo,
     parse_ip_addr_json,
     parse_ip_link_json,
+    parse_ping,
     parse_rdma_link,
 )
 
@@ -51,13 +53,21 @@ __all__ = [
     "BASE_SECTIONS",
     "LINK_PROBE",
     "MARKER",
+    "PING_FAN_OUT",
+    "PING_MARKER",
     "NodeLinkFacts",
+    "PingOutcome",
+    "PingTarget",
     "PortFacts",
     "ProbeSection",
     "discover_fabric_ifs",
+    "joint_probe",
     "link_probe_command",
+    "matrix_peers",
     "parse_link_probe",
+    "parse_ping_matrix",
     "ping_command",
+    "ping_matrix_command",
     "primary_fabric_if",
     "probe_script",
     "split_probe",
@@ -124,6 +134,36 @@ def probe_script(marker: str, name: str, timeout_s: int, body: str) -> str:
         .replace("@TIMEOUT@", str(int(timeout_s)))
     )
     return "sh -c " + shlex.quote((frame + body).strip() + "\n")
+
+
+_JOINT = r"""
+d=$(mktemp -d 2>/dev/null) || { d="/tmp/.pytest-spark-joint.$$"; mkdir -p "$d"; }
+i=0
+for c in "$@"; do
+  i=$((i+1))
+  sh -c "$c" >"$d/$i" 2>"$d/$i.err" </dev/null &
+done
+wait
+i=0
+for c in "$@"; do
+  i=$((i+1))
+  cat "$d/$i"
+  cat "$d/$i.err" >&2
+done
+rm -rf "$d"
+"""
+
+
+def joint_probe(commands: list[str]) -> str:
+    """Several probe commands as one ``sh -c`` command (one round trip): they run side by
+    side on the node, their outputs are printed one after another in the given order (each
+    probe's own marker keeps its sections apart; the parsers skip lines outside their
+    own), and the scratch directory holding them is removed."""
+    if not commands:
+        raise ValueError("joint_probe needs at least one command")
+    if len(commands) == 1:
+        return commands[0]
+    return shlex.join(["sh", "-c", _JOINT.strip() + "\n", "_", *commands])
 
 
 def link_probe_command(sysfs: str = "/sys", timeout_s: int = 10) -> str:
@@ -518,3 +558,116 @@ def ping_command(
         f"LC_ALL=C ping -M do -s {mtu - 28} -c {count} -i 0.2 -W 1 "
         f"-I {shlex.quote(ifname)} {shlex.quote(str(peer_addr))}"
     )
+
+
+# ------------------------------------------------------------------------- ping matrix
+
+PING_MARKER = "@@pytest-spark-ping@@"
+SMALL_PING_MTU = 1500  # the default-size ping that tells an MTU problem from no path
+
+_PINGS = r"""
+d=$(mktemp -d 2>/dev/null) || { d="/tmp/.pytest-spark-ping.$$"; mkdir -p "$d"; }
+i=0
+q() {
+  i=$((i+1))
+  ( t="$d/$i.err"
+    s "ping:$1:$2" ping -M do -s "$3" -c @COUNT@ -i 0.2 -W 1 -I "$1" "$2"
+    grep -q ' 0% packet loss' "$d/$i" ||
+      s "small:$1:$2" ping -M do -s @SMALL@ -c 1 -W 1 -I "$1" "$2"
+  ) >"$d/$i" 2>&1 &
+}
+@CALLS@
+wait
+j=0
+while [ $j -lt $i ]; do j=$((j+1)); cat "$d/$j"; done
+rm -rf "$d" "$t"
+"""
+
+
+@dataclass(frozen=True)
+class PingTarget:
+    """One DF ping of the matrix: out of ``ifname`` to ``addr``, filling ``mtu``."""
+
+    ifname: str
+    addr: str
+    mtu: int
+
+
+@dataclass(frozen=True)
+class PingOutcome:
+    """A target's DF ping at full MTU and, where it lost replies, the default-size ping
+    of the same peer (None when the big one got every reply). ``problem``: why there is
+    no ping to read (ping missing, output cut), else None."""
+
+    big: PingResult | None
+    small: PingResult | None = None
+    problem: str | None = None
+
+
+def matrix_peers(count: int, index: int) -> list[int]:
+    """The nodes (indexes into ``count`` nodes) that node ``index`` pings in the ping
+    matrix: the next ``count // 2`` in ring order. Every pair is then pinged from at least
+    one end, and a DF ping's reply is as large as its request, so one ping tests the
+    pair's path both ways at full MTU: N x N/2 pings instead of N x (N - 1). Two nodes
+    ping each other."""
+    if not 0 <= index < count:
+        raise ValueError(f"index {index} not in 0..{count - 1}")
+    return [(index + d) % count for d in range(1, count // 2 + 1)]
+
+
+PING_FAN_OUT = 8  # pings a node runs at once (a bounded burst: ARP and the peers' CPUs)
+
+
+def ping_matrix_command(
+    targets: list[PingTarget], count: int = 3, timeout_s: int = 60, fan_out: int = PING_FAN_OUT
+) -> str:
+    """Every target pinged in one round trip, ``fan_out`` at a time: a don't-fragment ping
+    filling the target's MTU (payload = MTU - 28), ``count`` times, and where that loses
+    replies one default-size (1500) ping of the same peer. Each ping's output is kept in a
+    ``mktemp -d`` directory, printed in order, then removed."""
+    if fan_out < 1:
+        raise ValueError(f"fan_out must be at least 1, got {fan_out}")
+    if not targets:
+        raise ValueError("ping_matrix_command needs at least one target")
+    if count < 1:
+        raise ValueError(f"count must be at least 1, got {count}")
+    calls = []
+    for target in targets:
+        if not re.fullmatch(r"[A-Za-z0-9_.@-]+", target.ifname):
+            raise ValueError(f"not an interface name: {target.ifname!r}")
+        ipaddress.IPv4Address(target.addr)  # ValueError when it is not one
+        if target.mtu < 68:
+            raise ValueError(f"mtu must be at least 68 (IPv4 minimum), got {target.mtu}")
+        calls.append(f"q {shlex.quote(target.ifname)} {target.addr} {target.mtu - 28}")
+        if len(calls) % (fan_out + 1) == fan_out:
+            calls.append("wait")
+    body = (
+        _PINGS.replace("@COUNT@", str(count))
+        .replace("@SMALL@", str(SMALL_PING_MTU - 28))
+        .replace("@CALLS@", "\n".join(calls))
+    )
+    return probe_script(PING_MARKER, "ping", timeout_s, body)
+
+
+def parse_ping_matrix(text: str) -> dict[tuple[str, str], PingOutcome]:
+    """:func:`ping_matrix_command` output -> (ifname, addr) -> its outcome."""
+    _, sections = split_probe(text, PING_MARKER, "ping probe")
+    out: dict[tuple[str, str], PingOutcome] = {}
+    for name, section in sections.items():
+        kind, _, rest = name.partition(":")
+        if kind != "ping":
+            continue
+        ifname, _, addr = rest.partition(":")
+        small_section = sections.get(f"small:{rest}")
+        try:
+            big = parse_ping(section.stdout + section.stderr)
+            small = (
+                None
+                if small_section is None
+                else parse_ping(small_section.stdout + small_section.stderr)
+            )
+        except ParseError as exc:
+            out[(ifname, addr)] = PingOutcome(None, problem=section.problem() or str(exc))
+            continue
+        out[(ifname, addr)] = PingOutcome(big, small)
+    return out

@@ -1,17 +1,18 @@
-"""Nodes-alike facts of the cluster: one probe round trip per node, all nodes at once,
-cached for the session. The checks are pure (:mod:`pytest_spark.checks.alike`)."""
+"""Nodes-alike facts of the cluster: the nodes-alike probe, all nodes at once, cached for
+the session. It shares each node's host-facts round trip with the preflight probe
+(:func:`pytest_spark.gathering.preflight.host_round_trip`). The checks are pure
+(:mod:`pytest_spark.checks.alike`)."""
 
 from __future__ import annotations
 
 from pytest_spark.access.base import RemoteError
 from pytest_spark.access.cluster import Cluster, Node
-from pytest_spark.facts.alike import NodeAlike, alike_probe_command, parse_alike_probe
-from pytest_spark.gathering.preflight import cached_probe
+from pytest_spark.facts.alike import NodeAlike, parse_alike_probe
+from pytest_spark.gathering.preflight import cached_probe, host_probe_commands
 
 
 def node_alike(cluster: Cluster, node: Node) -> NodeAlike:
-    settings = cluster.settings
-    command = alike_probe_command(container=settings.container, image=settings.image)
+    command = host_probe_commands(cluster.settings)["alike"]
     return cached_probe(cluster, node, command, parse_alike_probe, key="alike", what="nodes-alike")
 
 

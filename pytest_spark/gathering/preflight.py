@@ -12,8 +12,10 @@ from typing import TypeVar
 
 import pytest
 
-from pytest_spark.access.base import RemoteError
+from pytest_spark.access.base import CommandResult, RemoteError
 from pytest_spark.access.cluster import Cluster, Node
+from pytest_spark.facts.alike import alike_probe_command
+from pytest_spark.facts.links import joint_probe
 from pytest_spark.facts.preflight import (
     ClockSample,
     NodePreflight,
@@ -69,15 +71,35 @@ def model_dir(settings: Settings) -> ModelDir:
     )
 
 
-def node_preflight(cluster: Cluster, node: Node) -> NodePreflight:
-    settings = cluster.settings
+def host_probe_commands(settings: Settings) -> dict[str, str]:
+    """The host-facts probes that share a node's one round trip, by cache key: the
+    preflight probe and the nodes-alike probe run side by side in one ``sh -c``
+    (:func:`~pytest_spark.facts.links.joint_probe`), so a node costs one SSH round trip
+    for its host facts whichever check asks first. A probe of host facts joins by being
+    listed here."""
     where = model_dir(settings).path
+    return {
+        "preflight": preflight_probe_command(
+            container=settings.container, image=settings.image, model_dir=where
+        ),
+        "alike": alike_probe_command(container=settings.container, image=settings.image),
+    }
 
-    command = preflight_probe_command(
-        container=settings.container, image=settings.image, model_dir=where
-    )
+
+def node_preflight(cluster: Cluster, node: Node) -> NodePreflight:
+    where = model_dir(cluster.settings).path
+    command = host_probe_commands(cluster.settings)["preflight"]
     return cached_probe(
         cluster, node, command, lambda out: parse_preflight_probe(out, where), key="preflight"
+    )
+
+
+def host_round_trip(cluster: Cluster, node: Node) -> CommandResult:
+    """The node's host-facts probes (:func:`host_probe_commands`) in one round trip, run
+    once per session; every probe's parser reads its own sections of the output."""
+    commands = list(host_probe_commands(cluster.settings).values())
+    return cluster.cached(
+        ("host-probe", node.name), lambda: node.run(joint_probe(commands), timeout=120)
     )
 
 
@@ -90,12 +112,17 @@ def cached_probe(
     key: str,
     what: str | None = None,
 ) -> T:
-    """One probe round trip of a node, parsed and cached for the session under
-    ``(f"{key}-facts", node)``; output that does not parse fails the asking check with
-    the command's evidence (``what``: the probe's name there, default ``key``)."""
+    """One probe of a node, parsed and cached for the session under
+    ``(f"{key}-facts", node)``; a command of :func:`host_probe_commands` is read from the
+    node's shared round trip (:func:`host_round_trip`), any other runs alone. Output that
+    does not parse fails the asking check with the command's evidence (``what``: the
+    probe's name there, default ``key``)."""
 
     def probe() -> T:
-        result = node.run(command, timeout=120)
+        if command in host_probe_commands(cluster.settings).values():
+            result = host_round_trip(cluster, node)
+        else:
+            result = node.run(command, timeout=120)
         try:
             return parse(result.stdout)
         except ParseError as exc:

@@ -23,6 +23,7 @@ class ServeArgs:
     nnodes: int | None = None
     headless: bool = False
     gpu_memory_utilization: float | None = None  # None: not on the line (vLLM's default)
+    parallelism_given: bool = False  # any of TP/PP/DP on the line (the launcher trims then)
 
     @property
     def mode(self) -> str | None:
@@ -33,10 +34,21 @@ class ServeArgs:
             return "no-ray"
         return None
 
+    @property
+    def ranks(self) -> int:
+        """GPU ranks the line asks for: TP x PP x DP, one GPU each."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size * self.data_parallel_size
+
+    def describe_ranks(self) -> str:
+        """``TP 2 x PP 2 = 4 ranks`` (DP named only when it is not 1)."""
+        parts = [f"TP {self.tensor_parallel_size}", f"PP {self.pipeline_parallel_size}"]
+        if self.data_parallel_size != 1:
+            parts.append(f"DP {self.data_parallel_size}")
+        return f"{' x '.join(parts)} = {self.ranks} rank{'s' if self.ranks != 1 else ''}"
+
     def nodes_used(self, gpus_per_node: int = 1) -> int:
         """Nodes the launcher keeps: TP x PP x DP ranks over the nodes' GPUs."""
-        ranks = self.tensor_parallel_size * self.pipeline_parallel_size * self.data_parallel_size
-        return max(1, -(-ranks // max(1, gpus_per_node)))
+        return max(1, -(-self.ranks // max(1, gpus_per_node)))
 
     @property
     def served_name(self) -> str | None:
@@ -111,6 +123,10 @@ def parse_serve_args(command: str) -> ServeArgs:
         gpu_memory_utilization=(
             float(values["gpu-memory-utilization"]) if "gpu-memory-utilization" in values else None
         ),
+        parallelism_given=bool(
+            {"tensor-parallel-size", "tp", "pipeline-parallel-size", "data-parallel-size"}
+            & values.keys()
+        ),
     )
 
 
@@ -130,3 +146,20 @@ def mode_of_processes(processes: list[str]) -> str | None:
     if "ray" in modes:
         return "ray"
     return "no-ray" if modes else None
+
+
+def expected_ray_members(
+    serve_args: str | None, nodes: int, profile_gpus: float | None, gpus_per_node: int = 1
+) -> tuple[int, float, str]:
+    """What ``ray status`` must show for this deployment: (nodes, GPUs, why). Serve args
+    that give TP, PP or DP say it: that many ranks, one GPU each, on the nodes the
+    launcher keeps (launch-cluster.sh trims its node list to them; ``nodes`` caps it).
+    Else, as the launcher then starts Ray on every node, the profile's GPU figure, or one
+    GPU on each of the ``nodes``."""
+    args = parse_serve_args(serve_args) if serve_args else None
+    if args is not None and args.parallelism_given:
+        kept = min(nodes, args.nodes_used(gpus_per_node))
+        return kept, float(args.ranks), f"the serve args' {args.describe_ranks()}"
+    if profile_gpus is not None:
+        return nodes, profile_gpus, "the profile's readiness.expected_gpus"
+    return nodes, float(nodes * gpus_per_node), f"one GPU on each of the {nodes} nodes"

@@ -21,7 +21,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, TypeGuard
 
-BUILTIN_PROFILES = ("dgx-spark-2node", "sim", "sim-vllm-cpu")
+BUILTIN_PROFILES = ("dgx-spark-2node", "dgx-spark-switch", "sim", "sim-vllm-cpu")
 
 
 class ProfileError(ValueError):

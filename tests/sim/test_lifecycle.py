@@ -95,8 +95,12 @@ def test_three_nodes_share_a_switched_fabric(own_state_dir: Path, start_sim: Any
     k = sim3.instance
     assert [n["name"] for n in sim3.cluster["nodes"]] == ["spark-1", "spark-2", "spark-3"]
     assert [n["role"] for n in sim3.cluster["nodes"]] == ["head", "worker", "worker"]
-    links = subprocess.run(["ip", "-br", "link"], capture_output=True, text=True).stdout
-    for name in (f"spk{k}f0", f"spk{k}f1", f"spk{k}n3f0", f"spk{k}n3f1"):
+    assert sim3.cluster["topology"] == "switch"
+    switch = f"spk{k}-sw"  # the switch: a namespace of its own, a bridge per twin
+    links = subprocess.run(
+        ["ip", "-n", switch, "-br", "link"], capture_output=True, text=True
+    ).stdout
+    for name in ("br0", "br1", "n3f0", "n3f1"):
         assert re.search(rf"^{name}(@\S+)?\s+(UP|UNKNOWN)\s", links, re.M), name
     assert sim3.out("spark-3", "hostname").strip() == "spark-3"
     # spark-1 reaches spark-3 over both twins through the per-twin bridges.
@@ -105,7 +109,7 @@ def test_three_nodes_share_a_switched_fabric(own_state_dir: Path, start_sim: Any
     # A rate fault shapes the node's port and its switch port.
     sim3.cli("fault", "link-rate", "3", "50000", "0")
     rates = subprocess.run(
-        ["tc", "qdisc", "show", "dev", f"spk{k}n3f0"], capture_output=True, text=True
+        ["tc", "-n", switch, "qdisc", "show", "dev", "n3f0"], capture_output=True, text=True
     ).stdout
     assert "rate 500Mbit" in rates
     assert "rate 500Mbit" in sim3.out("spark-3", "tc qdisc show dev enp1s0f1np1")

@@ -38,16 +38,30 @@ def test_two_node_layout_matches_the_contract(topology: ModuleType) -> None:
 
 def test_link_names_fit_ifnamsiz_and_match_the_cleanup_pattern(topology: ModuleType) -> None:
     topo = topology.build(15, topology.MAX_NODES)
-    assert topo.switched
-    names = [topo.bridge] + [n.host_veth for n in topo.nodes]
-    names += [topo.twin_bridge(t) for t in (0, 1)]
-    names += [topo.switch_port(n, t) for n in topo.nodes for t in (0, 1)]
-    for name in names:
+    assert topo.switched and topo.kind == "switch"
+    root = [topo.bridge] + [n.host_veth for n in topo.nodes]
+    for name in root:
         assert len(name) <= 15, name
         m = topology.LINK_RE.match(name)
         assert m and m.group(1) == "15", name
+    # The switch's bridges and ports live in its own namespace, found by NETNS_RE.
+    inside = [topo.twin_bridge(t) for t in (0, 1)]
+    inside += [topo.switch_port(n, t) for n in topo.nodes for t in (0, 1)]
+    assert len(set(inside)) == len(inside)
+    assert all(len(name) <= 15 for name in inside)
+    assert topology.NETNS_RE.match(topo.switch_netns).group(1) == "15"
     assert topology.NETNS_RE.match(topo.nodes[-1].netns).group(1) == "15"
     assert not topology.LINK_RE.match("spk1-n1")  # namespaces are not links
+
+
+def test_topology_defaults_and_refusals(topology: ModuleType) -> None:
+    assert topology.build(0, 2).kind == "direct"  # today's default stays
+    assert topology.build(0, 3).kind == "switch"
+    assert topology.build(0, 2, "switch").switched  # two nodes behind a switch
+    with pytest.raises(ValueError, match=r"direct joins exactly two nodes.*--topology switch"):
+        topology.build(0, 4, "direct")
+    with pytest.raises(ValueError, match="--topology 'mesh'"):
+        topology.build(0, 4, "mesh")
 
 
 @pytest.mark.parametrize(
