@@ -8,7 +8,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -286,18 +285,19 @@ def test_two_rank_gloo_run_on_loopback() -> None:
 @pytest.mark.slow
 @needs_torch
 def test_missing_peer_hits_init_timeout_quickly() -> None:
-    started = time.monotonic()
+    # The bound is the rank's own (its timer names it); the subprocess timeout is only the
+    # guard against the 30 min default, with room for a torch import on a loaded machine
+    # (0.7-2.4 s here quiet, over 25 s at load 90): no wall-clock assertion of our own.
     proc = subprocess.run(
         rank_argv(0, free_port(), "--init-timeout", "3"),
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=180,
         env=local_env(),
     )
-    elapsed = time.monotonic() - started
     assert proc.returncode == ar.EXIT_INIT_TIMEOUT, proc.stdout + proc.stderr
     out = parse_nccl_tests(proc.stdout)
     assert out.hung_at_init and out.rows == ()
     assert out.init_timeout is not None
     assert "did not complete the rendezvous at tcp://127.0.0.1" in out.init_timeout
-    assert elapsed < 3 + 25  # torch import (0.7-2.4 s here) plus the 3 s bound, not 30 min
+    assert "within 3 s" in out.init_timeout, out.init_timeout
