@@ -74,7 +74,7 @@ def test_head_waits_for_worker_then_serves_then_dies_with_it(
         r"Waiting for creating a placement group of specs for \d+ seconds\. "
         r"specs=\[\{'GPU': 1\.0, 'node:"
     )
-    first = head.wait_for(pg, 10)
+    first = head.wait_for(pg, 30)
     head.wait_for(pg, 5, first + 1)  # repeats while no worker
     assert refused(head.port)
     out = wait_status(status, "pending placement groups")
@@ -83,7 +83,7 @@ def test_head_waits_for_worker_then_serves_then_dies_with_it(
 
     worker = start_worker(proc_factory, peer_port)
     head.ready(10)
-    worker.wait_for("Ray runtime started.", 5)
+    worker.wait_for("Ray runtime started.", 30)
     assert re.search(r"^\(RayWorkerWrapper pid=\d+, ip=198\.19\.0\.2\) INFO ", head.text(), re.M)
     out = wait_status(status, "2.0/2.0 GPU")
     assert len(re.findall(r"^ 1 node_[0-9a-f]{56}$", out, re.M)) == 2
@@ -95,7 +95,7 @@ def test_head_waits_for_worker_then_serves_then_dies_with_it(
     )
 
     worker.proc.kill()  # the worker node's process dies: EOF on the link
-    head.wait_for(r"vllm\.v1\.engine\.exceptions\.EngineDeadError", 5)
+    head.wait_for(r"vllm\.v1\.engine\.exceptions\.EngineDeadError", 30)
     text = head.text()
     assert (
         "ray.exceptions.RayActorError: The actor died unexpectedly before finishing this task."
@@ -117,8 +117,8 @@ def test_silent_link_times_out_with_nccl_watchdog(
     head.ready(10)
     os.kill(worker.proc.pid, signal.SIGSTOP)  # no heartbeats, no EOF: like a link going down
     try:
-        head.wait_for(r"Watchdog caught collective operation timeout", 5)
-        head.wait_for(r"EngineDeadError", 2)
+        head.wait_for(r"Watchdog caught collective operation timeout", 30)
+        head.wait_for(r"EngineDeadError", 30)
         assert "The actor is dead because its node has died." in head.text()
         assert head.request("GET", "/health").status == 503
     finally:
@@ -129,6 +129,6 @@ def test_worker_waits_for_head_and_ray_status_without_cluster(
     proc_factory: Any, tmp_path: Path
 ) -> None:
     worker = start_worker(proc_factory, free_port())
-    worker.wait_for(r"Failed to connect to GCS at address 127\.0\.0\.1:\d+", 5)
+    worker.wait_for(r"Failed to connect to GCS at address 127\.0\.0\.1:\d+", 30)
     r = ray_status(tmp_path / "missing.json")
     assert r.returncode == 1 and "Could not find any running Ray instance" in r.stderr
