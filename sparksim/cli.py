@@ -14,7 +14,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import alikefaults, cluster, engines, faults, hostfaults, reachfaults, serving
+from . import (
+    alikefaults,
+    cluster,
+    engines,
+    fabricfaults,
+    faults,
+    hostfaults,
+    reachfaults,
+    serving,
+)
 from .netns import SimError
 from .topology import MAX_NODES
 
@@ -109,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     hostfaults.add_parsers(kinds, common, node_help)  # docker, gpu, disk, clock, ssh, ...
     alikefaults.add_parsers(kinds, common, node_help)  # driver, ntp, nccl-build
     reachfaults.add_parser(kinds, common, node_help)  # unreachable NODE --how cut|sshd
+    fabricfaults.add_parsers(kinds, common, node_help)  # gid-v1, link-delay
     return parser
 
 
@@ -254,12 +264,15 @@ def run(argv: list[str] | None = None) -> int:
             msgs = hostfaults.apply(state_dir, topo, args)
         elif args.kind == reachfaults.KIND:
             msgs = reachfaults.apply(state_dir, topo, args)
+        elif args.kind in fabricfaults.KINDS:
+            msgs = fabricfaults.apply(state_dir, topo, args)
         else:
             msgs = (
                 reachfaults.clear(state_dir, topo)
                 + alikefaults.clear(state_dir, topo)
                 + hostfaults.clear(state_dir, topo)
                 + serving.clear(state_dir, topo)
+                + fabricfaults.clear(state_dir, topo)
                 + faults.clear(state_dir, topo)
             )
     for msg in msgs:
