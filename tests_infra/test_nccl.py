@@ -230,7 +230,15 @@ def test_nccl_ib_hca_lists_both_twins(
 def _sweep(run: CollectiveRun, name: str, here: str) -> NcclOutput:
     """Rank 0's ``name`` sweep of the launch. A launch that ended before it (hung at init,
     timed out, a rank failed in the all-reduce) is the all-reduce checks' to report."""
-    _result(run)  # hung at init: test_allreduce_does_not_hang_at_init's
+    if run.hung_at_init:
+        pytest.skip(
+            f"{here}: the all-reduce hung at init (see test_allreduce_does_not_hang_at_init)"
+        )
+    if run.result is None:
+        pytest.skip(
+            f"{here}: the launch's all-reduce output could not be read, so neither can its "
+            f"{name} sweep (test_allreduce_busbw has the evidence)"
+        )
     section = run.section(name)
     if section is None:
         pytest.fail(f"{_where(run)}: the launch did not run the {name} sweep", pytrace=False)
