@@ -18,6 +18,7 @@ from . import (
     alikefaults,
     cluster,
     engines,
+    fabricfaults,
     faults,
     gpufaults,
     hostfaults,
@@ -146,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     reachfaults.add_parser(kinds, common, node_help)  # unreachable NODE --how cut|sshd
     gpufaults.add_parsers(kinds, common, node_help)  # gpu-xid, gpu-throttle, ...
     memfaults.add_parsers(kinds, common, node_help)  # memory-held NODE --gib N
+    fabricfaults.add_parsers(kinds, common, node_help)  # gid-v1, link-delay
     return parser
 
 
@@ -300,6 +302,8 @@ def run(argv: list[str] | None = None) -> int:
             msgs = gpufaults.apply(state_dir, topo, args)
         elif args.kind in memfaults.KINDS:
             msgs = memfaults.apply(state_dir, topo, args)
+        elif args.kind in fabricfaults.KINDS:
+            msgs = fabricfaults.apply(state_dir, topo, args)
         else:
             msgs = (
                 reachfaults.clear(state_dir, topo)
@@ -307,6 +311,7 @@ def run(argv: list[str] | None = None) -> int:
                 + alikefaults.clear(state_dir, topo)
                 + hostfaults.clear(state_dir, topo)
                 + serving.clear(state_dir, topo)
+                + fabricfaults.clear(state_dir, topo)
                 + faults.clear(state_dir, topo)
             )
     for msg in msgs:

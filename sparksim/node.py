@@ -7,8 +7,8 @@ Each node's sshd runs as::
 
 so it has its own network namespace, hostname, PID 1, boot time (a time namespace: its
 uptime counts from ``up``) and a private mount namespace with
-a sysfs of its own network namespace (host cgroup mounts kept), its own /tmp, /var/tmp and
-/dev/shm, in which the node's
+a sysfs of its own network namespace (host cgroup mounts kept; /sys/class/infiniband the
+node's GID tables, rdmasysfs.py), its own /tmp, /var/tmp and /dev/shm, in which the node's
 tools dir covers ``/usr/local/sbin`` (first on sshd's default PATH), an
 empty file covers ``/root/.bashrc`` (pyenv init costs ~130 ms per command), the node's
 ``ssh/`` dir covers ``/root/.ssh`` (head -> worker ssh works) and a cluster hosts file
@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from types import ModuleType
 
+from . import rdmasysfs
 from .meminfo import write_meminfo
 from .netns import SimError, run
 from .topology import ALL_PORTS, FABRIC_TWINS, HEALTHY_RATE_MBPS, NodeSpec, Topology
@@ -299,6 +300,7 @@ def write_node_files(state_dir: Path, topo: Topology, node: NodeSpec, lib: Path)
         )
     if not (nd / "state.json").exists():
         write_state(state_dir, node, initial_state(node))
+    rdmasysfs.write(nd, node)
 
 
 def _serving() -> ModuleType:
@@ -327,6 +329,8 @@ def _mount_script(state_dir: Path, node: NodeSpec) -> str:
         f"if mountpoint -q /sys/fs/cgroup; then mount --rbind /sys/fs/cgroup {park}; fi",
         "mount -t sysfs sysfs /sys",
         f"if mountpoint -q {park}; then mount --move {park} /sys/fs/cgroup; fi",
+        # /sys/class/infiniband: the RDMA devices' GID tables (rdmasysfs.py)
+        *rdmasysfs.mount_steps(nd),
     ]
     for src, dst in binds:
         steps.append(f"if [ -e {q(dst)} ]; then mount --bind {q(str(src))} {q(dst)}; fi")

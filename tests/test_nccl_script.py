@@ -14,7 +14,7 @@ import pytest
 
 from pytest_spark.collective import allreduce as ar
 from pytest_spark.collective.script import script_text
-from pytest_spark.parsers.nccl import parse_nccl_tests
+from pytest_spark.parsers.nccl import parse_nccl_tests, split_sections
 
 SCRIPT = Path(ar.__file__)
 HAS_TORCH = importlib.util.find_spec("torch") is not None
@@ -256,7 +256,18 @@ def test_two_rank_gloo_run_on_loopback() -> None:
     port = free_port()
     procs = [
         subprocess.Popen(
-            rank_argv(r, port, "--init-timeout", "60", "--deadline", "170"),
+            rank_argv(
+                r,
+                port,
+                "--init-timeout",
+                "60",
+                "--deadline",
+                "170",
+                "--collectives",
+                "all_reduce,all_gather,latency",
+                "--latency-max-bytes",
+                "64",
+            ),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -271,15 +282,28 @@ def test_two_rank_gloo_run_on_loopback() -> None:
     (rc1, out1, err1), (rc0, out0, err0) = outs
     assert rc0 == 0, out0 + err0
     assert rc1 == 0, out1 + err1
-    result = parse_nccl_tests(out0)
+    result = parse_nccl_tests(split_sections(out0)["all_reduce"])
     assert result.tool == "pytest_spark allreduce" and result.backend == "gloo"
     assert [r.size_bytes for r in result.rows] == [1 << 20, 2 << 20, 4 << 20]
     assert all(r.busbw_gbps > 0 for r in result.rows)
     assert result.out_of_bounds == 0 and result.wrong == 0
     assert len(result.devices) == 2
     assert result.transports[0].predicted and result.transports[0].kind == "Socket"
-    other = parse_nccl_tests(out1)
+    other = parse_nccl_tests(split_sections(out1)["all_reduce"])
     assert other.rows == () and other.transports and other.init_complete
+    # the same ranks ran the all-gather and the latency sweep after the all-reduce
+    parts = split_sections(out0)
+    assert list(parts) == ["all_reduce", "all_gather", "latency"]
+    gathered = parse_nccl_tests(parts["all_gather"])
+    assert gathered.collective == "all_gather_perf" and gathered.wrong == 0
+    assert [(r.size_bytes, r.count, r.redop) for r in gathered.rows] == [
+        (1 << 20, 1 << 17, "none"), (2 << 20, 1 << 18, "none"), (4 << 20, 1 << 19, "none"),
+    ]  # fmt: skip
+    for row in gathered.rows:  # busbw = algbw * (n-1)/n
+        assert row.in_place.busbw_gbps == pytest.approx(row.in_place.algbw_gbps / 2, abs=0.011)
+    small = parse_nccl_tests(parts["latency"])
+    assert [r.size_bytes for r in small.rows] == [8, 16, 32, 64] and small.wrong == 0
+    assert out0.count("rendezvous complete") == 1  # one process group for all three
 
 
 @pytest.mark.slow

@@ -148,9 +148,15 @@ def test_missing_data_gives_a_line_not_a_plot(pytester: pytest.Pytester) -> None
     pytester.runpytest(f"--html={path}", "--spark-history=off").assert_outcomes(passed=1)
     tags = Tags(path.read_text())
     notes = {a["id"]: a for a in tags.find("p", **{"class": "spark-noplot"})}
-    assert set(notes) == {"spark-plot-busbw", "spark-plot-throughput", "spark-plot-timeline"}
+    assert set(notes) == {
+        "spark-plot-busbw",
+        "spark-plot-latency",
+        "spark-plot-throughput",
+        "spark-plot-timeline",
+    }
     text = " ".join(tags.text)
     assert "no plot: no check attached a busbw series" in text
+    assert "no plot: no check attached a latency series" in text
     assert "no plot: no throughput sweep was recorded" in text
     assert "no plot: no startup timeline was recorded" in text
 

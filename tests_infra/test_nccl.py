@@ -1,4 +1,6 @@
-"""All-reduce bandwidth and transport over the fabric (REFERENCE.md §3)."""
+"""All-reduce bandwidth and transport over the fabric (REFERENCE.md §3), and the sweeps of
+the same launch: all-gather bandwidth (NVIDIA's playbook runs all_gather_perf) and
+small-message latency."""
 
 from __future__ import annotations
 
@@ -7,6 +9,11 @@ from collections.abc import Sequence
 import pytest
 
 from pytest_spark import Cluster, Finding, Node, SparkCheck
+from pytest_spark.checks.collectives import (
+    check_all_gather,
+    check_latency,
+    latency_series,
+)
 from pytest_spark.checks.nccl import (
     FABRIC_DEVS,
     busbw_series,
@@ -33,6 +40,7 @@ from pytest_spark.gathering.links import (
 from pytest_spark.gathering.measure import Measured, measure_once
 from pytest_spark.gathering.nccl import collective_run, container_env, down_socket_ports, rank_envs
 from pytest_spark.parsers.codec import dump, load
+from pytest_spark.parsers.nccl import NcclOutput
 from pytest_spark.readiness.reachability import require_reachable
 from pytest_spark.settings.resolve import Settings
 from pytest_spark.state import SERVING_VERDICT_KEY
@@ -217,3 +225,91 @@ def test_nccl_ib_hca_lists_both_twins(
         ),
         spark_check,
     )
+
+
+def _sweep(run: CollectiveRun, name: str, here: str) -> NcclOutput:
+    """Rank 0's ``name`` sweep of the launch. A launch that ended before it (hung at init,
+    timed out, a rank failed in the all-reduce) is the all-reduce checks' to report."""
+    if run.hung_at_init:
+        pytest.skip(
+            f"{here}: the all-reduce hung at init (see test_allreduce_does_not_hang_at_init)"
+        )
+    if run.result is None:
+        pytest.skip(
+            f"{here}: the launch's all-reduce output could not be read, so neither can its "
+            f"{name} sweep (test_allreduce_busbw has the evidence)"
+        )
+    section = run.section(name)
+    if section is None:
+        pytest.fail(f"{_where(run)}: the launch did not run the {name} sweep", pytrace=False)
+    if section.parsed is None:
+        ended = run.timed_out or any(r.rc not in (0, None) for r in run.ranks)
+        if ended or not section.parse_error or "ended before" in section.parse_error:
+            pytest.skip(
+                f"{here}: the launch ended before its {name} sweep ({section.parse_error}); "
+                "the all-reduce checks (test_allreduce_busbw) have the evidence"
+            )
+        pytest.fail(
+            f"{_where(run)}: the {name} output could not be read ({section.parse_error}):\n"
+            f"{run.evidence()}",
+            pytrace=False,
+        )
+    return section.parsed
+
+
+def test_allgather_busbw(
+    request: pytest.FixtureRequest,
+    allreduce: CollectiveRun,
+    spark_check: SparkCheck,
+    spark_cluster: Cluster,
+    spark_settings: Settings,
+) -> None:
+    here = "all-gather bus bandwidth"
+    gathered = _sweep(allreduce, "all_gather", here)
+    profile = spark_cluster.profile
+    series = busbw_series(gathered).to_dict()
+    spark_check.attach("busbw_series", {**series, "collective": "all_gather"})
+    devs = _fabric_devs(spark_cluster, spark_cluster.head)
+    finding = check_all_gather(
+        gathered, profile, where=_where(allreduce), transports=allreduce.transports,
+        fabric_devs=devs,
+    )  # fmt: skip
+    _skip_if_env_forces_socket(request, spark_cluster, spark_settings, allreduce, finding, here)
+    reduced = check_busbw(
+        _result(allreduce), profile, where=_where(allreduce), transports=allreduce.transports,
+        fabric_devs=devs,
+    )  # fmt: skip
+    if (
+        not finding.ok
+        and not reduced.ok
+        and verdict_in_session(request.session, "test_allreduce_busbw")
+    ):
+        # One root cause: the same links carry both sweeps' bytes, and the all-reduce floor
+        # already fails reading the figure against the known signatures (a down twin, when
+        # the link checks found one, is named first: it is theirs).
+        down = unusable_fabric_links(spark_cluster)
+        pytest.skip(
+            (f"{'; '.join(down)}: " if down else "")
+            + f"{here} ({finding.message.split(': ', 1)[-1][:160]}): the all-reduce on the "
+            f"same fabric fails too: {reduced.message[:240]} (test_allreduce_busbw has the "
+            "evidence)"
+        )
+    spark_check.require(finding)
+
+
+def test_small_message_latency(
+    request: pytest.FixtureRequest,
+    allreduce: CollectiveRun,
+    spark_check: SparkCheck,
+    spark_cluster: Cluster,
+    spark_settings: Settings,
+) -> None:
+    here = "small-message latency"
+    swept = _sweep(allreduce, "latency", here)
+    profile = spark_cluster.profile
+    spark_check.attach(
+        "latency_series", latency_series(swept, profile.collectives.max_latency_us).to_dict()
+    )
+    finding = check_latency(swept, profile, where=_where(allreduce))
+    _skip_if_env_forces_socket(request, spark_cluster, spark_settings, allreduce, finding, here)
+    spark_check.require(finding)

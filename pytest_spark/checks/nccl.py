@@ -169,10 +169,14 @@ def check_busbw(
     where: str = "cluster",
     transports: Sequence[NetTransport] = (),
     fabric_devs: Sequence[str] = FABRIC_DEVS,
+    collective: str = "all-reduce",
+    minimum: float | None = None,
 ) -> Finding:
-    """Large-message busbw >= ``nccl.min_busbw_gbps``; a low figure gets its likely cause,
-    read against the transport each rank chose (``transports``) where known."""
-    minimum = profile.nccl.min_busbw_gbps
+    """Large-message busbw >= ``nccl.min_busbw_gbps`` (or ``minimum``); a low figure gets
+    its likely cause, read against the transport each rank chose (``transports``) where
+    known. ``collective`` names the sweep in the message (``all-gather``: busbw is nccl-tests'
+    algbw * (n-1)/n there, so the same signatures read the same)."""
+    minimum = profile.nccl.min_busbw_gbps if minimum is None else minimum
     row = output.largest
     if row is None:
         said = [*output.errors, *output.warnings][:4]
@@ -181,7 +185,7 @@ def check_busbw(
             minimum,
             "GB/s",
             node=where,
-            message=f"{where}: all-reduce produced no result rows ({_how(output)}), expected "
+            message=f"{where}: {collective} produced no result rows ({_how(output)}), expected "
             f"busbw >= {_fig(minimum)} GB/s. "
             + (
                 "It said:\n" + "\n".join(said)
@@ -191,7 +195,7 @@ def check_busbw(
         )
     busbw = round(row.busbw_gbps, 4)
     head = (
-        f"{where}: all-reduce busbw {_gb(busbw)} GB/s at {_size(row.size_bytes)} ({_how(output)})"
+        f"{where}: {collective} busbw {_gb(busbw)} GB/s at {_size(row.size_bytes)} ({_how(output)})"
     )
     if busbw >= minimum:
         return Finding.passed(

@@ -1,11 +1,21 @@
 #!/usr/bin/env python3
-"""All-reduce bus bandwidth between nodes, printed in nccl-tests' ``all_reduce_perf`` format.
+"""All-reduce (and all-gather) bus bandwidth between nodes, printed in nccl-tests' format.
 
 Standalone: stdlib plus torch, copied to every node by pytest_spark and run there once per
 rank::
 
     python3 allreduce.py --rank R --world-size N --master-addr HEAD_FABRIC_IP \\
-        --master-port 29500 --min-bytes 1M --max-bytes 1G [--backend auto|nccl|gloo]
+        --master-port 29500 --min-bytes 1M --max-bytes 1G [--backend auto|nccl|gloo] \\
+        [--collectives all_reduce,all_gather,latency]
+
+``--collectives`` runs several sweeps in one launch, on the same process group (one torch
+import and one rendezvous per rank): ``all_reduce`` (``all_reduce_perf``), ``all_gather``
+(``all_gather_perf``: busbw = algbw * (n-1)/n, size the whole gathered buffer, count the
+elements each rank sends, as nccl-tests prints them) and ``latency`` (the all-reduce again
+at ``--latency-min-bytes``..``--latency-max-bytes``, 8 B..1 MiB: the time column is the
+small-message latency). Each sweep after the first is preceded by a
+``# pytest_spark: section NAME`` line and every sweep by nccl-tests' own
+``# Collective test starting: X_perf`` line, so one output splits into one table each.
 
 Ranks meet over TCP at ``--master-addr`` (the head's fabric address); the interface comes
 from ``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME`` as vLLM's containers set them. Backend
@@ -58,6 +68,10 @@ PREDICTED_BEGIN = (
 )
 PREDICTED_END = "# pytest_spark: end of transport NCCL would select"
 CHECK_CHUNK = 1 << 24  # elements per validation chunk (bounds temporaries to 64 MiB)
+SECTION = "# pytest_spark: section "
+COLLECTIVES = ("all_reduce", "all_gather", "latency")
+PERF_NAME = {"all_reduce": "all_reduce_perf", "all_gather": "all_gather_perf",
+             "latency": "all_reduce_perf"}  # fmt: skip
 
 
 def say(line: str = "") -> None:
@@ -113,7 +127,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="exit 124 after S seconds in all (0: no deadline)",
     )
     parser.add_argument("--token", default="", help="run id (lets the launcher find us)")
+    parser.add_argument(
+        "--collectives",
+        default="all_reduce",
+        help="comma list of sweeps, run in this order: all_reduce, all_gather, latency",
+    )
+    parser.add_argument("--latency-min-bytes", type=parse_size, default=8)
+    parser.add_argument("--latency-max-bytes", type=parse_size, default=1 << 20)
     return parser
+
+
+def collectives(args: argparse.Namespace) -> list[str]:
+    return [c.strip() for c in args.collectives.split(",") if c.strip()]
 
 
 def validate(args: argparse.Namespace) -> str | None:
@@ -132,6 +157,17 @@ def validate(args: argparse.Namespace) -> str | None:
         return "--iters must be >= 1 and --warmup >= 0"
     if not 1 <= args.master_port <= 65535:
         return f"--master-port {args.master_port} is not a TCP port"
+    wanted = collectives(args)
+    unknown = [c for c in wanted if c not in COLLECTIVES]
+    if unknown or not wanted or len(set(wanted)) != len(wanted):
+        return f"--collectives {args.collectives!r}: each of {', '.join(COLLECTIVES)} at most once"
+    if "latency" in wanted and not 4 <= args.latency_min_bytes <= args.latency_max_bytes:
+        return (
+            f"latency sizes {args.latency_min_bytes}..{args.latency_max_bytes} B: need "
+            "4 <= min <= max"
+        )
+    if "latency" in wanted and args.latency_max_bytes > MAX_BYTES:
+        return f"refusing --latency-max-bytes {args.latency_max_bytes}: above 4 GiB"
     return None
 
 
@@ -381,12 +417,28 @@ def header_lines() -> list[str]:
     ]
 
 
-def row_line(nbytes: int, count: int, results: Iterable[tuple[float, int]], nranks: int) -> str:
-    """One nccl-tests row from (seconds per iteration, wrong elements) per placement."""
-    line = f"{nbytes:12d}  {count:12d}  {'float':>8}  {'sum':>6}  {-1:6d}"
+def bus_factor(collective: str, nranks: int) -> float:
+    """nccl-tests' busbw factor (doc/PERFORMANCE.md): all-reduce 2(n-1)/n, all-gather (n-1)/n."""
+    if collective == "all_gather":
+        return (nranks - 1) / nranks
+    return 2 * (nranks - 1) / nranks
+
+
+def row_line(
+    nbytes: int,
+    count: int,
+    results: Iterable[tuple[float, int]],
+    nranks: int,
+    collective: str = "all_reduce",
+) -> str:
+    """One nccl-tests row from (seconds per iteration, wrong elements) per placement.
+    all_gather rows, as all_gather_perf prints them: redop ``none``, ``count`` the elements
+    each rank sends, ``nbytes`` the whole gathered buffer."""
+    redop = "none" if collective == "all_gather" else "sum"
+    line = f"{nbytes:12d}  {count:12d}  {'float':>8}  {redop:>6}  {-1:6d}"
     for seconds, wrong in results:
         algbw = nbytes / seconds / 1e9 if seconds > 0 else 0.0
-        busbw = algbw * 2 * (nranks - 1) / nranks
+        busbw = algbw * bus_factor(collective, nranks)
         cols = (float_str(seconds * 1e6, 7), float_str(algbw, 6), float_str(busbw, 6))
         line += "  {:>7}  {:>6}  {:>6}".format(*cols) + f"  {float(wrong):>6g}"
     return line
@@ -461,6 +513,48 @@ class Bench:
         errors = self.torch.tensor(
             [oop_wrong, ip_wrong], dtype=self.torch.float64, device=self.device
         )
+        self.dist.all_reduce(times, op=self.dist.ReduceOp.MAX)
+        self.dist.all_reduce(errors, op=self.dist.ReduceOp.SUM)
+        return [(float(times[0]), int(errors[0])), (float(times[1]), int(errors[1]))]
+
+    def gathered_wrong(self, out: Any, count: int) -> int:
+        """Wrong elements of a gathered buffer: chunk r holds rank r's input."""
+        torch, bad = self.torch, 0
+        for r in range(self.nranks):
+            chunk = out[r * count : (r + 1) * count]
+            for off in range(0, count, CHECK_CHUNK):
+                m = min(CHECK_CHUNK, count - off)
+                exp = torch.arange(off, off + m, device=self.device, dtype=torch.float64)
+                exp.remainder_(13).add_(r + 1)
+                bad += int((chunk[off : off + m].double() != exp).sum().item())
+        return bad
+
+    def allgather(self, out: Any, inp: Any, count: int) -> None:
+        chunks = [out[r * count : (r + 1) * count] for r in range(self.nranks)]
+        self.dist.all_gather(chunks, inp)
+
+    def time_gather(self, src: Any, out: Any, count: int, iters: int) -> list[tuple[float, int]]:
+        """all_gather of ``count`` elements per rank, out-of-place then in-place (the rank's
+        own chunk of the output is its input), back to back as nccl-tests times them."""
+        n, mine = self.nranks, src[:count]
+        outv = out[: count * n]
+        results = []
+        for in_place in (False, True):
+            own = outv[self.rank * count : (self.rank + 1) * count]
+            inp = own if in_place else mine
+            outv.zero_()
+            own.copy_(mine)
+            self.sync()
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                self.allgather(outv, inp, count)
+            self.sync()
+            seconds = (time.perf_counter() - t0) / iters
+            results.append((seconds, self.gathered_wrong(outv, count)))
+        times = self.torch.tensor([t for t, _ in results], dtype=self.torch.float64,
+                                  device=self.device)  # fmt: skip
+        errors = self.torch.tensor([float(w) for _, w in results], dtype=self.torch.float64,
+                                   device=self.device)  # fmt: skip
         self.dist.all_reduce(times, op=self.dist.ReduceOp.MAX)
         self.dist.all_reduce(errors, op=self.dist.ReduceOp.SUM)
         return [(float(times[0]), int(errors[0])), (float(times[1]), int(errors[1]))]
@@ -589,36 +683,79 @@ def run(args: argparse.Namespace) -> int:
     return code
 
 
+def section_sizes(args: argparse.Namespace, collective: str) -> list[int]:
+    """The sweep of one section: all-gather sizes are whole float32 elements per rank."""
+    if collective == "latency":
+        return sizes(args.latency_min_bytes, args.latency_max_bytes, args.factor)
+    steps = sizes(args.min_bytes, args.max_bytes, args.factor)
+    if collective == "all_gather":
+        unit = 4 * args.world_size
+        steps = [s - s % unit for s in steps if s >= unit]
+    return steps
+
+
 def measure(args: argparse.Namespace, torch: Any, dist: Any, device: Any, backend: str) -> int:
     world, rank = args.world_size, args.rank
-    steps = sizes(args.min_bytes, args.max_bytes, args.factor)
-    max_count = steps[-1] // 4
+    wanted = collectives(args)
+    max_count = max(max(section_sizes(args, c), default=4) for c in wanted) // 4
     bench = Bench(torch, dist, device, rank, world)
     try:
         src = torch.empty(max_count, dtype=torch.float32, device=device)
         work = torch.empty(max_count, dtype=torch.float32, device=device)
         bench.fill(src, max_count)
+    except Exception as exc:
+        say(f"# {PROGRAM}: error: buffers of {max_count * 4} B failed on rank {rank}: {exc}")
+        return EXIT_FAILED
+    code = 0
+    for i, collective in enumerate(wanted):
+        if i and rank == 0:
+            say(f"{SECTION}{collective}")
+        code = max(code, sweep(args, bench, src, work, collective, backend))
+        if code == EXIT_FAILED:
+            break  # a collective that failed leaves the group unusable for the next
+    return code
+
+
+def sweep(
+    args: argparse.Namespace, bench: Bench, src: Any, work: Any, collective: str, backend: str
+) -> int:
+    """One nccl-tests table (header, rows, footer) for one collective."""
+    world, rank = args.world_size, args.rank
+    steps = section_sizes(args, collective)
+    gather = collective == "all_gather"
+    name = "all-gather" if gather else "all-reduce"
+    try:
+        if rank == 0:
+            say(f"# Collective test starting: {PERF_NAME[collective]}")
+        largest = steps[-1] // 4
         work.zero_()
         for _ in range(args.warmup):  # nccl-tests warms up at the largest size
-            bench.allreduce(work)
+            if gather:
+                bench.allgather(work, src[: largest // world], largest // world)
+            else:
+                bench.allreduce(work[:largest])
         bench.sync()
         if rank == 0:
             for line in header_lines():
                 say(line)
         busbws: list[float] = []
         errors = 0
+        factor = bus_factor("all_gather" if gather else "all_reduce", world)
         for nbytes in steps:
-            count = nbytes // 4
-            bench.allreduce(work[:count])  # one untimed pass per size
-            results = bench.time_size(src, work, count, args.iters)
+            count = nbytes // 4 // world if gather else nbytes // 4
+            if gather:
+                results = bench.time_gather(src, work, count, args.iters)
+            else:
+                bench.allreduce(work[:count])  # one untimed pass per size
+                results = bench.time_size(src, work, count, args.iters)
             for seconds, wrong in results:
                 errors += wrong
-                busbws.append(nbytes / seconds / 1e9 * 2 * (world - 1) / world if seconds else 0)
+                busbws.append(nbytes / seconds / 1e9 * factor if seconds else 0)
             if rank == 0:
-                say(row_line(nbytes, count, results, world))
+                say(row_line(nbytes, count, results, world, collective))
     except Exception as exc:
         say(
-            f"# {PROGRAM}: error: all-reduce failed on rank {rank}: {type(exc).__name__}: "
+            f"# {PROGRAM}: error: {name} failed on rank {rank}: {type(exc).__name__}: "
             f"{exc}".replace("\n", " ")
         )
         return EXIT_FAILED

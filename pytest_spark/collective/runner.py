@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import base64
 import concurrent.futures as cf
+import dataclasses
 import secrets
 import shlex
 import time
@@ -37,8 +38,15 @@ from typing import Literal, Protocol
 
 from pytest_spark.access.base import CommandResult, CommandTimeout, RemoteError
 from pytest_spark.collective.script import script_text
-from pytest_spark.facts.collective import CollectiveRun, LaunchPlan, RankOutput
-from pytest_spark.parsers.nccl import NcclOutput, ParseError, parse_nccl_tests
+from pytest_spark.facts.collective import CollectiveRun, LaunchPlan, RankOutput, Section
+from pytest_spark.parsers.nccl import (
+    MAIN_SECTION,
+    SECTION,
+    NcclOutput,
+    ParseError,
+    parse_nccl_tests,
+    split_sections,
+)
 
 __all__ = [
     "MAX_BYTES",
@@ -48,6 +56,7 @@ __all__ = [
     "RankNode",
     "detect_launcher",
     "kill_command",
+    "mpirun_chain",
     "mpirun_command",
     "probe_command",
     "rank_command",
@@ -60,6 +69,9 @@ MAX_BYTES = 4 << 30  # 16 GiB all-reduce buffers froze DGX Sparks (unified memor
 TOKEN_PREFIX = "pytest-spark-nccl-"
 SCRIPT = "allreduce.py"
 NCCL_TESTS = "all_reduce_perf"
+NCCL_TESTS_GATHER = "all_gather_perf"  # beside all_reduce_perf in an nccl-tests build
+COLLECTIVES = ("all_reduce", "all_gather", "latency")
+LATENCY_MIN_BYTES = 8
 STEP_TIMEOUT = 30.0  # probing, staging, killing and cleaning up: each bounded by this
 KILL_GRACE = 10.0  # how long the other ranks may linger once one rank has failed
 RUN_GRACE = 15.0  # the script stops itself at the timeout; the SSH call waits this much more
@@ -98,9 +110,16 @@ def stage_command(
     same path on every node, as mpirun needs), inside ``container`` when given.
     """
     if binary is not None:
+        gather = f"{binary.rsplit('/', 1)[0]}/{NCCL_TESTS_GATHER}" if "/" in binary else ""
+        link_gather = (
+            f"if [ -x {_q(gather)} ]; then ln -sfn {_q(gather)} "
+            f"/tmp/{token}.mpi/{NCCL_TESTS_GATHER}; fi && "
+            if gather
+            else ""
+        )
         inner = (
             f"mkdir -p -m 700 /tmp/{token}.mpi && ln -sfn {_q(binary)} "
-            f"/tmp/{token}.mpi/{NCCL_TESTS} && echo /tmp/{token}.mpi"
+            f"/tmp/{token}.mpi/{NCCL_TESTS} && {link_gather}echo /tmp/{token}.mpi"
         )
         if container:
             return f"docker exec {_q(container)} sh -c {_q(inner)}"
@@ -126,8 +145,20 @@ class _Job:
     backend: str
     init_timeout: float
     timeout: float
+    collectives: tuple[str, ...] = ("all_reduce",)
+    latency_max_bytes: int = 1 << 20
 
     def script_args(self, rank: int, world_size: int) -> list[str]:
+        extra = []
+        if self.collectives != ("all_reduce",):
+            extra = [
+                "--collectives", ",".join(self.collectives),
+                "--latency-min-bytes", str(LATENCY_MIN_BYTES),
+                "--latency-max-bytes", str(self.latency_max_bytes),
+            ]  # fmt: skip
+        return [*self._args(rank, world_size), *extra]
+
+    def _args(self, rank: int, world_size: int) -> list[str]:
         return [
             "--rank", str(rank), "--world-size", str(world_size),
             "--master-addr", self.master_addr, "--master-port", str(self.port),
@@ -177,8 +208,11 @@ def mpirun_command(
     iters: int,
     warmup: int,
     container: str | None = None,
+    binary: str = NCCL_TESTS,
+    inner: bool = False,
 ) -> str:
-    """``mpirun -np N -H ip1:1,ip2:1 ... all_reduce_perf -b -e -f 2 -g 1`` (on the head)."""
+    """``mpirun -np N -H ip1:1,ip2:1 ... all_reduce_perf -b -e -f 2 -g 1`` (on the head);
+    ``inner``: the bare command line, for :func:`mpirun_chain`'s script."""
     cmd = [
         "env", "OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1",
         "mpirun", "-np", str(len(hosts)), "-H", ",".join(f"{h}:1" for h in hosts),
@@ -190,13 +224,62 @@ def mpirun_command(
     for key, value in env.items():
         cmd += ["-x", f"{key}={value}"]
     cmd += [
-        f"/tmp/{token}.mpi/{NCCL_TESTS}", "-b", str(min_bytes), "-e", str(max_bytes),
+        f"/tmp/{token}.mpi/{binary}", "-b", str(min_bytes), "-e", str(max_bytes),
         "-f", "2", "-g", "1", "-n", str(iters), "-w", str(warmup), "-c", "1",
     ]  # fmt: skip
     line = " ".join(_q(c) for c in cmd)
+    if inner:
+        return line
     if container:
         return f"exec docker exec {_q(container)} {line}"
     return f"exec {line}"
+
+
+def mpirun_chain(
+    *,
+    hosts: Sequence[str],
+    env: Mapping[str, str],
+    token: str,
+    min_bytes: int,
+    max_bytes: int,
+    iters: int,
+    warmup: int,
+    collectives: Sequence[str],
+    latency_max_bytes: int,
+    container: str | None = None,
+) -> str:
+    """Several nccl-tests runs in one command on the head, one per sweep, each after the
+    first preceded by its ``# pytest_spark: section NAME`` line: ``all_reduce_perf``,
+    ``all_gather_perf`` (when the build beside it has one) and ``all_reduce_perf -b 8
+    -e 1M`` (latency). Exit status: the first that failed."""
+    if tuple(collectives) == ("all_reduce",):
+        return mpirun_command(
+            hosts=hosts, env=env, token=token, min_bytes=min_bytes, max_bytes=max_bytes,
+            iters=iters, warmup=warmup, container=container,
+        )  # fmt: skip
+    steps = []
+    for i, name in enumerate(collectives):
+        if i:
+            steps.append(f"echo {_q(SECTION + name)}")
+        low, high = (LATENCY_MIN_BYTES, latency_max_bytes) if name == "latency" else (
+            min_bytes, max_bytes)  # fmt: skip
+        binary = NCCL_TESTS_GATHER if name == "all_gather" else NCCL_TESTS
+        line = mpirun_command(
+            hosts=hosts, env=env, token=token, min_bytes=low, max_bytes=high, iters=iters,
+            warmup=warmup, binary=binary, inner=True,
+        )  # fmt: skip
+        run = f"{line} || {{ s=$?; [ $rc -ne 0 ] || rc=$s; }}"
+        if name == "all_gather":
+            path = f"/tmp/{token}.mpi/{NCCL_TESTS_GATHER}"
+            run = (
+                f"if [ -x {path} ]; then {run}; else echo '# error: no {NCCL_TESTS_GATHER} "
+                f"beside {NCCL_TESTS} in this nccl-tests build'; [ $rc -ne 0 ] || rc=4; fi"
+            )
+        steps.append(run)
+    script = "rc=0; " + "; ".join(steps) + "; exit $rc"
+    if container:
+        return f"exec docker exec {_q(container)} sh -c {_q(script)}"
+    return f"exec sh -c {_q(script)}"
 
 
 _KILL_INNER = (
@@ -377,21 +460,35 @@ def _parse(text: str) -> tuple[NcclOutput | None, str | None]:
         return None, str(exc)
 
 
+def _parse_all(text: str) -> tuple[NcclOutput | None, str | None, tuple[Section, ...]]:
+    """The all-reduce section parsed, its error, and every later sweep parsed on its own."""
+    parts = split_sections(text)
+    parsed, error = _parse(parts.pop(MAIN_SECTION, ""))
+    sections = []
+    for name, body in parts.items():
+        sub, sub_error = _parse(body)
+        if sub is not None and parsed is not None and parsed.tool != sub.tool:
+            # the script says what it is once, at the top: its later tables are its too
+            sub = dataclasses.replace(sub, tool=parsed.tool, backend=parsed.backend)
+        sections.append(Section(name, sub, sub_error))
+    return parsed, error, tuple(sections)
+
+
 def _rank_output(
     node: RankNode, rank: int, command: str, outcome: CommandResult | BaseException, elapsed: float
 ) -> RankOutput:
     if isinstance(outcome, CommandResult):
-        parsed, error = _parse(outcome.stdout)
+        parsed, error, sections = _parse_all(outcome.stdout)
         return RankOutput(
             node.name, rank, command, outcome.rc, outcome.stdout, outcome.stderr,
-            outcome.duration_s or elapsed, parsed=parsed, parse_error=error,
+            outcome.duration_s or elapsed, parsed=parsed, parse_error=error, sections=sections,
         )  # fmt: skip
     if isinstance(outcome, CommandTimeout):
-        parsed, error = _parse(outcome.partial)
+        parsed, error, sections = _parse_all(outcome.partial)
         return RankOutput(
             node.name, rank, command, None, outcome.partial,
             f"stopped by pytest_spark: {outcome}", elapsed, timed_out=True, parsed=parsed,
-            parse_error=error,
+            parse_error=error, sections=sections,
         )  # fmt: skip
     return RankOutput(
         node.name, rank, command, None, "", f"{type(outcome).__name__}: {outcome}", elapsed,
@@ -416,6 +513,8 @@ def run_allreduce(
     master_port: int | None = None,
     backend: Literal["auto", "nccl", "gloo"] = "auto",
     fabric_addrs: Sequence[str] | None = None,
+    collectives: Sequence[str] = ("all_reduce",),
+    latency_max_bytes: int = 1 << 20,
 ) -> CollectiveRun:
     """Run the all-reduce sweep with one rank per node (``nodes[0]`` is rank 0, the head).
 
@@ -423,11 +522,18 @@ def run_allreduce(
     ``NCCL_IB_HCA``, ``GLOO_SOCKET_IFNAME``...); ``NCCL_DEBUG=INFO`` is added unless set,
     and for the host python ``GLOO_SOCKET_IFNAME`` defaults to ``NCCL_SOCKET_IFNAME``.
     ``fabric_addrs``: every node's fabric address, for mpirun's ``-H`` (nccl-tests only).
-    ``init_timeout`` defaults to a third of ``timeout`` (10-60 s). Raises ValueError for
+    ``init_timeout`` defaults to a third of ``timeout`` (10-60 s). ``collectives``: the
+    sweeps of this one launch, in order (``all_reduce`` first; ``all_gather``; ``latency``,
+    8 B..``latency_max_bytes``), the same rank processes for all. Raises ValueError for
     sizes above 4 GiB and :class:`CollectiveUnavailable` when no launcher works.
     """
     if not nodes:
         raise ValueError("run_allreduce needs at least one node")
+    wanted = tuple(collectives)
+    if not wanted or wanted[0] != "all_reduce" or any(c not in COLLECTIVES for c in wanted):
+        raise ValueError(f"collectives {wanted}: all_reduce first, then any of {COLLECTIVES[1:]}")
+    if not LATENCY_MIN_BYTES <= latency_max_bytes <= MAX_BYTES:
+        raise ValueError(f"latency_max_bytes {latency_max_bytes}: need 8 B..4 GiB")
     if max_bytes > MAX_BYTES:
         raise ValueError(
             f"max_bytes {max_bytes} is above 4 GiB ({MAX_BYTES}): 16 GiB all-reduce buffers "
@@ -443,7 +549,8 @@ def run_allreduce(
         token=TOKEN_PREFIX + secrets.token_hex(6), master_addr=master_addr,
         port=master_port or 31000 + secrets.randbelow(8000), min_bytes=min_bytes,
         max_bytes=max_bytes, iters=iters, warmup=warmup, backend=backend,
-        init_timeout=init_timeout, timeout=timeout,
+        init_timeout=init_timeout, timeout=timeout, collectives=wanted,
+        latency_max_bytes=latency_max_bytes,
     )  # fmt: skip
     envs = []
     for node in nodes:
@@ -465,6 +572,7 @@ def run_allreduce(
         result=ranks[0].parsed if ranks else None, timed_out=timed_out,
         duration_s=time.monotonic() - started, notes=plan.notes, cleanup_errors=tuple(cleanup),
         nodes=tuple(n.name for n in nodes), init_timeout_s=init_timeout, timeout_s=timeout,
+        collectives=wanted,
     )  # fmt: skip
 
 
@@ -569,8 +677,9 @@ def _run_mpirun(
             "(pass fabric_addrs)"
         )
     _stage(nodes, job.token, plan)
-    cmd = mpirun_command(
+    cmd = mpirun_chain(
         hosts=hosts, env=env, token=job.token, min_bytes=job.min_bytes,
         max_bytes=job.max_bytes, iters=job.iters, warmup=job.warmup, container=plan.container,
+        collectives=job.collectives, latency_max_bytes=job.latency_max_bytes,
     )  # fmt: skip
     return _launch(nodes[:1], [cmd], job.timeout, job, plan.container)

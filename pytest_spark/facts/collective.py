@@ -1,8 +1,9 @@
 """What an all-reduce run brought back: the launcher chosen (:class:`LaunchPlan`), every
 rank's command and output (:class:`RankOutput`) and the whole run with rank 0's parsed result
-(:class:`CollectiveRun`). Plain data over the parsed output: the runner
-(:mod:`pytest_spark.collective.runner`) makes them, the checks (:mod:`pytest_spark.checks.nccl`)
-read them.
+(:class:`CollectiveRun`); the sweeps run in the same launch after the all-reduce (all_gather,
+the small-message latency sweep) are rank 0's :class:`Section` entries. Plain data over the
+parsed output: the runner (:mod:`pytest_spark.collective.runner`) makes them, the checks
+(:mod:`pytest_spark.checks.nccl`) read them.
 """
 
 from __future__ import annotations
@@ -25,6 +26,15 @@ class LaunchPlan:
 
 
 @dataclass(frozen=True)
+class Section:
+    """One more sweep of the same launch (``all_gather``, ``latency``), parsed on its own."""
+
+    name: str
+    parsed: NcclOutput | None
+    parse_error: str | None = None
+
+
+@dataclass(frozen=True)
 class RankOutput:
     """One rank's command and what came back (``rc`` None: stopped by the runner)."""
 
@@ -38,6 +48,7 @@ class RankOutput:
     timed_out: bool = False
     parsed: NcclOutput | None = None
     parse_error: str | None = None
+    sections: tuple[Section, ...] = ()  # the sweeps after the all-reduce, in order
 
     @property
     def output(self) -> str:
@@ -60,6 +71,18 @@ class CollectiveRun:
     nodes: tuple[str, ...] = ()  # every node's name, rank order (mpirun: one output, N ranks)
     init_timeout_s: float | None = None  # each rank's own bound on initialisation
     timeout_s: float | None = None  # the whole run's bound
+
+    collectives: tuple[str, ...] = ("all_reduce",)  # the sweeps asked for, in order
+
+    def section(self, name: str) -> Section | None:
+        """Rank 0's sweep ``name`` (``all_gather``, ``latency``): None when not asked for;
+        a Section without ``parsed`` when the output held none of it."""
+        if name not in self.collectives:
+            return None
+        for sec in self.ranks[0].sections if self.ranks else ():
+            if sec.name == name:
+                return sec
+        return Section(name, None, "no output for this sweep (the run ended before it)")
 
     @property
     def hang_timeout_s(self) -> float | None:

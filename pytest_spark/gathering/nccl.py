@@ -1,5 +1,7 @@
-"""The all-reduce sweep across the cluster, run once per session and shared by the NCCL
-checks: ranks meet over the fabric, with the serving containers' NCCL environment."""
+"""The all-reduce sweep across the cluster (with all_gather and the small-message latency
+sweep in the same launch), run once per session and shared by the NCCL checks: ranks meet
+over the fabric, with the serving containers' NCCL environment; and each node's RoCE GID
+tables from sysfs (one round trip per node, cached)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ from pytest_spark.collective.runner import CollectiveUnavailable, run_allreduce
 from pytest_spark.facts.collective import CollectiveRun
 from pytest_spark.facts.links import NodeLinkFacts
 from pytest_spark.gathering.links import fabric_ifs, node_link_facts, port_of
+from pytest_spark.parsers.links import ParseError
+from pytest_spark.parsers.roce_gid import GID_PROBE, GidTable, parse_gid_probe
 
 NCCL_ENV = (
     "NCCL_SOCKET_IFNAME",
@@ -22,7 +26,12 @@ NCCL_ENV = (
     "TP_SOCKET_IFNAME",
     "UCX_NET_DEVICES",
     "NCCL_DEBUG",
+    "NCCL_IB_GID_INDEX",
+    "NCCL_IB_ROCE_VERSION_NUM",
+    "NCCL_IB_ADDR_FAMILY",
+    "NCCL_IB_ADDR_RANGE",
 )
+COLLECTIVES = ("all_reduce", "all_gather", "latency")  # one launch, the same rank processes
 
 
 SOCKET_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
@@ -139,8 +148,38 @@ def collective_run(cluster: Cluster) -> CollectiveRun | str:
                 min_bytes=profile.nccl.min_bytes,
                 max_bytes=profile.nccl.max_bytes,
                 timeout=profile.nccl.timeout_s,
+                collectives=COLLECTIVES,
+                latency_max_bytes=profile.collectives.latency_max_bytes,
             )
         except CollectiveUnavailable as exc:
             return str(exc)
 
     return cluster.cached("collective-run", compute)
+
+
+def fabric_devs(cluster: Cluster, node: Node) -> list[str]:
+    """The RDMA devices of the node's fabric twins, as its link probe found them."""
+    ifs = fabric_ifs(cluster)
+    return [m.dev for m in node_link_facts(cluster, node).roce if m.netdev in ifs]
+
+
+def gid_tables(cluster: Cluster, node: Node) -> dict[str, GidTable] | str | None:
+    """The node's RoCE GID tables from sysfs (once per session): None when it has no
+    /sys/class/infiniband; a string says why they could not be read."""
+
+    def compute() -> dict[str, GidTable] | str | None:
+        problem = cluster.unreachable(node)
+        if problem is not None:
+            return f"node unreachable: {problem}"
+        try:
+            result = node.run(GID_PROBE, timeout=20)
+        except RemoteError as exc:
+            return str(exc)
+        if not result.ok:
+            return f"{node.name}: the sysfs GID probe exited {result.rc}: {result.stderr[:300]}"
+        try:
+            return parse_gid_probe(result.stdout)
+        except ParseError as exc:
+            return f"{node.name}: {exc}"
+
+    return cluster.cached(("gid-tables", node.name), compute)

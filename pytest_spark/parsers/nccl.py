@@ -17,6 +17,10 @@ shipped benchmark script (``pytest_spark/collective/allreduce.py``, gloo or nccl
 - failures: nccl-tests' ``Test NCCL failure``, ``# error:``, and the script's
   ``init timeout`` / ``init failed`` / ``error:`` / ``deadline`` lines.
 
+One output may hold several sweeps (the script's ``--collectives``, or the runner's chain of
+``mpirun`` runs): :func:`split_sections` cuts it at the ``# pytest_spark: section NAME``
+lines; the text before the first one is the ``all_reduce`` section.
+
 Pure: text in, frozen dataclasses out. Output with nothing recognisable raises
 :class:`ParseError`, as does a result row whose columns do not parse.
 """
@@ -40,14 +44,42 @@ __all__ = [
     "Row",
     "SocketIface",
     "Timing",
+    "bus_factor",
     "parse_ib_hca",
     "parse_nccl_tests",
+    "split_sections",
 ]
 
 TOOL = "nccl-tests"
 SCRIPT = "pytest_spark allreduce"
 PREDICTED_BEGIN = "# pytest_spark: transport NCCL would select"
 PREDICTED_END = "# pytest_spark: end of transport NCCL would select"
+SECTION = "# pytest_spark: section "
+MAIN_SECTION = "all_reduce"
+
+
+def split_sections(text: str) -> dict[str, str]:
+    """One output's sweeps by name (``all_reduce``, ``all_gather``, ``latency``), in order:
+    the text before the first ``# pytest_spark: section NAME`` line is ``all_reduce``'s,
+    each marker starts the next (a repeated name continues its section)."""
+    parts: dict[str, list[str]] = {MAIN_SECTION: []}
+    current = MAIN_SECTION
+    for line in text.splitlines(keepends=True):
+        stripped = _TAG.sub("", line).strip()
+        if stripped.startswith(SECTION):
+            current = stripped[len(SECTION) :].split()[0] if stripped[len(SECTION) :] else current
+            parts.setdefault(current, [])
+            continue
+        parts[current].append(line)
+    return {name: "".join(lines) for name, lines in parts.items()}
+
+
+def bus_factor(collective: str | None, nranks: int) -> float:
+    """nccl-tests' busbw / algbw (doc/PERFORMANCE.md): all-gather and reduce-scatter
+    (n-1)/n, all-reduce 2(n-1)/n."""
+    if collective and collective.startswith(("all_gather", "reduce_scatter")):
+        return (nranks - 1) / nranks
+    return 2 * (nranks - 1) / nranks
 
 
 @dataclass(frozen=True)

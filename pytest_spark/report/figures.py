@@ -4,7 +4,10 @@ Sources (what the checks attach with ``spark_check.attach`` and what serving rec
 
 - NCCL: ``extra.busbw_series`` = ``[{"bytes" | "size_bytes": int, "busbw_gbps": float,
   "algbw_gbps": float}, ...]`` (or ``{"points": [...]}``, checks/nccl.py's
-  ``BusbwSeries.to_dict()``) on a check whose ``expected`` is the busbw threshold.
+  ``BusbwSeries.to_dict()``) on a check whose ``expected`` is the busbw threshold; a dict
+  may say its ``collective`` (``all_gather``: tests_infra/test_nccl.py's all-gather check).
+- NCCL latency: ``extra.latency_series`` = ``{"points": [{"size_bytes", "time_us"}, ...],
+  "max_latency_us": float | None}`` (checks/collectives.py ``LatencySeries.to_dict()``).
 - Throughput: ``extra.sweep`` = ``{"levels": [level, ...]}`` (tests_e2e/test_throughput.py),
   ``extra.throughput_sweep`` = ``[level, ...]``, or the ``extra.level`` of the threshold
   checks; a level is ``{"concurrency", "output_tok_s", "ttft_s": {"median"|"p50", "p90",
@@ -29,6 +32,7 @@ class BusbwSeries:
     node: str | None
     points: list[tuple[int, float, float | None]]  # (bytes, busbw GB/s, algbw GB/s)
     threshold: float | None
+    collective: str = "all_reduce"
 
     @property
     def peak(self) -> float:
@@ -38,6 +42,20 @@ class BusbwSeries:
     def largest(self) -> float:
         """busbw at the largest message size: the steady-state figure the check judges."""
         return self.points[-1][1]
+
+
+@dataclass(frozen=True)
+class LatencySeries:
+    """Small-message time versus size (µs) and the profile's ceiling."""
+
+    label: str
+    node: str | None
+    points: list[tuple[int, float]]  # (bytes, µs)
+    threshold: float | None
+
+    @property
+    def best(self) -> float:
+        return min(p[1] for p in self.points)
 
 
 @dataclass(frozen=True)
@@ -74,6 +92,11 @@ class Figures:
     # Attached to a running cluster: the suite saw no load, so none is reported (a figure
     # that was not measured says so instead of showing the attach wait as a load time).
     attached: bool = False
+    latency: list[LatencySeries] = field(default_factory=list)
+
+    @property
+    def all_reduce(self) -> list[BusbwSeries]:
+        return [s for s in self.busbw if s.collective == "all_reduce"]
 
     def level(self, concurrency: int) -> SweepLevel | None:
         return next((lv for lv in self.sweep if lv.concurrency == concurrency), None)
@@ -131,7 +154,9 @@ def _label(check: dict[str, Any]) -> str:
 def busbw_series(doc: dict[str, Any]) -> list[BusbwSeries]:
     series = []
     for check, data in _extras(doc, "busbw_series"):
+        collective = "all_reduce"
         if isinstance(data, dict):  # checks/nccl.py BusbwSeries.to_dict(): {"points": [...]}
+            collective = str(data.get("collective") or collective)
             data = data.get("points")
         if not isinstance(data, list):
             continue
@@ -147,9 +172,31 @@ def busbw_series(doc: dict[str, Any]) -> list[BusbwSeries]:
         if points:
             series.append(
                 BusbwSeries(
-                    _label(check), check.get("node"), sorted(points), number(check.get("expected"))
+                    _label(check),
+                    check.get("node"),
+                    sorted(points),
+                    number(check.get("expected")),
+                    collective,
                 )
             )
+    return series
+
+
+def latency_series(doc: dict[str, Any]) -> list[LatencySeries]:
+    series = []
+    for check, data in _extras(doc, "latency_series"):
+        if not isinstance(data, dict) or not isinstance(data.get("points"), list):
+            continue
+        points = []
+        for row in data["points"]:
+            if not isinstance(row, dict):
+                continue
+            size, us = number(row.get("size_bytes")), number(row.get("time_us"))
+            if size is not None and us is not None and size > 0 and us >= 0:
+                points.append((int(size), us))
+        if points:
+            limit = number(data.get("max_latency_us"))
+            series.append(LatencySeries(_label(check), check.get("node"), sorted(points), limit))
     return series
 
 
@@ -222,6 +269,7 @@ def figures_of(doc: dict[str, Any]) -> Figures:
         timeline(doc),
         number(serving.get("ready_s")),
         attached=serving.get("launched") is False,
+        latency=latency_series(doc),
     )
 
 
@@ -229,8 +277,14 @@ def metrics_of(figures: Figures) -> dict[str, Metric]:
     """Flat named figures for the history: ``busbw``, ``tok_s@C``, ``ttft_p50@C``,
     ``ttft_p90@C``, ``tpot_p50@C``, ``tpot_p90@C``, ``load``, ``load.<phase>``."""
     out: dict[str, Metric] = {}
-    if figures.busbw:
-        out["busbw"] = Metric(round(max(s.largest for s in figures.busbw), 4), "GB/s", "higher")
+    if figures.all_reduce:
+        out["busbw"] = Metric(
+            round(max(s.largest for s in figures.all_reduce), 4), "GB/s", "higher"
+        )
+    gathers = [s for s in figures.busbw if s.collective == "all_gather"]
+    if gathers:
+        top = round(max(s.largest for s in gathers), 4)
+        out["busbw.all_gather"] = Metric(top, "GB/s", "higher")
     for lv in figures.sweep:
         if lv.output_tok_s is not None:
             out[f"tok_s@{lv.concurrency}"] = Metric(round(lv.output_tok_s, 3), "tok/s", "higher")
@@ -262,10 +316,10 @@ def spec_matches(spec: str, name: str) -> bool:
 def key_figures(figures: Figures) -> list[tuple[str, str]]:
     """The few figures an operator looks at first (terminal summary, HTML summary)."""
     out: list[tuple[str, str]] = []
-    if figures.busbw:
-        largest = max(s.largest for s in figures.busbw)
-        peak = max(s.peak for s in figures.busbw)
-        limits = sorted({s.threshold for s in figures.busbw if s.threshold is not None})
+    if figures.all_reduce:
+        largest = max(s.largest for s in figures.all_reduce)
+        peak = max(s.peak for s in figures.all_reduce)
+        limits = sorted({s.threshold for s in figures.all_reduce if s.threshold is not None})
         limit = f" (threshold {', '.join(f'{t:g}' for t in limits)})" if limits else ""
         text = f"{largest:.4g} GB/s at the largest message"
         if peak > largest * 1.001:
@@ -273,6 +327,11 @@ def key_figures(figures: Figures) -> list[tuple[str, str]]:
         out.append(("busbw", text + limit))
     else:
         out.append(("busbw", "not measured"))
+    if figures.latency:
+        best = min(s.best for s in figures.latency)
+        limits = sorted({s.threshold for s in figures.latency if s.threshold is not None})
+        limit = f" (ceiling {', '.join(f'{t:g}' for t in limits)} µs)" if limits else ""
+        out.append(("latency", f"{best:.4g} µs, the best small-message all-reduce{limit}"))
     for c in (1, 4):
         level = figures.level(c)
         text = "not measured"

@@ -23,7 +23,14 @@ if TYPE_CHECKING:
 
 EVIDENCE_CHARS = 20000
 VERDICT_TEXT = {"fail": "FAIL", "warn": "WARN", "pass": "PASS", "skip": "SKIP", "none": "-"}
-FIGURE_KEYS = ("busbw_series", "sweep", "throughput_sweep", "level", "startup_timeline")
+FIGURE_KEYS = (
+    "busbw_series",
+    "latency_series",
+    "sweep",
+    "throughput_sweep",
+    "level",
+    "startup_timeline",
+)
 
 STYLE = """<style>
 body{display:flex;flex-direction:column;align-items:stretch}

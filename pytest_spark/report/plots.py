@@ -11,7 +11,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_spark.report.figures import BusbwSeries, Figures, PhaseSpan, SweepLevel
+from pytest_spark.report.figures import (
+    BusbwSeries,
+    Figures,
+    LatencySeries,
+    PhaseSpan,
+    SweepLevel,
+)
 
 PHASE_LABELS = {
     "start": "start (containers, Ray, init)",
@@ -78,7 +84,7 @@ def _bytes_label(n: float) -> str:
 
 
 def busbw_plot(series: list[BusbwSeries]) -> Plot:
-    title = "NCCL all-reduce bus bandwidth vs message size"
+    title = "NCCL bus bandwidth vs message size (all-reduce, all-gather)"
     if not series:
         return Plot(
             "busbw",
@@ -123,6 +129,44 @@ def busbw_plot(series: list[BusbwSeries]) -> Plot:
         (9, 3.8),
         f"busbw {largest:.4g} GB/s at the largest message, {len(series)} series",
     )
+
+
+def latency_plot(series: list[LatencySeries]) -> Plot:
+    title = "NCCL small-message all-reduce time vs message size"
+    if not series:
+        return Plot(
+            "latency",
+            title,
+            None,
+            "no plot: no check attached a latency series "
+            "(the latency check did not run, or its sweep produced no result rows)",
+        )
+
+    def draw(fig: Any) -> None:
+        from matplotlib.ticker import FuncFormatter
+
+        ax = fig.add_subplot(1, 1, 1)
+        for s in series:
+            ax.plot(
+                [p[0] for p in s.points],
+                [p[1] for p in s.points],
+                marker="o",
+                markersize=3,
+                label=_safe(f"time {s.label}"),
+            )
+        for t in sorted({s.threshold for s in series if s.threshold is not None}):
+            ax.axhline(t, color="#d62728", linestyle="--", linewidth=1.2, label=f"ceiling {t:g} us")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: _bytes_label(v)))
+        ax.set_xlabel("message size (bytes)")
+        ax.set_ylabel("time per all-reduce (us)")
+        ax.grid(True, alpha=0.3)
+        ax.legend(loc="best", fontsize=8)
+        ax.set_title(title, fontsize=10)
+
+    best = min(s.best for s in series)
+    return _guard("latency", title, draw, (9, 3.8), f"best {best:.4g} us, {len(series)} series")
 
 
 def throughput_plot(levels: list[SweepLevel]) -> Plot:
@@ -260,6 +304,7 @@ def timeline_plot(spans: list[PhaseSpan], ready_s: float | None = None) -> Plot:
 def all_plots(figures: Figures) -> list[Plot]:
     return [
         busbw_plot(figures.busbw),
+        latency_plot(figures.latency),
         throughput_plot(figures.sweep),
         timeline_plot(figures.timeline, figures.ready_s),
     ]

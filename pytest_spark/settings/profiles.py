@@ -52,6 +52,17 @@ class NcclSection:
 
 
 @dataclass(frozen=True)
+class CollectivesSection:
+    """``[collectives]``: the sweeps run in the all-reduce's launch (tests_infra/test_nccl.py):
+    all_gather's busbw floor as a share of ``nccl.min_busbw_gbps`` (so a lowered all-reduce
+    floor lowers it too) and the small-message latency sweep and its ceiling."""
+
+    all_gather_busbw_ratio: float = 0.85
+    max_latency_us: float | None = None  # best small-message all-reduce time; None: not checked
+    latency_max_bytes: int = 1048576  # the latency sweep runs 8 B..this
+
+
+@dataclass(frozen=True)
 class PreflightSection:
     """``[preflight]``: per-node checks before anything is launched."""
 
@@ -150,6 +161,7 @@ Section = (
     | ThroughputSection
     | ToolCallsSection
     | ReasoningSection
+    | CollectivesSection
 )
 
 
@@ -168,6 +180,7 @@ class Profile:
     tool_calls: ToolCallsSection
     reasoning: ReasoningSection
     memory: MemorySection
+    collectives: CollectivesSection = field(default_factory=CollectivesSection)
     overridden: frozenset[str] = field(default_factory=frozenset)
 
     def value(self, key: str) -> object:
@@ -392,4 +405,5 @@ def load_profile(ref: str) -> Profile:
         tool_calls=ToolCallsSection(**given("tool_calls")),
         reasoning=ReasoningSection(**given("reasoning")),
         memory=MemorySection(**given("memory")),
+        collectives=CollectivesSection(**given("collectives")),
     )

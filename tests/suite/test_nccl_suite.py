@@ -22,6 +22,16 @@ def test_healthy_fabric_passes_and_records_the_series(sim: SimCluster, tmp_path:
     assert 0.18 <= busbw["measured"] <= 0.27  # 2 Gbit/s tbf = 0.25 GB/s
     series = busbw["extra"]["busbw_series"]
     assert series and series["points"][-1]["busbw_gbps"] > 0
+    # the same launch's all-gather (nccl-tests' (n-1)/n busbw) and latency sweeps
+    gather = run.checks(nodeid="tests_infra/test_nccl.py::test_allgather_busbw")[0]
+    assert gather["outcome"] == "passed", gather
+    assert gather["extra"]["busbw_series"]["collective"] == "all_gather"
+    assert 0.1 <= gather["measured"] <= 0.27
+    latency = run.checks(nodeid="tests_infra/test_nccl.py::test_small_message_latency")[0]
+    assert latency["outcome"] == "passed", latency
+    points = latency["extra"]["latency_series"]["points"]
+    assert [p["size_bytes"] for p in points] == [8 << k for k in range(18)]  # 8 B..1 MiB
+    assert 0 < latency["measured"] <= 5000
 
 
 def test_degraded_link_fails_busbw_with_the_figures(sim: SimCluster, tmp_path: Path) -> None:

@@ -1,0 +1,179 @@
+"""The RoCE GID index NCCL uses: a RoCE v2 GID on every fabric HCA, the same on every node.
+
+Pure: GID tables read from sysfs (:mod:`pytest_spark.parsers.roce_gid`) and the node's NCCL
+environment in, :class:`Finding` out. The index is the one NCCL itself would use
+(``NCCL_IB_GID_INDEX``, or NCCL's auto-selection when it is unset or -1:
+:func:`pytest_spark.parsers.roce_gid.nccl_gid_index`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from pytest_spark.checks.base import Finding
+from pytest_spark.parsers.roce_gid import GidEntry, GidTable, nccl_gid_index
+
+__all__ = ["GidChoice", "check_gid_same", "check_gid_v2", "gid_choices"]
+
+SYSFS = "/sys/class/infiniband/{dev}/ports/{port}/gid_attrs/types/{idx}"
+
+
+@dataclass(frozen=True)
+class GidChoice:
+    """The GID NCCL uses on one HCA of one node."""
+
+    dev: str
+    port: int
+    index: int
+    forced: bool  # NCCL_IB_GID_INDEX set
+    entry: GidEntry
+
+    @property
+    def ok(self) -> bool:
+        return self.entry.roce_version == 2 and self.entry.valid
+
+    def text(self) -> str:
+        how = "NCCL_IB_GID_INDEX" if self.forced else "auto-selected"
+        return (
+            f"{self.dev} port {self.port}: index {self.index} ({how}) = {self.entry.gid} "
+            f"{self.entry.type or '(no GID type)'}"
+        )
+
+
+def gid_choices(
+    tables: Mapping[str, GidTable], env: Mapping[str, str] | None, devs: Sequence[str]
+) -> dict[str, GidChoice | None]:
+    """``{dev: the GID NCCL uses there}`` for each fabric HCA (None: no GID table)."""
+    out: dict[str, GidChoice | None] = {}
+    for dev in devs:
+        table = tables.get(dev)
+        if table is None:
+            out[dev] = None
+            continue
+        index, forced = nccl_gid_index(table, env)
+        out[dev] = GidChoice(dev, table.port, index, forced, table.entry(index))
+    return out
+
+
+def _v2_index(table: GidTable) -> GidEntry | None:
+    """The RoCE v2 GID of an IPv4 address on this port, if the table has one."""
+    for e in table.entries:
+        if e.roce_version == 2 and e.valid and e.family == "AF_INET":
+            return e
+    return None
+
+
+def check_gid_v2(
+    node: str,
+    tables: Mapping[str, GidTable] | None,
+    env: Mapping[str, str] | None,
+    devs: Sequence[str],
+) -> Finding:
+    """On every fabric HCA of ``node``, the GID index NCCL uses resolves to a RoCE v2 GID."""
+    expected = "RoCE v2 GID"
+    if tables is None:
+        return Finding.failed(
+            "no /sys/class/infiniband",
+            expected,
+            node=node,
+            message=f"{node}: /sys/class/infiniband does not exist, expected a RoCE v2 GID on "
+            f"{', '.join(devs)}: the RDMA drivers are not loaded, so NCCL cannot use RoCE. "
+            "Load them (modprobe mlx5_ib) and check ibdev2netdev lists the fabric twins.",
+        )
+    choices = gid_choices(tables, env, devs)
+    bad = []
+    for dev, choice in choices.items():
+        table = tables.get(dev)
+        if choice is None or table is None:
+            bad.append(
+                f"{dev}: no GID table in /sys/class/infiniband/{dev}/ports/*/gids (HCA "
+                "missing or without addresses); expected a RoCE v2 GID. Check ibdev2netdev "
+                "and that the fabric interface has its IPv4 address."
+            )
+            continue
+        if choice.ok:
+            continue
+        path = SYSFS.format(dev=dev, port=choice.port, idx=choice.index)
+        v2 = _v2_index(table)
+        measured = (
+            f"{dev}: NCCL's GID index {choice.index} "
+            f"({'NCCL_IB_GID_INDEX' if choice.forced else 'auto-selected'}) resolves to "
+            f"{choice.entry.gid} {choice.entry.type or '(no type: empty entry)'} ({path})"
+        )
+        if choice.forced and v2 is not None:
+            fix = (
+                f"set NCCL_IB_GID_INDEX={v2.index} (the RoCE v2 GID of {v2.ipv4}) or unset it "
+                "(NCCL then picks the RoCE v2 IPv4 GID itself)."
+            )
+        elif choice.forced:
+            fix = (
+                "and this port has no RoCE v2 GID of an IPv4 address at all: give the fabric "
+                "interface its address, check the RoCE mode (cma_roce_mode -d "
+                f"{dev} -p {choice.port}; set -m 2), then set NCCL_IB_GID_INDEX to that GID's "
+                "index or unset it."
+            )
+        else:
+            fix = (
+                "no RoCE v2 GID of an IPv4 address on this port, so NCCL falls back to "
+                "RoCE v1 (not routable; a peer on v2 cannot connect). Usually the RoCE mode "
+                f"is v1 (cma_roce_mode -d {dev} -p {choice.port}; set -m 2) or the fabric "
+                "interface lost its IPv4 address (each address adds a v1 and a v2 GID)."
+            )
+        bad.append(f"{measured}, expected {expected}: {fix}")
+    evidence = {f"{dev} GID table": tables[dev].describe() for dev in devs if dev in tables}
+    if bad:
+        return Finding.failed(
+            "; ".join(
+                c.text() if c is not None else f"{d}: no GID table" for d, c in choices.items()
+            ),
+            expected,
+            node=node,
+            message=f"{node}: " + f"\n{node}: ".join(bad),
+            evidence=evidence,
+        )
+    summary = "; ".join(c.text() for c in choices.values() if c is not None)
+    return Finding("pass", summary, expected, None, f"{node}: {summary}", node, evidence)
+
+
+def check_gid_same(choices: Mapping[str, Mapping[str, GidChoice | None]], head: str) -> Finding:
+    """NCCL's GID index is the same on every node, HCA by HCA (compared with the head).
+    Give only the nodes whose own GID resolves to RoCE v2: an odd one's check names it."""
+    where = "cluster"
+    ref = choices.get(head)
+    if ref is None:
+        return Finding.passed(
+            None, "same GID index", node=where,
+            message=f"{where}: {head}'s GID index is not known (its own check has it); "
+            "nothing to compare with",
+        )  # fmt: skip
+    odd = []
+    for node, mine in choices.items():
+        if node == head:
+            continue
+        for dev, theirs in mine.items():
+            want = ref.get(dev)
+            if want is None or theirs is None or theirs.index == want.index:
+                continue
+            odd.append(
+                f"{node} {dev}: GID index {theirs.index} ({theirs.entry.gid}), {head}: "
+                f"{want.index} ({want.entry.gid})"
+            )
+    expected = "the head's index on every node"
+    if odd:
+        return Finding.failed(
+            "; ".join(odd),
+            expected,
+            node=odd[0].split(" ", 1)[0],
+            message=f"{where}: NCCL's RoCE GID index differs between nodes: "
+            + "; ".join(odd)
+            + ", expected the same index on every node. Set NCCL_IB_GID_INDEX to one value "
+            "on every node (launch-cluster.sh's .env or -e) or unset it everywhere; a "
+            "different auto-selected index means a different GID table (an extra address "
+            "or VLAN on one node's fabric interface).",
+        )
+    nodes = ", ".join(choices)
+    indexes = ", ".join(f"{d}={c.index}" for d, c in ref.items() if c is not None)
+    return Finding.passed(
+        indexes, expected, node=where, message=f"{where}: GID index {indexes} on {nodes}"
+    )

@@ -1,0 +1,96 @@
+"""Each node's ``/sys/class/infiniband``: the RDMA devices' GID tables, as NCCL reads them.
+
+A ConnectX port's GID table lists, per address of its netdev, one ``IB/RoCE v1`` and one
+``RoCE v2`` GID: index 0/1 the link-local address (``fe80::`` + the port GUID ibstat
+prints), 2/3 the fabric IPv4 address as an IPv4-mapped GID (``::ffff:198.19.0.1``); the
+other entries of the table (255 on a ConnectX-7) are all zero and their type cannot be
+read. The tree lives in DIR/nodes/<name>/infiniband and is bound over
+``/sys/class/infiniband`` in the node's mount namespace (node.py): the node's sysfs has
+no RDMA class, so ``/sys/class`` becomes a tmpfs holding a bind of every real class
+directory plus this one, and ``cat`` or ``grep`` on the node read it where they would on a
+Spark.
+
+Fault ``gid-v1 NODE [--empty]``: the RoCE v2 GID of each fabric twin's address becomes
+``IB/RoCE v1`` (a port in RoCE v1 mode: NCCL's auto-selection then lands on a v1 GID), or
+with ``--empty`` the IPv4 GIDs vanish (the address gone from the GID table). ``clear``
+writes the healthy tables again.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import shlex
+from pathlib import Path
+
+from .topology import ALL_PORTS, NodeSpec
+
+DIRNAME = "infiniband"
+TABLE_LEN = 255  # gid_tbl_len of a ConnectX-7 RoCE port
+ZERO = "0000:0000:0000:0000:0000:0000:0000:0000"
+V1, V2 = "IB/RoCE v1", "RoCE v2"
+KIND = "gid-v1"
+
+
+def tree(node_dir: Path) -> Path:
+    return node_dir / DIRNAME
+
+
+def _port_guid(node: NodeSpec, dev: str) -> int:
+    """ibstat's Port GUID of ``dev`` (tools/ports.py guid, with the port bit ibstat sets)."""
+    devs = [d for d, _ in ALL_PORTS]
+    name = sum(ord(c) for c in node.name) & 0xFFFF
+    node_guid = (0x58A2E1 << 40) | (0x03 << 32) | (name << 8) | devs.index(dev)
+    return node_guid ^ 0x0200_0000_0000_0000
+
+
+def _gid(addr: ipaddress.IPv6Address) -> str:
+    h = addr.packed.hex()
+    return ":".join(h[i : i + 4] for i in range(0, 32, 4))
+
+
+def entries(node: NodeSpec, dev: str, mode: str = "healthy") -> list[tuple[str, str]]:
+    """``[(gid, type)]`` by index for one device: ``healthy``, ``v1`` (v2 entry typed v1)
+    or ``empty`` (no IPv4 GIDs)."""
+    guid = _port_guid(node, dev)
+    link_local = _gid(ipaddress.IPv6Address((0xFE80 << 112) | guid))
+    out = [(link_local, V1), (link_local, V2)]
+    addr = next((p.addr for p in node.fabric if p.dev == dev), None)
+    if addr is not None and mode != "empty":
+        mapped = _gid(ipaddress.IPv6Address(f"::ffff:{addr}"))
+        out += [(mapped, V1), (mapped, V1 if mode == "v1" else V2)]
+    return out
+
+
+def write(node_dir: Path, node: NodeSpec, mode: str = "healthy") -> None:
+    """(Re)write the node's tree: every RDMA device, port 1, its whole GID table."""
+    for dev, _ in ALL_PORTS:
+        port = tree(node_dir) / dev / "ports" / "1"
+        gids, types = port / "gids", port / "gid_attrs" / "types"
+        gids.mkdir(parents=True, exist_ok=True)
+        types.mkdir(parents=True, exist_ok=True)
+        table = entries(node, dev, mode if any(p.dev == dev for p in node.fabric) else "healthy")
+        for i in range(TABLE_LEN):
+            gid, kind = table[i] if i < len(table) else (ZERO, None)
+            (gids / str(i)).write_text(gid + "\n")
+            t = types / str(i)
+            if kind is None:
+                t.unlink(missing_ok=True)
+            else:
+                t.write_text(kind + "\n")
+
+
+def mount_steps(node_dir: Path) -> list[str]:
+    """Shell steps (after the node's sysfs is mounted on /sys) that lay the tree at
+    /sys/class/infiniband: /sys/class as a tmpfs of binds, the real classes kept."""
+    q = shlex.quote
+    park = q(str(node_dir / "sysclass"))
+    src = q(str(tree(node_dir)))
+    return [
+        f"mkdir -p {park}",
+        f"mount --bind /sys/class {park}",
+        "mount -t tmpfs -o mode=755,nosuid,nodev,noexec sparksim-sysclass /sys/class",
+        f'for c in {park}/*; do n="${{c##*/}}"; mkdir "/sys/class/$n" && '
+        f'mount --bind "$c" "/sys/class/$n" || exit 1; done',
+        f"mkdir /sys/class/{DIRNAME}",
+        f"mount --bind {src} /sys/class/{DIRNAME}",
+    ]
