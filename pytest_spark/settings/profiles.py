@@ -111,6 +111,15 @@ class ReasoningSection:
     request_timeout_s: float = 300.0
 
 
+@dataclass(frozen=True)
+class StructuredOutputSection:
+    """``[structured_output]``: response_format (json_schema, json_object) answers."""
+
+    expected: bool = True  # false: the server is not asked to honour response_format
+    max_tokens: int = 512  # room for the whole JSON (after any reasoning)
+    request_timeout_s: float = 180.0
+
+
 Section = (
     LinkSection
     | NcclSection
@@ -119,6 +128,7 @@ Section = (
     | ThroughputSection
     | ToolCallsSection
     | ReasoningSection
+    | StructuredOutputSection
 )
 
 
@@ -135,6 +145,7 @@ class Profile:
     throughput: ThroughputSection
     tool_calls: ToolCallsSection
     reasoning: ReasoningSection
+    structured_output: StructuredOutputSection = field(default_factory=StructuredOutputSection)
     overridden: frozenset[str] = field(default_factory=frozenset)
 
     def value(self, key: str) -> object:
@@ -357,4 +368,5 @@ def load_profile(ref: str) -> Profile:
         throughput=ThroughputSection(**given("throughput")),
         tool_calls=ToolCallsSection(**given("tool_calls")),
         reasoning=ReasoningSection(**given("reasoning")),
+        structured_output=StructuredOutputSection(**given("structured_output")),
     )
