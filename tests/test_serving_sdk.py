@@ -10,6 +10,7 @@ import json
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -257,3 +258,42 @@ def test_reasoning_left_in_content_is_named_as_such() -> None:
     assert not finding.ok
     assert "reasoning was not separated" in finding.message
     assert "ignored" not in finding.message
+
+
+# --- recorded real vLLM 0.32 answers (tests/emulator/transcripts): the SDK types them ------
+
+TRANSCRIPTS = Path(__file__).resolve().parent / "emulator" / "transcripts"
+RECORDED = sorted(
+    p
+    for d in TRANSCRIPTS.iterdir()
+    if d.is_dir()
+    for p in d.iterdir()
+    if p.name.startswith(("chat", "tools_"))
+)
+
+
+def recorded(path: Path) -> tuple[dict[str, Any], str, str]:
+    """(request body, content type, response body) of one transcript."""
+    head, _, rest = path.read_text().partition("\n--- HTTP ")
+    request = json.loads(head.partition("\n")[2])
+    header_block, _, body = rest.partition("\n")[2].partition("\n\n")
+    headers = dict(h.split(": ", 1) for h in header_block.splitlines() if ": " in h)
+    return request, headers.get("content-type", "application/json"), body
+
+
+@pytest.mark.parametrize("path", RECORDED, ids=[f"{p.parent.name}/{p.stem}" for p in RECORDED])
+def test_recorded_vllm_answers_parse_strictly(server: Server, sdk: SdkClient, path: Path) -> None:
+    """Strict validation accepts what real vLLM sends (the SDK check must not fail a
+    healthy server), and the SDK's turn is the raw client's."""
+    request, ctype, body = recorded(path)
+    streamed = bool(request.get("stream"))
+    server.reply = (200, ctype, [body])
+    turn = sdk.turn(request, streamed)
+    ex = Exchange("POST", "u")
+    if streamed:
+        events = [line[6:] for line in body.splitlines() if line.startswith("data: ")]
+        raw = assemble([json.loads(e) for e in events if e != "[DONE]"], ex)
+    else:
+        raw = from_response(json.loads(body), ex)
+    assert (turn.content, turn.finish_reason) == (raw.content, raw.finish_reason)
+    assert compare_sdk(raw, turn, path.stem, what="calls").ok

@@ -34,6 +34,7 @@ from pytest_spark.serving import (
     ServingError,
     Turn,
     TurnCache,
+    auto_declined,
     check_auto_refused,
     check_reasoning,
     check_tool_calls,
@@ -163,6 +164,12 @@ def test_sdk_tool_call(
         )
     body = tool_turns.body(mode, False)
     turn = _sdk_turn(request, sdk, spark_check, body, streamed, label, raw, raw_name)
+    declined = auto_declined(turn, req)
+    if not tool_turns.auto_emits_calls and declined is not None:
+        pytest.skip(
+            f"model does not emit tool calls under auto: {declined}; profile "
+            f"{tool_turns.profile} has tool_calls.auto_emits_calls = false"
+        )
     finding = check_tool_calls(turn, req, server=sdk.server, parser=tool_turns.parser)
     if not finding.ok and isinstance(raw, Turn):
         raw_finding = check_tool_calls(raw, req, parser=tool_turns.parser)
@@ -173,11 +180,6 @@ def test_sdk_tool_call(
                 or cited_verdict(raw_name, label, raw_finding)
             )
             pytest.skip(cited)
-    if not tool_turns.auto_emits_calls and mode == "auto" and not turn.tool_calls:
-        pytest.skip(
-            f"model does not emit tool calls under auto; profile {tool_turns.profile} has "
-            "tool_calls.auto_emits_calls = false"
-        )
     spark_check.require(finding)
     if isinstance(raw, Turn) and check_tool_calls(raw, req).ok:
         spark_check.require(compare_sdk(raw, turn, label, what="calls", server=sdk.server))
