@@ -43,6 +43,7 @@ MARKERS = {
     "tool_calls": "tool-call parsing end to end",
     "reasoning": "reasoning separation end to end",
     "throughput": "tokens/sec and latency against the profile",
+    "structured_output": "response_format (json_schema, json_object) answers end to end",
 }
 SIM_INFO = "spark_sim_cluster_json"
 RUN_DIR = "spark_run_dir"

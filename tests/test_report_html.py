@@ -19,6 +19,8 @@ from report_fakes import (
     run_pytest,
 )
 
+from pytest_spark.report.results import CATEGORIES
+
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory: pytest.TempPathFactory) -> tuple[SuiteRun, Path]:
@@ -63,7 +65,7 @@ def test_summary_table_per_category_and_node(report: tuple[SuiteRun, Path]) -> N
     assert "FAIL<br><small>1 passed, 1 failed" in row["readiness"]
     assert "SKIP" in row["tool_calls"]
     assert row["preflight"].count("spark-none") == 3
-    assert len(cells) == 7 * 4
+    assert len(cells) == len(CATEGORIES) * 4  # every category, also one with no check
     assert "Verdict: FAIL (2 of 8 checks failed)" in text
     # the summary is drawn before the environment table (CSS order) and is at the top
     assert "body>.summary{order:1}" in text

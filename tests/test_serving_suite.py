@@ -26,7 +26,7 @@ import httpx
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-MARKERS = "tool_calls or reasoning or throughput"
+MARKERS = "tool_calls or reasoning or throughput or structured_output"
 SHAPE = (
     "throughput.output_tokens=16,throughput.prompt_tokens=64,"
     "throughput.concurrency=1;4,throughput.min_requests=2,"
@@ -71,7 +71,31 @@ THROUGHPUT = {
 }
 # The command-line verdicts: read from --spark-serve-args here (no container to inspect).
 VERDICTS = {"test_server_has_tool_parser", "test_server_has_reasoning_parser"}
-ALL = TOOL_PLAIN | TOOL_STREAM | AUTO_ENABLED | R_PLAIN | R_STREAM | THROUGHPUT | VERDICTS
+# Structured output (raw client) and the same questions through the openai SDK.
+STRUCT = {
+    f"test_structured_output[{k}-{s}]"
+    for k in ("json_schema", "json_object")
+    for s in ("plain", "stream")
+}
+SDK_TOOL_PLAIN = {f"test_sdk_tool_call[{m}-plain]" for m in ("auto", "required", "named")}
+SDK_TOOL_STREAM = {t.replace("plain", "stream") for t in SDK_TOOL_PLAIN}
+SDK_REASONING = {"test_sdk_reasoning[plain]", "test_sdk_reasoning[stream]"}
+SDK_STRUCT = {t.replace("test_", "test_sdk_") for t in STRUCT}
+SDK_STRUCT_PLAIN = {t for t in SDK_STRUCT if t.endswith("-plain]")}
+STRUCT_PLAIN = {t for t in STRUCT if t.endswith("-plain]")}
+STRUCT_STREAM = STRUCT - STRUCT_PLAIN
+SDK = SDK_TOOL_PLAIN | SDK_TOOL_STREAM | SDK_REASONING | SDK_STRUCT
+ALL = (
+    TOOL_PLAIN
+    | TOOL_STREAM
+    | AUTO_ENABLED
+    | R_PLAIN
+    | R_STREAM
+    | THROUGHPUT
+    | VERDICTS
+    | STRUCT
+    | SDK
+)
 THEN_TOOL = {"test_reasoning_then_tool_call[plain]", "test_reasoning_then_tool_call[stream]"}
 # The engine answers every request with 500: the API fixture's one-token probe finds it.
 # test_cluster_serving is not selected here (-m without readiness), so every check fails
@@ -84,9 +108,12 @@ EXPECTED: dict[str, tuple[set[str], str]] = {
     "slow-decode": ({"test_decode_single_stream"}, "tok/s"),
     "http-5xx": (ALL, "HTTP 500"),
     "worker-death": (ALL, "HTTP 500"),
-    "malformed-sse": (TOOL_STREAM | R_STREAM | THROUGHPUT, "is not valid JSON"),
-    "truncated-stream": (TOOL_STREAM | R_STREAM | THROUGHPUT, "without data: [DONE]"),
-    "invalid-json-body": (TOOL_PLAIN | AUTO_ENABLED | R_PLAIN, "body is not JSON"),
+    "malformed-sse": (TOOL_STREAM | R_STREAM | THROUGHPUT | STRUCT_STREAM, "is not valid JSON"),
+    "truncated-stream": (
+        TOOL_STREAM | R_STREAM | THROUGHPUT | STRUCT_STREAM,
+        "without data: [DONE]",
+    ),
+    "invalid-json-body": (TOOL_PLAIN | AUTO_ENABLED | R_PLAIN | STRUCT_PLAIN, "body is not JSON"),
     # under auto only (required and named calls come from guided decoding): one verdict
     "tool-in-content": ({"test_tool_call[auto-plain]"}, "left in content"),
     # one verdict per broken behaviour; its dependents skip citing it (CITED)
@@ -105,6 +132,11 @@ EXPECTED: dict[str, tuple[set[str], str]] = {
     "think-in-content": ({"test_reasoning_separated[plain]"}, "</think> leaked into content"),
     "reasoning-in-content": ({"test_reasoning_separated[plain]"}, "content"),
     "answer-in-reasoning": ({"test_thinking_disabled[plain]"}, "the answer landed in reasoning"),
+    # one verdict: the json_schema non-streaming answer; the other formats skip citing it
+    "response-format-ignored": (
+        {"test_structured_output[json_schema-plain]"},
+        "the server ignored response_format: content is not JSON but text",
+    ),
 }
 
 
@@ -147,6 +179,39 @@ CITED: dict[str, tuple[set[str], str]] = {
         "the same failure as test_thinking_disabled[plain]: enable_thinking false "
         "(non-streaming): the answer landed in reasoning",
     ),
+}
+CITED["response-format-ignored"] = (
+    (STRUCT | SDK_STRUCT) - {"test_structured_output[json_schema-plain]"},
+    "the same failure as test_structured_output[json_schema-plain]: response_format "
+    "json_schema, non-streaming: the server ignored response_format",
+)
+# fault -> the new checks (structured output, the SDK's) that skip citing their raw twin or
+# the verdict that owns the failure (one failure, there); and the words each skip says
+SEPARATED_CITED = "(test_reasoning_separated[plain] has the evidence)"
+SAME_WAY = "the raw request failed the same way: POST http://127.0.0.1:"
+SDK_STREAM = SDK_TOOL_STREAM | {"test_sdk_reasoning[stream]"} | (SDK_STRUCT - SDK_STRUCT_PLAIN)
+SDK_CITED: dict[str, tuple[set[str], str]] = {
+    "malformed-sse": (SDK_STREAM, SAME_WAY),
+    "truncated-stream": (SDK_STREAM, SAME_WAY),
+    "invalid-json-body": (
+        SDK_TOOL_PLAIN | {"test_sdk_reasoning[plain]"} | SDK_STRUCT_PLAIN,
+        SAME_WAY,
+    ),
+    "tool-in-content": (
+        {"test_sdk_tool_call[auto-plain]", "test_sdk_tool_call[auto-stream]"},
+        "(test_tool_call[auto-plain] has the evidence)",
+    ),
+    "tool-args-unstreamed": (
+        SDK_TOOL_STREAM,
+        "the streamed tool-call arguments never came: call 0 (get_weather, header at chunk",
+    ),
+    "tool-param-leak": (
+        {"test_sdk_tool_call[auto-plain]", "test_sdk_tool_call[auto-stream]"},
+        "the same failure as test_tool_call[auto-",
+    ),
+    "tool-args-strings": (SDK_TOOL_PLAIN | SDK_TOOL_STREAM, "the same failure as test_tool_call["),
+    "think-in-content": (SDK_REASONING | STRUCT | SDK_STRUCT, SEPARATED_CITED),
+    "reasoning-in-content": (SDK_REASONING | STRUCT | SDK_STRUCT, SEPARATED_CITED),
 }
 SERVE = "vllm serve /models/qwen --served-model-name qwen --max-model-len 8192"
 FLAGS = "--reasoning-parser qwen3 --tool-call-parser qwen3_coder --enable-auto-tool-choice"
@@ -344,12 +409,20 @@ def test_suite_on_emulator(runs: dict[str, Run | Exception], fault: str) -> None
         f"{sorted(must_fail - run.failed())}\n{run.output[-4000:]}"
     )
     cited, because = CITED.get(fault, (set(), ""))
+    sdk_cited, sdk_because = SDK_CITED.get(fault, (set(), ""))
     skipped = {k for k, c in run.checks.items() if c["outcome"] == "skipped"}
-    assert skipped == cited, run.output[-3000:]
+    assert skipped == cited | sdk_cited, (
+        f"unexpected skips {sorted(skipped - cited - sdk_cited)}, missing skips "
+        f"{sorted((cited | sdk_cited) - skipped)}\n{run.output[-3000:]}"
+    )
     for name in cited:
         assert because in run.checks[name]["message"], (name, run.checks[name]["message"])
+    for name in sdk_cited:
+        assert sdk_because in run.checks[name]["message"], (name, run.checks[name]["message"])
     assert all(
-        c["outcome"] == "passed" for k, c in run.checks.items() if k not in must_fail | cited
+        c["outcome"] == "passed"
+        for k, c in run.checks.items()
+        if k not in must_fail | cited | sdk_cited
     )
     for name in must_fail:
         check = run.checks[name]
@@ -383,6 +456,7 @@ AUTO = {
     "test_parallel_tool_calls[plain]",
     "test_parallel_tool_calls[stream]",
 }
+SDK_AUTO = {"test_sdk_tool_call[auto-plain]", "test_sdk_tool_call[auto-stream]"}
 NO_FLAGS: dict[str, tuple[dict[str, str], set[str]]] = {
     # profile expects both parsers: one failure per missing parser, quoting the command
     # line; every check that needs the parser skips citing it
@@ -396,10 +470,13 @@ NO_FLAGS: dict[str, tuple[dict[str, str], set[str]]] = {
             f"profile sim expects the model's thinking in the reasoning field: without a parser "
             f"it stays in content. Read from --spark-serve-args: {SERVE}.",
         },
-        AUTO | AUTO_ENABLED | R_PLAIN | R_STREAM,
+        AUTO | AUTO_ENABLED | R_PLAIN | R_STREAM | SDK_AUTO | SDK_REASONING,
     ),
     # profile says neither is expected: every check that cannot apply skips with the reason
-    "no-flags-lax": ({}, AUTO | AUTO_ENABLED | R_PLAIN | R_STREAM | VERDICTS),
+    "no-flags-lax": (
+        {},
+        AUTO | AUTO_ENABLED | R_PLAIN | R_STREAM | VERDICTS | SDK_AUTO | SDK_REASONING,
+    ),
 }
 # what each skip says: the verdict it cites (no-flags), or why it cannot apply (lax)
 SKIP_SAYS = {

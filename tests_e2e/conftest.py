@@ -12,6 +12,7 @@ from pytest_spark.fixtures import verdict_in_session
 from pytest_spark.serving import ServingClient
 from pytest_spark.serving.canary import WireProbe
 from pytest_spark.serving.causes import STREAM_VERDICT, wire_cause, wire_verdict
+from pytest_spark.serving.formatturns import FormatTurns
 from pytest_spark.serving.toolturns import ToolTurns
 from pytest_spark.settings.resolve import Settings
 
@@ -50,3 +51,15 @@ def wire_cited(request: pytest.FixtureRequest) -> Callable[[str, str], str | Non
         return wire_cause(kind, message, probe.error(streamed=verdict == STREAM_VERDICT))
 
     return cited
+
+
+@pytest.fixture(scope="session")
+def format_turns(spark_api: ApiEndpoint, spark_settings: Settings) -> Iterator[FormatTurns]:
+    """The structured-output questions, each asked once per session (the raw checks and
+    the SDK's compare with them)."""
+    timeout = spark_settings.profile.structured_output.request_timeout_s
+    client = ServingClient(spark_api, timeout=timeout, idle_timeout=spark_api.timeout)
+    try:
+        yield FormatTurns(client, spark_settings)
+    finally:
+        client.close()

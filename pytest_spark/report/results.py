@@ -14,7 +14,16 @@ import pytest
 from pytest_spark.access.files import write_json
 from pytest_spark.checks.base import Finding
 
-CATEGORIES = ("preflight", "link", "nccl", "readiness", "tool_calls", "reasoning", "throughput")
+CATEGORIES = (
+    "preflight",
+    "link",
+    "nccl",
+    "readiness",
+    "tool_calls",
+    "reasoning",
+    "throughput",
+    "structured_output",
+)
 FINDING_PROP = "spark_finding"
 NODE_PROP = "spark_node"
 CATEGORY_PROP = "spark_category"

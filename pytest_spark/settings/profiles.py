@@ -151,6 +151,15 @@ class ReasoningSection:
     request_timeout_s: float = 300.0
 
 
+@dataclass(frozen=True)
+class StructuredOutputSection:
+    """``[structured_output]``: response_format (json_schema, json_object) answers."""
+
+    expected: bool = True  # false: the server is not asked to honour response_format
+    max_tokens: int = 512  # room for the whole JSON (after any reasoning)
+    request_timeout_s: float = 180.0
+
+
 Section = (
     LinkSection
     | NcclSection
@@ -162,6 +171,7 @@ Section = (
     | ToolCallsSection
     | ReasoningSection
     | CollectivesSection
+    | StructuredOutputSection
 )
 
 
@@ -181,6 +191,7 @@ class Profile:
     reasoning: ReasoningSection
     memory: MemorySection
     collectives: CollectivesSection = field(default_factory=CollectivesSection)
+    structured_output: StructuredOutputSection = field(default_factory=StructuredOutputSection)
     overridden: frozenset[str] = field(default_factory=frozenset)
 
     def value(self, key: str) -> object:
@@ -406,4 +417,5 @@ def load_profile(ref: str) -> Profile:
         reasoning=ReasoningSection(**given("reasoning")),
         memory=MemorySection(**given("memory")),
         collectives=CollectivesSection(**given("collectives")),
+        structured_output=StructuredOutputSection(**given("structured_output")),
     )

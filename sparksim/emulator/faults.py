@@ -41,6 +41,9 @@ RUN_FAULTS = {
     "think-in-content": "the </think> tag leaks into content",
     "reasoning-in-content": "reasoning lands in content, reasoning field null",
     "answer-in-reasoning": "with enable_thinking false the answer lands in reasoning",
+    # structured output (issue #16)
+    "response-format-ignored": "response_format (json_schema, json_object) is ignored: "
+    "the answer is plain text",
 }
 
 ALL_FAULTS = {**LOAD_FAULTS, **RUN_FAULTS}

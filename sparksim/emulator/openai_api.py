@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import errors as err
 from . import reasoning as rsn
+from . import structured as so
 from . import tokens as tok
 from . import toolcalls as tc
 from .config import version_tuple
@@ -180,6 +181,7 @@ def chat_completions(engine: Engine, raw: bytes, headers: dict[str, str], out: R
                 f"Value error, Tool '{name}' has not been passed in `tools`.",
                 body,
             )
+    so.requested(body)  # vLLM's 400 for a bad response_format, before any scheduling
     thinking = engine.reasoning_on and thinking_enabled(engine, body)
     rendered = tok.render_chat(
         messages, body.get("tools"), rsn.think_prefix(engine.reasoning_on, thinking)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from . import reasoning as rsn
+from . import structured as so
 from . import toolcalls as tc
 from .generation import (
     Plan,
@@ -78,7 +79,10 @@ def build_chat_plan(engine: Engine, body: dict[str, Any], prompt: str) -> Plan:
         plan.finish = "tool_calls"
     else:
         text = answer_text(prompt, after_tool)
-        if engine.knobs.answer_tokens > 0:
+        fmt = so.requested(body)
+        if fmt is not None and "response-format-ignored" not in faults:
+            text = so.answer(fmt, prompt, text)  # guided decoding: JSON the format allows
+        elif engine.knobs.answer_tokens > 0:
             text = exact_tokens(text, engine.knobs.answer_tokens)
         stop = body.get("stop")
         for s in [stop] if isinstance(stop, str) else (stop or []):

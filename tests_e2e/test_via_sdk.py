@@ -1,0 +1,279 @@
+"""Tool calls, reasoning and structured output through the ``openai`` SDK, as applications
+ask: ``OpenAI().chat.completions.create``, plain and streamed, with strict response
+validation (the SDK types every field).
+
+Each check asks the raw checks' question again through the SDK and asserts what the SDK
+parsed: typed tool-call deltas that assemble to the same call as the raw client's,
+``reasoning`` / ``reasoning_content`` reached where the SDK keeps it (``model_extra``), JSON
+that validates. A response the SDK cannot parse fails, naming the field and quoting the
+bytes. One root cause, one failure: where the raw check of the same request fails the same
+way (or the wire verdict's canary broke the same way), this one skips citing it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from pytest_spark.access.api import ApiEndpoint
+from pytest_spark.checks.base import Finding
+from pytest_spark.checks.server import (
+    REASONING_VERDICT,
+    TOOLS_VERDICT,
+    missing_reasoning_parser,
+    missing_tool_parser,
+)
+from pytest_spark.facts.server import ServerCommand
+from pytest_spark.fixtures import SparkCheck, verdict_in_session
+from pytest_spark.serving import (
+    MISCONFIGURED_TOOLS,
+    NO_REASONING_FIELD,
+    ServingClient,
+    ServingError,
+    Turn,
+    TurnCache,
+    auto_declined,
+    check_auto_refused,
+    check_reasoning,
+    check_tool_calls,
+)
+from pytest_spark.serving.causes import cited_verdict
+from pytest_spark.serving.formatturns import (
+    SEPARATION_VERDICT,
+    FormatTurns,
+    cited_ignored,
+    cited_reasoning_leak,
+)
+from pytest_spark.serving.sdk import SdkClient
+from pytest_spark.serving.sdkchecks import compare_sdk
+from pytest_spark.serving.structured import FORMATS, FormatKind, check_structured
+from pytest_spark.serving.tools import Mode
+from pytest_spark.serving.toolturns import (
+    ToolTurns,
+    cited_calls_in_content,
+    cited_unstreamed_arguments,
+)
+from pytest_spark.settings.resolve import Settings
+
+STREAMED = pytest.mark.parametrize("streamed", [False, True], ids=["plain", "stream"])
+# The raw reasoning check's question (tests_e2e/test_reasoning.py) and its verdict.
+REASONING_QUESTION = "What is 17 + 25? Think it through, then reply with the number only."
+SEED = 1234
+
+
+@pytest.fixture(scope="module")
+def sdk(spark_api: ApiEndpoint, spark_settings: Settings) -> Iterator[SdkClient]:
+    """The openai SDK client on the suite's endpoint, key and timeout; closed at the end."""
+    timeout = max(
+        spark_settings.profile.tool_calls.request_timeout_s,
+        spark_settings.profile.structured_output.request_timeout_s,
+    )
+    client = SdkClient(spark_api, timeout=timeout)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def _suffix(streamed: bool) -> str:
+    return "stream" if streamed else "plain"
+
+
+def _raw(ask: Any) -> Turn | ServingError:
+    try:
+        result: Turn = ask()
+    except ServingError as exc:
+        return exc
+    return result
+
+
+def _sdk_turn(
+    request: pytest.FixtureRequest,
+    sdk: SdkClient,
+    spark_check: SparkCheck,
+    body: dict[str, Any],
+    streamed: bool,
+    label: str,
+    raw: Turn | ServingError,
+    raw_name: str,
+) -> Turn:
+    """The SDK's turn, or the right verdict: a wire break the canary shows too skips citing
+    the wire verdict; a request the raw client lost the same way skips citing its check;
+    anything else (the SDK cannot parse what the raw client could) fails here."""
+    try:
+        return sdk.turn(body, streamed)
+    except ServingError as exc:
+        cited = request.getfixturevalue("wire_cited")(exc.kind, f"{label}: {exc.message}")
+        if cited is not None:
+            pytest.skip(cited)
+        if (
+            isinstance(raw, ServingError)
+            and raw.kind == exc.kind
+            and verdict_in_session(request.session, raw_name)
+        ):
+            pytest.skip(
+                f"{label}: the raw request failed the same way: {raw.message} "
+                f"({raw_name} has the evidence)"
+            )
+        spark_check.require(exc.finding(f"{sdk.server}: {label}", "a response the SDK parses"))
+        raise AssertionError("unreachable") from exc
+
+
+def _require_both(
+    spark_check: SparkCheck, own: Finding, raw: Turn, sdk_turn: Turn, label: str, what: str
+) -> None:
+    spark_check.require(own)
+    spark_check.require(compare_sdk(raw, sdk_turn, label, what=what, server=""))
+
+
+# --- tool calls ---------------------------------------------------------------------------
+
+
+@pytest.mark.tool_calls
+@STREAMED
+@pytest.mark.parametrize("mode", ["auto", "required", "named"])
+def test_sdk_tool_call(
+    request: pytest.FixtureRequest,
+    tool_turns: ToolTurns,
+    sdk: SdkClient,
+    spark_check: SparkCheck,
+    mode: Mode,
+    streamed: bool,
+) -> None:
+    """The SDK's typed tool calls (streamed: its typed deltas, assembled) are one valid
+    call of get_weather, the same call the raw client read."""
+    req = tool_turns.request(mode, streamed)
+    label = f"openai SDK, {req.label}"
+    raw_name = f"test_tool_call[{mode}-{_suffix(streamed)}]"
+    raw = _raw(lambda: tool_turns.turn(mode, streamed))
+    if (
+        isinstance(raw, ServingError)
+        and raw.error is not None
+        and raw.status is not None
+        and check_auto_refused(raw.status, raw.error, {}) is not None
+    ):
+        missing = None
+        if verdict_in_session(request.session, TOOLS_VERDICT):
+            missing = missing_tool_parser(tool_turns.server_command, expected=tool_turns.expected)
+        pytest.skip(
+            missing
+            or f"{MISCONFIGURED_TOOLS}: tool_choice=auto refused with HTTP 400 "
+            "(reported by test_auto_tool_choice_enabled)"
+        )
+    body = tool_turns.body(mode, False)
+    turn = _sdk_turn(request, sdk, spark_check, body, streamed, label, raw, raw_name)
+    declined = auto_declined(turn, req)
+    if not tool_turns.auto_emits_calls and declined is not None:
+        pytest.skip(
+            f"model does not emit tool calls under auto: {declined}; profile "
+            f"{tool_turns.profile} has tool_calls.auto_emits_calls = false"
+        )
+    finding = check_tool_calls(turn, req, server=sdk.server, parser=tool_turns.parser)
+    if not finding.ok and isinstance(raw, Turn):
+        raw_finding = check_tool_calls(raw, req, parser=tool_turns.parser)
+        if not raw_finding.ok and verdict_in_session(request.session, raw_name):
+            cited = (
+                cited_calls_in_content(request, tool_turns, raw, req)
+                or cited_unstreamed_arguments(request, tool_turns, raw)
+                or cited_verdict(raw_name, label, raw_finding)
+            )
+            pytest.skip(cited)
+    spark_check.require(finding)
+    if isinstance(raw, Turn) and check_tool_calls(raw, req).ok:
+        spark_check.require(compare_sdk(raw, turn, label, what="calls", server=sdk.server))
+
+
+# --- reasoning ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def reasoning_raw(spark_api: ApiEndpoint, spark_settings: Settings) -> Iterator[TurnCache]:
+    timeout = spark_settings.profile.reasoning.request_timeout_s
+    client = ServingClient(spark_api, timeout=timeout, idle_timeout=spark_api.timeout)
+    try:
+        yield TurnCache(client)
+    finally:
+        client.close()
+
+
+@pytest.mark.reasoning
+@STREAMED
+def test_sdk_reasoning(
+    request: pytest.FixtureRequest,
+    reasoning_raw: TurnCache,
+    sdk: SdkClient,
+    spark_settings: Settings,
+    spark_server_command: ServerCommand | None,
+    spark_check: SparkCheck,
+    streamed: bool,
+) -> None:
+    """The SDK reaches the reasoning where vLLM sends it (``reasoning`` or
+    ``reasoning_content``, in the SDK's ``model_extra``), under the field the raw client
+    saw, with the answer in content."""
+    profile = spark_settings.profile
+    if verdict_in_session(request.session, REASONING_VERDICT):
+        expected = profile.reasoning.expected
+        missing = missing_reasoning_parser(spark_server_command, expected=expected)
+        if missing is not None:
+            pytest.skip(missing)
+    label = f"openai SDK, reasoning ({'streaming' if streamed else 'non-streaming'})"
+    body = reasoning_raw.client.body(
+        REASONING_QUESTION, temperature=0, seed=SEED, max_tokens=profile.reasoning.max_tokens
+    )
+    # the raw twin of this request (a wire break is its failure) and the verdict's answer
+    twin = _raw(lambda: reasoning_raw.turn(("thinking", streamed), lambda: body, streamed))
+    raw = _raw(lambda: reasoning_raw.turn(("thinking", False), lambda: body, False))
+    twin_name = f"test_reasoning_separated[{_suffix(streamed)}]"
+    turn = _sdk_turn(request, sdk, spark_check, body, streamed, label, twin, twin_name)
+    if not profile.reasoning.expected and not (turn.reasoning or "").strip():
+        pytest.skip(f"{NO_REASONING_FIELD} (profile {profile.name} has reasoning.expected = false)")
+    finding = check_reasoning(turn, server=sdk.server)
+    if not finding.ok and isinstance(raw, Turn):
+        raw_finding = check_reasoning(raw)
+        if not raw_finding.ok and verdict_in_session(request.session, SEPARATION_VERDICT):
+            pytest.skip(cited_verdict(SEPARATION_VERDICT, label, raw_finding))
+    spark_check.require(finding)
+    if isinstance(raw, Turn) and check_reasoning(raw).ok:
+        spark_check.require(compare_sdk(raw, turn, label, what="reasoning", server=sdk.server))
+
+
+# --- structured output --------------------------------------------------------------------
+
+
+@pytest.mark.structured_output
+@STREAMED
+@pytest.mark.parametrize("kind", FORMATS)
+def test_sdk_structured_output(
+    request: pytest.FixtureRequest,
+    format_turns: FormatTurns,
+    sdk: SdkClient,
+    spark_check: SparkCheck,
+    kind: FormatKind,
+    streamed: bool,
+) -> None:
+    """response_format through the SDK: the answer it hands over is JSON that validates,
+    the same JSON the raw client read."""
+    format_turns.skip_unless_expected()
+    req = format_turns.request(kind, streamed)
+    label = f"openai SDK, {req.label}"
+    raw_name = f"test_structured_output[{kind}-{_suffix(streamed)}]"
+    raw = _raw(lambda: format_turns.turn(kind, streamed))
+    turn = _sdk_turn(
+        request, sdk, spark_check, format_turns.body(kind), streamed, label, raw, raw_name
+    )
+    finding = check_structured(turn, req, server=sdk.server)
+    if not finding.ok:
+        cited = cited_reasoning_leak(request, turn, label) or cited_ignored(
+            request, format_turns, turn
+        )
+        if cited is None and isinstance(raw, Turn):
+            raw_finding = check_structured(raw, req)
+            if not raw_finding.ok and verdict_in_session(request.session, raw_name):
+                cited = cited_verdict(raw_name, label, raw_finding)
+        if cited is not None:
+            pytest.skip(cited)
+    spark_check.require(finding)
+    if isinstance(raw, Turn) and check_structured(raw, req).ok:
+        spark_check.require(compare_sdk(raw, turn, label, what="json", server=sdk.server))
