@@ -48,9 +48,22 @@ def tier_of(path: Path, needs_sim: bool) -> str:
     return "suite" if parts[:1] == ("suite",) else "sim"
 
 
+# Fixtures that bring up a sparksim (tests/sim, tests/sim_serving, tests/suite): a test
+# requesting one needs root and is a sim test, marked or not (four such modules once ran
+# their sims in the unit tier).
+SIM_FIXTURES = frozenset({"sim", "healthy_sim", "slow_sim"})
+
+
+def needs_sim(marked: bool, fixturenames: list[str] | tuple[str, ...]) -> bool:
+    return marked or bool(SIM_FIXTURES & set(fixturenames))
+
+
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
+        marked = item.get_closest_marker("sim") is not None
+        if needs_sim(marked, getattr(item, "fixturenames", ())) and not marked:
+            item.add_marker(pytest.mark.sim)
         tier = tier_of(Path(str(item.path)), item.get_closest_marker("sim") is not None)
         if tier != "sim":  # the sim tier is the sim marker itself
             item.add_marker(getattr(pytest.mark, tier))

@@ -63,3 +63,10 @@ def test_every_suite_module_with_one_run_for_its_tests_is_one_unit() -> None:
     }
     assert shared, "no module-scoped run found: the pattern no longer matches"
     assert shared == set(t.SHARED_RUN_MODULES), shared
+
+
+def test_a_test_that_brings_up_a_sim_is_a_sim_test_marked_or_not() -> None:
+    t = tiers()
+    assert t.needs_sim(False, ["healthy_sim", "tmp_path"])
+    assert t.needs_sim(False, ("sim",)) and t.needs_sim(True, [])
+    assert not t.needs_sim(False, ["tmp_path", "monkeypatch"])

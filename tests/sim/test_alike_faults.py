@@ -6,9 +6,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from pytest_spark.checks.alike import check_host_alike, check_image_alike, check_time_sync
 from pytest_spark.checks.preflight import Skip
 from pytest_spark.facts.alike import NodeAlike, alike_probe_command, parse_alike_probe
+
+pytestmark = pytest.mark.sim  # a sparksim of its own: needs root (the sim tier)
 
 NAMES = {"spark-1": "spark-head", "spark-2": "spark-worker-1"}
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from pytest_spark.checks.gpuhealth import (
     check_gpu_kernel_log,
     check_gpu_persistence,
@@ -17,6 +19,8 @@ from pytest_spark.checks.preflight import Skip
 from pytest_spark.facts.gpuhealth import GpuHealth
 from pytest_spark.facts.preflight import parse_preflight_probe, preflight_probe_command
 from pytest_spark.settings.profiles import load_profile
+
+pytestmark = pytest.mark.sim  # a sparksim of its own: needs root (the sim tier)
 
 SECTION = load_profile("sim").gpu_health
 NAMES = {"spark-1": "spark-head", "spark-2": "spark-worker-1"}

@@ -7,10 +7,14 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import pytest
+
 from pytest_spark.checks.memory import Claim, check_memory_headroom
 from pytest_spark.checks.preflight import Skip
 from pytest_spark.facts.memory import NodeMemory, memory_probe_command, parse_memory_probe
 from pytest_spark.parsers.memory import GIB
+
+pytestmark = pytest.mark.sim  # a sparksim of its own: needs root (the sim tier)
 
 NAMES = {"spark-1": "spark-head", "spark-2": "spark-worker-1"}
 CLAIM = Claim(0.9, "--gpu-memory-utilization 0.90 in the serve args")

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from pytest_spark.checks.preflight import check_model_identical
 from pytest_spark.facts.modelhash import full_hash_command, parse_full_hash, with_full_hashes
 from pytest_spark.facts.preflight import (
@@ -16,6 +18,8 @@ from pytest_spark.facts.preflight import (
     parse_preflight_probe,
     preflight_probe_command,
 )
+
+pytestmark = pytest.mark.sim  # a sparksim of its own: needs root (the sim tier)
 
 DIR = "/root/models/hash-test"  # under the node's own /root: nothing else reads it
 SHARD = "model-00001-of-00001.safetensors"
