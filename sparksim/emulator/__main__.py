@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from typing import Any
 
 from .config import Knobs, parse_serve_args
@@ -83,6 +84,9 @@ def serve_main(argv: list[str]) -> int:
         server.close()
 
 
+HEAD_LOST_EXIT_S = 2.0
+
+
 def headless_main(engine: Engine) -> int:
     """A worker node's rank without Ray: joins the head rank, prints its own startup
     lines, then keeps the link until the head goes (then exits 1) or it is stopped."""
@@ -102,6 +106,11 @@ def headless_main(engine: Engine) -> int:
             f"Connection to the head node {args.master_addr}:{args.master_port} lost; "
             "shutting down the worker.",
         )
+        # A real worker's shutdown (the collective's error raised, the process group torn
+        # down, the interpreter's exit) takes a moment: the head's own last lines, which
+        # say why it went, reach its log before this rank's process is gone. Exiting at
+        # once raced them, and a readiness watch then saw the worker die first.
+        time.sleep(HEAD_LOST_EXIT_S)
         os._exit(1)
 
     hello = {"rank": rank, "pid": engine.worker_pids[rank], "ip": engine.knobs.head_ip}
