@@ -210,7 +210,10 @@ def test_down_all_removes_every_instance(tmp_path: Path, spark_sim_argv: list[st
         capture_output=True, text=True, env=env, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "before 5 15" in proc.stdout
+    # 2 + 3 node namespaces and the 3-node sim's switch namespace (spk{k}-sw, holding its
+    # twin bridges and ports); in the root namespace each sim's management bridge and one
+    # management veth end per node (2 + 1, 3 + 1)
+    assert "before 6 7" in proc.stdout, proc.stdout
     assert "after 0 0 \n" in proc.stdout
     for state_dir in (tmp_path / "a", tmp_path / "b"):
         assert leftovers(state_dir, None) == []
