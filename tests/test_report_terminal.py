@@ -53,3 +53,16 @@ def test_no_summary_without_suite_checks(pytester: pytest.Pytester) -> None:
     pytester.makepyfile("def test_x():\n    pass\n")
     result = pytester.runpytest()
     assert "pytest-dgx-spark summary" not in result.stdout.str()
+
+
+def test_a_long_category_name_keeps_its_own_column(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("""
+        import pytest
+        from pytest_spark import Finding
+
+        @pytest.mark.structured_output
+        def test_x(spark_check):
+            spark_check.require(Finding.passed(1, 1, "", message="ok"))
+        """)
+    result = pytester.runpytest("--spark-results=out/results.json", "--spark-history=off")
+    result.stdout.fnmatch_lines(["category           *cluster*", "structured_output  *1 passed*"])

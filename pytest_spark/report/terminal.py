@@ -56,9 +56,10 @@ def write_summary(
         )
         + 2
     )
-    tr.write_line("category    " + "".join(f"{redact(n):<{width}}" for n in table.nodes))
+    label = max([12] + [len(c) + 2 for c in rows])  # structured_output is 17 wide
+    tr.write_line(f"{'category':<{label}}" + "".join(f"{redact(n):<{width}}" for n in table.nodes))
     for category in rows:
-        tr.write(f"{category:<12}")
+        tr.write(f"{category:<{label}}")
         for node in table.nodes:
             cell = table.cell(category, node)
             tr.write(f"{cell.text():<{width}}", **COLOR[cell.verdict])
