@@ -28,20 +28,11 @@ from conftest import (  # type: ignore[import-not-found]
     sim_fault,
 )
 from pytest_spark.access.simcontrol import SimCluster, sim_up
+from pytest_spark.report.results import CATEGORIES  # the table names the report's categories
 
 pytestmark = pytest.mark.sim
 MATRIX = REPO / "docs" / "FAULT_MATRIX.md"
 COLUMNS = ("fault", "inject", "run", "fails", "node", "says", "because")
-CATEGORIES = (
-    "preflight",
-    "link",
-    "nccl",
-    "readiness",
-    "tool_calls",
-    "reasoning",
-    "throughput",
-    "structured_output",
-)
 # Shorter sweeps keep CI time down; every check still runs. The matrix is about where a
 # fault is reported, not about bandwidth floors (tests/suite/test_nccl_suite.py holds those
 # at the full sweep): at 4 MiB the sim's healthy busbw straddles 0.18 GB/s on a loaded
