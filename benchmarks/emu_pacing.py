@@ -1,7 +1,12 @@
 #!/usr/bin/env python3
 """Accuracy of the vLLM emulator's token pacing: the mean per-stream decode rate against
-its setting at 1, 8 and 32 concurrent streams, and the per-stream share under an
-aggregate cap, printed side by side as ratios (goal: within 5 %, 10 % capped).
+its setting at 1, 8 and 32 concurrent streams (the step model's batch growth off), and the
+per-stream share under an aggregate cap, printed side by side as ratios (goal: within 5 %,
+10 % capped); then the decode step model's curve at its defaults: the aggregate decode
+tok/s (the sum of the streams' rates) at 1, 4 and 16 streams against the model's own
+figure, and the 4-stream to 1-stream ratio beside the published one (Qwen3.5-122B-A10B-FP8
+TP=2 on two Sparks, 31.5 -> 59.7 tok/s: the bjk110 vllm-spark README, REFERENCE.md; goal:
+within 15 %), all from one run.
 
 These are wall-clock figures, so they belong to an idle machine: the self-test
 (tests/emulator/test_emu_pacing.py) holds only what load cannot fake (never faster than
@@ -26,6 +31,12 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SIM_DIR = REPO / "sparksim"
+sys.path.insert(0, str(REPO))
+
+from sparksim.emulator.config import Knobs  # noqa: E402
+from sparksim.emulator.generation import StepModel  # noqa: E402
+
+PUBLISHED_1, PUBLISHED_4 = 31.5, 59.7  # tok/s, bjk110 vllm-spark README (REFERENCE.md)
 
 
 def machine_cpu_s() -> float:
@@ -74,6 +85,27 @@ def measure(port: int, streams: int, tokens: int) -> list[float]:
     return rates
 
 
+def curve(port: int, control: Path, rate: float, tokens: int) -> None:
+    """The step model at its defaults: aggregate decode tok/s by streams, measured beside
+    the model's figure, and the 4/1 ratio beside the published one."""
+    control.write_text(json.dumps({"faults": []}))
+    time.sleep(0.5)
+    k = Knobs()
+    model = StepModel(rate, k.step_expert_share, k.step_expert_pick, k.step_kv_s_per_token)
+    print(f"\n{'step model (defaults)':<28}{'model':>9}{'measured':>9}{'meas/model':>12}")
+    agg: dict[int, float] = {}
+    for streams in (1, 4, 16):
+        agg[streams] = sum(measure(port, streams, tokens))
+        want = model.aggregate_tok_s(streams, 30 + tokens // 2)  # "hi" + template, mid-way
+        row = f"{streams} streams, aggregate"
+        print(f"{row:<28}{want:9.2f}{agg[streams]:9.2f}{agg[streams] / want:12.3f}")
+    sim, published = agg[4] / agg[1], PUBLISHED_4 / PUBLISHED_1
+    print(
+        f"4/1-stream ratio: sim {sim:.2f}x, published {published:.2f}x "
+        f"({PUBLISHED_1:g} -> {PUBLISHED_4:g} tok/s), sim/published {sim / published:.3f}"
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rate", type=float, default=40.0)
@@ -105,6 +137,8 @@ def main() -> int:
                 time.sleep(0.2)
         print(f"{'case':<28}{'target':>9}{'mean':>9}{'min':>9}{'max':>9}{'mean/target':>13}")
         cpu0, t0 = machine_cpu_s(), time.monotonic()
+        control.write_text(json.dumps({"faults": [], "step_expert_share": 0}))
+        time.sleep(0.5)  # a benchmark: the emulator re-reads its control file every 0.05 s
         for streams in (1, 8, 32):
             rates = measure(port, streams, opts.tokens)
             mean = sum(rates) / len(rates)
@@ -114,7 +148,7 @@ def main() -> int:
                 f"{mean / opts.rate:13.3f}"
             )
         cap = 4 * opts.rate
-        control.write_text(json.dumps({"faults": [], "max_agg_tok_s": cap}))
+        control.write_text(json.dumps({"faults": [], "max_agg_tok_s": cap, "step_expert_share": 0}))
         time.sleep(0.5)  # a benchmark: the emulator re-reads its control file every 0.05 s
         rates = measure(port, 8, opts.tokens // 2 + 1)
         mean, target = sum(rates) / len(rates), cap / 8
@@ -123,6 +157,7 @@ def main() -> int:
             f"{row:<28}{target:9.2f}{mean:9.2f}{min(rates):9.2f}{max(rates):9.2f}"
             f"{mean / target:13.3f}"
         )
+        curve(port, control, opts.rate, opts.tokens)
         busy = (machine_cpu_s() - cpu0) / (time.monotonic() - t0) / (os.cpu_count() or 1)
         print(f"machine busy {100 * busy:.0f} % of {os.cpu_count()} cores during the run")
     finally:

@@ -1,5 +1,6 @@
 """How exact and how cheap is the load client? Measured against the vLLM emulator at a known
-true per-stream decode rate (no aggregate cap), at concurrency 1, 4, 16 and 64.
+true per-stream decode rate (no aggregate cap, the step model's batch growth off), at
+concurrency 1, 4, 16 and 64.
 
 For each level it prints, side by side for our httpx client, openai's AsyncOpenAI (same
 measurement code, openai's streaming parser) and GuideLLM (if installed):
@@ -66,6 +67,7 @@ def start_emulator(rate: float, ttft: float, log: Path) -> tuple[subprocess.Pope
         "SPARKSIM_EMU_TIME_SCALE": "0",
         "SPARKSIM_EMU_DECODE_TOK_S": str(rate),
         "SPARKSIM_EMU_MAX_AGG_TOK_S": "0",
+        "SPARKSIM_EMU_STEP_EXPERT_SHARE": "0",  # every stream at the true rate
         "SPARKSIM_EMU_TTFT_S": str(ttft),
         "SPARKSIM_EMU_PREFILL_TOK_S": "0",
         "SPARKSIM_EMU_STATS_INTERVAL_S": "3600",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -27,6 +28,8 @@ from pytest_spark.readiness.reachability import (
 from pytest_spark.readiness.session import ServingInfo
 from pytest_spark.readiness.watch import StartupWatch
 from pytest_spark.report.results import DATA_PREFIX, NODE_PROP, finding_property
+from pytest_spark.serving.load import LevelResult, SweepResult
+from pytest_spark.serving.stream import ServingError
 from pytest_spark.settings.resolve import Settings
 from pytest_spark.state import (
     CLUSTER_KEY,
@@ -332,6 +335,10 @@ def progress_line_writer(config: pytest.Config, every_s: float = 10.0) -> Callab
                 reporter.write(f"\r{line:<78}" + ("\n" if final else ""), flush=True)
             else:
                 reporter.ensure_newline()
+                # under -q the dots of the tests so far have no path before them, so
+                # ensure_newline leaves them: the line starts after them unless ended here
+                if getattr(getattr(reporter, "_tw", None), "width_of_current_line", 0):
+                    reporter.write("\n")
                 reporter.write_line(line)
                 reporter.flush()  # live in a CI log too: a pipe is block-buffered
 
@@ -440,3 +447,63 @@ def _cluster(config: pytest.Config) -> Cluster:
     cluster = Cluster(config.stash[SETTINGS_KEY])
     config.stash[CLUSTER_KEY] = cluster
     return cluster
+
+
+class Sweep:
+    """The closed-loop sweep (:mod:`pytest_spark.serving.closedloop`), run once per session,
+    as the throughput checks and the open-loop knee read it: its failure (if any) is
+    reported by every check, or skipped citing the wire verdict."""
+
+    def __init__(
+        self,
+        server: str,
+        outcome: SweepResult | ServingError,
+        wire_cited: Callable[[str, str], str | None] | None = None,
+    ) -> None:
+        self.server = server
+        self.result = outcome if isinstance(outcome, SweepResult) else None
+        self.error = outcome if isinstance(outcome, ServingError) else None
+        # Why a request broken on the wire is the wire verdict's (None: report it here).
+        self.wire_cited = wire_cited or (lambda kind, message: None)
+
+    def cited_by(self, wire_cited: Callable[[str, str], str | None]) -> Sweep:
+        """This sweep, for one check: its wire failures cite the wire verdict."""
+        mine = copy.copy(self)
+        mine.wire_cited = wire_cited
+        return mine
+
+    def require_warmed_up(self, spark_check: SparkCheck) -> SweepResult:
+        """The sweep's result; its warm-up failure as this check's, or a skip citing the
+        wire verdict when the stream is broken for every request (the canary's too)."""
+        if self.error is not None:
+            cited = self.wire_cited(self.error.kind, self.error.message)
+            if cited is not None:
+                pytest.skip(f"throughput warm-up: {cited}")
+            spark_check.require(self.error.finding(f"{self.server}: throughput warm-up"))
+        assert self.result is not None
+        return self.result
+
+    def level(self, spark_check: SparkCheck, concurrency: int, what: str) -> LevelResult:
+        self.require_warmed_up(spark_check)
+        assert self.result is not None
+        level = self.result.level(concurrency)
+        if level is None:
+            pytest.skip(
+                f"{what}: concurrency {concurrency} is not in the sweep "
+                f"(throughput.concurrency = {list(self.result.spec.concurrency)})"
+            )
+        if not level.ok:
+            first = level.failed[0]
+            cited = self.wire_cited(first.error_kind or "", first.error or "")
+            if cited is not None:
+                pytest.skip(f"{what}: every request at concurrency {concurrency}: {cited}")
+            spark_check.require(
+                Finding.failed(
+                    f"0 of {len(level.records)} requests",
+                    "successful requests",
+                    message=f"{self.server}: {what}: every request at concurrency {concurrency} "
+                    f"failed: {first.error}",
+                    evidence=first.evidence,
+                )
+            )
+        return level

@@ -44,6 +44,8 @@ MARKERS = {
     "reasoning": "reasoning separation end to end",
     "throughput": "tokens/sec and latency against the profile",
     "structured_output": "response_format (json_schema, json_object) answers end to end",
+    "load": "open-loop load and the soak, by option (--spark-open-loop, --spark-soak)",
+    "context": "prefix cache and long context (max_model_len) end to end",
 }
 SIM_INFO = "spark_sim_cluster_json"
 RUN_DIR = "spark_run_dir"
@@ -180,12 +182,17 @@ def _configure_active(config: pytest.Config) -> None:
     from pytest_spark import fixtures
     from pytest_spark.access.simcontrol import sim_attach, sim_up
     from pytest_spark.gathering.measure import MEASURE_KEY, Measurements
+    from pytest_spark.readiness.reachability import LostNodes
     from pytest_spark.report import register as register_reports
     from pytest_spark.report.results import RESULTS_KEY, ResultsRecorder
     from pytest_spark.settings.resolve import resolve
 
     config.addinivalue_line("filterwarnings", "default::pytest_spark.fixtures.SparkCheckWarning")
     config.pluginmanager.register(fixtures, "spark.fixtures")
+    # NodeUnreachable out of a check: one failure per lost node, later checks skip citing it
+    config.pluginmanager.register(
+        LostNodes(lambda: config.stash.get(CLUSTER_KEY, None)), "spark.lost"
+    )
     settings = resolve(config)
     if settings.sim:
         if _is_worker(config):

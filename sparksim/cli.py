@@ -147,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     reachfaults.add_parser(kinds, common, node_help)  # unreachable NODE --how cut|sshd
     gpufaults.add_parsers(kinds, common, node_help)  # gpu-xid, gpu-throttle, ...
     memfaults.add_parsers(kinds, common, node_help)  # memory-held NODE --gib N
-    fabricfaults.add_parsers(kinds, common, node_help)  # gid-v1, link-delay
+    fabricfaults.add_parsers(kinds, common, node_help)  # gid-v1, gid-shift, link-delay
     return parser
 
 

@@ -7,6 +7,11 @@ state.json changes that the node's nvidia-smi, journalctl and dmesg report:
 - ``gpu-throttle NODE [--reason R]``: clocks event reason R active (default
   ``hw_slowdown``; any NVML reason name) and the SM clock down to 504 MHz, as the GB10
   low-power state reads under load.
+- ``gpu-low-clock NODE [--mhz M]``: the GB10 USB-PD low-power state under load: the GPU
+  busy (100 %, P0) with its SM clock at M MHz (default 504) and ~10 W drawn, and no clocks
+  event reason set (hoesing/spark-gpu-throttle-check's readings: 481-858 MHz at 5.8-15.8 W
+  under load, no error reported). Idle, the same Spark reads as a healthy idle one, so the
+  fault is the node read while a load runs on it.
 - ``gpu-persistence-off NODE``: persistence mode Disabled (nvidia-persistenced stopped).
 - ``gpu-temp NODE CELSIUS``: the GPU temperature.
 - ``kernel-log-restricted NODE``: the kernel log as an SSH user outside the adm /
@@ -28,7 +33,14 @@ from . import node as nodes_mod
 from .netns import SimError
 from .topology import NodeSpec, Topology
 
-KINDS = ("gpu-xid", "gpu-throttle", "gpu-persistence-off", "gpu-temp", "kernel-log-restricted")
+KINDS = (
+    "gpu-xid",
+    "gpu-throttle",
+    "gpu-low-clock",
+    "gpu-persistence-off",
+    "gpu-temp",
+    "kernel-log-restricted",
+)
 REASONS = (
     "gpu_idle",
     "applications_clocks_setting",
@@ -41,6 +53,21 @@ REASONS = (
     "display_clocks_setting",
 )
 THROTTLED_SM_MHZ = 504  # hoesing/spark-gpu-throttle-check: 481-858 MHz in the capped state
+CAPPED_POWER_W = 9.8  # the same tool: 5.8-15.8 W drawn in the capped state under load
+
+
+def low_clock_health(mhz: int = THROTTLED_SM_MHZ) -> dict[str, Any]:
+    """The readings of a GB10 in the low-power state while a load runs: busy, P0, the SM
+    clock capped, little power, and no clocks event reason to explain it."""
+    return {
+        "sm_clock_mhz": mhz,
+        "util_pct": 100,
+        "pstate": "P0",
+        "power_w": CAPPED_POWER_W,
+        "reasons": [],
+    }
+
+
 # What the driver appends after "NVRM: Xid (PCI:...): N, pid=..., name=..., " for a few
 # codes (NVIDIA's Xid catalog wording); others get the catalog's mnemonic-like text.
 XID_TEXT = {
@@ -68,6 +95,19 @@ def add_parsers(kinds: Any, common: argparse.ArgumentParser, node_help: str) -> 
         choices=REASONS,
         metavar="R",
         help="NVML clocks event reason (default: hw_slowdown)",
+    )
+    k = kinds.add_parser(
+        "gpu-low-clock",
+        parents=[common],
+        help="the GB10 low-power state under load: busy, SM clock capped, no reason set",
+    )
+    k.add_argument("node", metavar="NODE", help=node_help)
+    k.add_argument(
+        "--mhz",
+        type=int,
+        default=THROTTLED_SM_MHZ,
+        metavar="M",
+        help=f"the capped SM clock (default: {THROTTLED_SM_MHZ})",
     )
     k = kinds.add_parser(
         "gpu-persistence-off", parents=[common], help="persistence mode Disabled on a node"
@@ -129,6 +169,12 @@ def apply(state_dir: Path, topo: Topology, args: argparse.Namespace) -> list[str
         msg = f"{node.name}: clocks event reason {args.reason} active"
         if args.reason != "gpu_idle":
             msg += f", SM clock {THROTTLED_SM_MHZ} MHz"
+    elif args.kind == "gpu-low-clock":
+        if args.mhz <= 0:
+            raise SimError(f"gpu-low-clock --mhz {args.mhz}: expected a positive clock")
+        health.update(low_clock_health(args.mhz))
+        value = args.mhz
+        msg = f"{node.name}: GPU busy at SM clock {args.mhz} MHz, no clocks event reason"
     elif args.kind == "gpu-persistence-off":
         health["persistence"] = False
         value = False

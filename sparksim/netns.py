@@ -12,7 +12,8 @@ import time
 from collections.abc import Iterable, Sequence
 
 NETNS_DIR = "/run/netns"
-# tbf burst/latency chosen for accurate rates at <= 2 Gbit/s (REFERENCE section 7).
+# tbf burst/latency chosen for accurate rates at <= 2 Gbit/s (REFERENCE section 7); the sim
+# shapes 1 Gbit/s.
 # 256kb lost tokens between gloo phases on a busy machine (benchmarks/busbw_accuracy.py)
 TBF_BURST = "512kb"
 TBF_LATENCY = "50ms"

@@ -12,8 +12,18 @@ Spark.
 
 Fault ``gid-v1 NODE [--empty]``: the RoCE v2 GID of each fabric twin's address becomes
 ``IB/RoCE v1`` (a port in RoCE v1 mode: NCCL's auto-selection then lands on a v1 GID), or
-with ``--empty`` the IPv4 GIDs vanish (the address gone from the GID table). ``clear``
-writes the healthy tables again.
+with ``--empty`` the IPv4 GIDs vanish (the address gone from the GID table).
+
+Fault ``gid-shift NODE``: a global IPv6 address's pair of GIDs sits at index 2/3, before
+the fabric IPv4 address's (now 4/5), as when the interface got an IPv6 address (SLAAC, a
+netplan ``addresses:`` entry) while its IPv4 address was away, e.g. across a ``netplan
+apply``: a freed pair of slots is reused by the next address added. NCCL's
+auto-selection (an IPv4 RoCE v2 GID) then picks index 5 on that node and 3 on the others.
+The IPv6 address is one of RFC 5180's benchmarking range (2001:2::/48, the IPv6 twin of
+198.18.0.0/15); it is in the GID table only, not configured on the sim's interface (the
+sim's fabric carries its IPv4 addresses alone; no check reads GIDs from ``ip addr``).
+
+``clear`` writes the healthy tables again.
 """
 
 from __future__ import annotations
@@ -29,6 +39,7 @@ TABLE_LEN = 255  # gid_tbl_len of a ConnectX-7 RoCE port
 ZERO = "0000:0000:0000:0000:0000:0000:0000:0000"
 V1, V2 = "IB/RoCE v1", "RoCE v2"
 KIND = "gid-v1"
+MODES = ("healthy", "v1", "empty", "shift")
 
 
 def tree(node_dir: Path) -> Path:
@@ -48,13 +59,24 @@ def _gid(addr: ipaddress.IPv6Address) -> str:
     return ":".join(h[i : i + 4] for i in range(0, 32, 4))
 
 
+def extra_ipv6(node: NodeSpec, dev: str) -> ipaddress.IPv6Address:
+    """The global IPv6 address ``gid-shift`` puts before the IPv4 one: 2001:2:0:TWIN::N."""
+    devs = [d for d, _ in ALL_PORTS]
+    return ipaddress.IPv6Address(f"2001:2:0:{devs.index(dev)}::{node.index}")
+
+
 def entries(node: NodeSpec, dev: str, mode: str = "healthy") -> list[tuple[str, str]]:
-    """``[(gid, type)]`` by index for one device: ``healthy``, ``v1`` (v2 entry typed v1)
-    or ``empty`` (no IPv4 GIDs)."""
+    """``[(gid, type)]`` by index for one device: ``healthy``, ``v1`` (v2 entry typed v1),
+    ``empty`` (no IPv4 GIDs) or ``shift`` (an IPv6 address's GIDs before the IPv4 ones)."""
+    if mode not in MODES:
+        raise ValueError(f"GID table mode {mode!r}: expected one of {', '.join(MODES)}")
     guid = _port_guid(node, dev)
     link_local = _gid(ipaddress.IPv6Address((0xFE80 << 112) | guid))
     out = [(link_local, V1), (link_local, V2)]
     addr = next((p.addr for p in node.fabric if p.dev == dev), None)
+    if addr is not None and mode == "shift":
+        extra = _gid(extra_ipv6(node, dev))
+        out += [(extra, V1), (extra, V2)]
     if addr is not None and mode != "empty":
         mapped = _gid(ipaddress.IPv6Address(f"::ffff:{addr}"))
         out += [(mapped, V1), (mapped, V1 if mode == "v1" else V2)]

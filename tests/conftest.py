@@ -31,7 +31,11 @@ TESTS = Path(__file__).resolve().parent
 # Whole-suite runs that need no root: tests_e2e in subprocesses against emulators.
 SUITE_FILES = ("test_serving_suite.py",)
 # Modules whose tests read one module-scoped run: under xdist, all on one worker.
-SHARED_RUN_MODULES = ("suite/test_fault_matrix.py", "test_serving_suite.py")
+SHARED_RUN_MODULES = (
+    "suite/test_fault_matrix.py",
+    "suite/test_switch_suite.py",
+    "test_serving_suite.py",
+)
 
 
 def tier_of(path: Path, needs_sim: bool) -> str:
@@ -58,6 +62,14 @@ def needs_sim(marked: bool, fixturenames: list[str] | tuple[str, ...]) -> bool:
     return marked or bool(SIM_FIXTURES & set(fixturenames))
 
 
+# The unit tier's longest tests, run first so that the other worker fills the time: mypy
+# over the package is ~50 s in a fresh clone (no .mypy_cache) and came last, alphabetically.
+LONGEST_FIRST = (
+    "test_settings_typed.py::test_mypy_strict_passes_and_sees_the_settings_types",
+    "test_packaging.py::test_checkout_collects_the_suite_once_and_selects_as_before",
+)
+
+
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
@@ -67,6 +79,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         tier = tier_of(Path(str(item.path)), item.get_closest_marker("sim") is not None)
         if tier != "sim":  # the sim tier is the sim marker itself
             item.add_marker(getattr(pytest.mark, tier))
+    items.sort(key=lambda item: not item.nodeid.endswith(LONGEST_FIRST))  # stable
 
 
 def work_unit(nodeid: str) -> str:

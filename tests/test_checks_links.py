@@ -25,6 +25,7 @@ from pytest_spark.checks.links import (
     check_same_subnet,
     check_twin_subnets_distinct,
     link_is_usable,
+    link_rate_short,
     twin_key,
 )
 from pytest_spark.facts.links import PortFacts, discover_fabric_ifs, parse_link_probe
@@ -174,6 +175,22 @@ def test_link_is_usable_names_root_cause() -> None:
     assert "link-up check" in reason
     ok, reason = link_is_usable(ADMIN_DOWN)
     assert not ok and "administratively down" in reason
+
+
+def test_link_rate_short_words_a_slow_link_for_the_checks_that_skip_on_it() -> None:
+    # test_allgather_busbw names it first when it skips citing the all-reduce: the fault
+    # matrix's 100G row says "link rate 100 Gb/s" is the cause
+    slow = port(rate_gbps=100.0, ethtool_speed_mbps=100000)
+    reason = link_rate_short(slow, NODE, 200.0)
+    assert reason == (
+        f"{NODE} {IF}: link rate 100 Gb/s from ibstat (ethtool: 100000Mb/s) "
+        "(see the link-rate check)"
+    )
+    assert link_rate_short(HEALTHY, NODE, 200.0) is None
+    down = dataclasses.replace(ADMIN_DOWN, rate_gbps=100.0)
+    assert link_rate_short(down, NODE, 200.0) is None  # the link-up check's, not this
+    unknown = port(rate_gbps=None, ethtool_speed_mbps=None)
+    assert link_rate_short(unknown, NODE, 200.0) is None  # not known: not a cause to cite
 
 
 def test_dependent_checks_are_named() -> None:

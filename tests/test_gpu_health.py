@@ -519,6 +519,45 @@ def test_the_probe_reads_sparksims_tools_as_the_real_ones(tmp_path: Path) -> Non
     assert row.text("persistence_mode") == "Disabled"
 
 
+def _sim_readings(tmp_path: Path, **health_: object) -> GpuHealth:
+    """What the probe's query and -q sections make of the sim's nvidia-smi over these
+    health readings."""
+    fields = ",".join(QUERY_FIELDS)
+    _, query = _sim_tool(
+        tmp_path,
+        "nvidia-smi",
+        [f"--query-gpu={fields}", "--format=csv,noheader,nounits"],
+        **health_,
+    )
+    _, q = _sim_tool(tmp_path, "nvidia-smi", ["-q", "-d", "PERFORMANCE,TEMPERATURE"], **health_)
+    return parse_gpu_health(
+        {
+            "gpu_query": section("gpu_query", query),
+            "gpu_q": section("gpu_q", q),
+            "kernel_log": section("kernel_log", "source journalctl lines 4\n"),
+        }
+    )
+
+
+def test_sim_low_clock_fault_reads_as_a_capped_gb10_under_load(tmp_path: Path) -> None:
+    """sparksim's gpu-low-clock: busy, P0, the SM clock capped and no reason set, as
+    hoesing/spark-gpu-throttle-check read a capped GB10. The throttle check fails on the
+    busy clock alone; the same clock idle is a healthy idle GB10 and passes."""
+    from sparksim.gpufaults import low_clock_health
+
+    (g,) = _sim_readings(tmp_path, **low_clock_health(504)).gpus
+    assert (g.sm_clock_mhz, g.util_pct, g.pstate, g.active()) == (504, 100, "P0", [])
+    f = check_gpu_throttle(H, _sim_readings(tmp_path, **low_clock_health(504)), SECTION)
+    assert not isinstance(f, Skip) and (f.level, f.measured, f.node) == ("fail", 504, H)
+    assert f"{H} GPU 0: SM clock 504 MHz while 100 % busy, expected >= 1400 MHz" in f.message
+    assert "power 9.8 W" in f.message and "unplug its USB-C power brick" in f.message
+    for check in (check_gpu_temperature, check_gpu_persistence):
+        assert check(H, _sim_readings(tmp_path, **low_clock_health(504)), SECTION).level == "pass"
+    idle = {**low_clock_health(504), "util_pct": 0, "pstate": "P8", "reasons": ["gpu_idle"]}
+    f = check_gpu_throttle(H, _sim_readings(tmp_path, **idle), SECTION)
+    assert not isinstance(f, Skip) and f.level == "pass", f
+
+
 def test_preflight_probe_output_carries_the_gpu_health(tmp_path: Path) -> None:
     """A whole probe output (the other sections absent) still parses, with gpu_health."""
     m = "@@pytest-spark-preflight@@"

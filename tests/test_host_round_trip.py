@@ -17,6 +17,7 @@ from pytest_spark.access.base import CommandResult
 from pytest_spark.access.cluster import Cluster, Node
 from pytest_spark.facts.links import joint_probe, probe_script, split_probe
 from pytest_spark.gathering.alike import all_alike, node_alike
+from pytest_spark.gathering.memory import node_memory
 from pytest_spark.gathering.preflight import all_preflight, node_preflight
 
 pytestmark = pytest.mark.unit
@@ -105,6 +106,24 @@ def test_preflight_and_alike_share_one_round_trip_per_node(node_env: dict[str, s
     node_alike(cluster, cluster.head)
     node_preflight(cluster, cluster.head)
     assert len(cluster.head.conn.commands) == 1  # type: ignore[attr-defined]
+
+
+def test_memory_probe_shares_the_host_round_trip(node_env: dict[str, str]) -> None:
+    """The memory check's probe (/proc/meminfo, the largest processes, the GPU compute
+    apps) rides the same round trip: asked first or after the others, one command."""
+    cluster = LocalCluster(2, node_env)
+    head, worker = cluster.nodes
+    memory = node_memory(cluster, head)  # the memory check asks first on the head
+    assert memory.meminfo is not None and memory.meminfo.total > 0
+    assert memory.apps == ()  # the stand-in nvidia-smi lists no compute app
+    assert memory.processes  # this shell's /proc has processes
+    all_preflight(cluster)
+    all_alike(cluster)
+    node_memory(cluster, worker)  # asked last on the worker: from the cache
+    for node in (head, worker):
+        conn = node.conn
+        assert isinstance(conn, LocalConn)
+        assert len(conn.commands) == 1, f"{node.name}: {len(conn.commands)} round trips"
 
 
 def test_alike_first_then_preflight_is_still_one_round_trip(node_env: dict[str, str]) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -259,6 +260,76 @@ def test_teardown_waits_until_the_stopped_containers_are_removed(tmp_path: Path)
     assert problem is not None
     assert "container 'vllm_node' is still there on spark-worker-1 (removing)" in problem
     assert "docker rm -f vllm_node" in problem
+
+
+def test_teardown_signals_the_launcher_stops_then_waits_for_it(tmp_path: Path) -> None:
+    """The launcher's own cleanup (its TERM trap, run when its foreground command returns)
+    stops the containers by name: signalled, then `stop`, then waited for, so that it
+    cannot stop a later launch's containers."""
+    commands: list[str] = []
+
+    def head(command: str) -> tuple[int, str, str]:
+        if command.startswith("docker inspect"):
+            return 1, "", "Error: No such object: vllm_node"
+        commands.append(command)
+        return 0, "", ""
+
+    write_json(
+        tmp_path / STATE,
+        {
+            "launched": True,
+            "container": "vllm_node",
+            "stop_command": "stop-it",
+            "signal_launcher": "signal-it",
+            "wait_launcher": "wait-for-it",
+            "launch_log": "/tmp/l.log",
+        },
+    )
+    cluster = FakeCluster(head, states(""))
+    assert stop_if_launched(cluster, tmp_path, keep=False, sleep=FakeClock().sleep) is None
+    assert commands == ["signal-it", "stop-it", "wait-for-it", "rm -f /tmp/l.log; true"]
+
+
+# Stands in for launch-cluster.sh in Ray mode: its foreground command (the head's `docker
+# exec ... vllm serve`) runs until `stop` stops the container (here: a file appears); its
+# TERM trap runs only then, takes a while, and leaves a mark.
+FAKE_LAUNCHER = """#!/bin/bash
+cleanup() { trap - EXIT TERM; sleep 0.6; echo stopped > "$1/mark"; exit 0; }
+trap 'cleanup "$1"' EXIT TERM
+sh -c 'while [ ! -e "$0/stopped" ]; do sleep 0.05; done' "$1"
+"""
+
+
+def test_teardown_commands_wait_for_the_launchers_cleanup(tmp_path: Path) -> None:
+    script = tmp_path / "launch-cluster.sh"
+    script.write_text(FAKE_LAUNCHER)
+    script.chmod(0o755)
+    proc = subprocess.Popen([str(script), str(tmp_path)], start_new_session=True)
+    try:
+        time.sleep(0.3)  # the trap is set
+        spec = LaunchSpec(str(script), ("198.19.0.1",), None, "vllm_node", ())
+        subprocess.run(["sh", "-c", spec.signal_command(proc.pid)], check=True, timeout=20)
+        assert not (tmp_path / "mark").exists()  # its foreground command still runs
+        (tmp_path / "stopped").touch()  # what `stop` does to the head's docker exec
+        subprocess.run(["sh", "-c", spec.wait_command(proc.pid, 10)], check=True, timeout=20)
+        # the cleanup had finished when the wait returned (not merely been signalled)
+        assert (tmp_path / "mark").read_text() == "stopped\n"
+        proc.wait(timeout=5)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_teardown_commands_leave_a_reused_pid_alone() -> None:
+    """A PID of an earlier start, reused by another process, is not the launcher's."""
+    other = subprocess.Popen(["sleep", "30"])
+    try:
+        spec = LaunchSpec("~/spark-vllm-docker/launch-cluster.sh", ("a",), None, "vllm_node", ())
+        subprocess.run(["sh", "-c", spec.signal_command(other.pid)], check=True, timeout=20)
+        assert other.poll() is None
+    finally:
+        other.kill()
+        other.wait()
 
 
 def dotenv_head(env: str, links: set[str] | None = None) -> Callable[[str], tuple[int, str, str]]:

@@ -235,6 +235,55 @@ def test_claim_defaults_to_vllms() -> None:
     )
 
 
+def test_serve_args_kv_cache_memory_bytes_is_vllms_human_readable_int() -> None:
+    """vLLM's human_readable_int: lowercase decimal, uppercase binary, no binary decimals."""
+    for text, want in (("80G", 80 * GIB), ("25.6k", 25600), ("1K", 1024), ("8589934592", 8 * GIB)):
+        line = f"vllm serve /m --kv-cache-memory-bytes {text}"
+        assert parse_serve_args(line).kv_cache_memory_bytes == want, text
+    assert parse_serve_args("vllm serve /m --kv-cache-memory-bytes=2g").kv_cache_memory_bytes == (
+        2 * 10**9
+    )
+    assert parse_serve_args("vllm serve /m").kv_cache_memory_bytes is None
+    with pytest.raises(ValueError, match="decimals are not allowed with binary suffixes"):
+        parse_serve_args("vllm serve /m --kv-cache-memory-bytes 1.5G")
+
+
+def test_kv_cache_memory_bytes_is_the_claim_not_the_utilization() -> None:
+    """--kv-cache-memory-bytes 80G with --gpu-memory-utilization 0.3: vLLM allocates an
+    80 GiB KV cache whatever the utilization says (vllm/config/cache.py), so a node with
+    56.3 GiB available is short, though 0.3 x MemTotal + 4 GiB (39.9 GiB) would fit."""
+    held = probe("probe_worker_held_60gib.txt")
+    line = "vllm serve /m --gpu-memory-utilization 0.3 --kv-cache-memory-bytes 80G"
+    args = parse_serve_args(line)
+    claim = Claim.from_serve_args(args.gpu_memory_utilization, True, args.kv_cache_memory_bytes)
+    assert claim.kv_cache_bytes == 80 * GIB
+    assert "KV cache 80.0 GiB (--kv-cache-memory-bytes" in claim.describe()
+    without = Claim.from_serve_args(args.gpu_memory_utilization, True)
+    assert check_memory_headroom(W, held, without, 4.0, engine_running=False).level == "pass"
+    f = check_memory_headroom(W, held, claim, 4.0, engine_running=False)
+    assert not isinstance(f, Skip) and (f.level, f.node) == ("fail", W)
+    assert f.expected["claim_gib"] == 80.0 and f.expected["mem_available_gib_min"] == 84.0
+    m = f.message
+    assert m.startswith(f"{W}: MemAvailable 56.3 GiB of MemTotal 119.7 GiB")
+    assert "before the engine's KV cache of 80.0 GiB (--kv-cache-memory-bytes" in m
+    assert "at least 84.0 GiB" in m and "cannot allocate its 80.0 GiB KV cache" in m
+    assert "vLLM will refuse" not in m  # 56.3 GiB clears the 0.3 startup floor (35.9 GiB)
+    assert "lower --kv-cache-memory-bytes to 52G" in m and re.search(r"kill \d+;", m)
+    # a small KV cache fits; the startup floor (vLLM's request_memory) still holds
+    small = Claim.from_serve_args(0.3, True, 20 * GIB)
+    assert check_memory_headroom(W, held, small, 4.0, engine_running=False).level == "pass"
+    floor = Claim.from_serve_args(0.9, True, 20 * GIB)
+    f = check_memory_headroom(W, held, floor, 4.0, engine_running=False)
+    assert not isinstance(f, Skip) and f.level == "fail"
+    assert "startup floor of 0.9 x MemTotal = 107.7 GiB" in f.message
+    assert "vLLM will refuse to start" in f.message
+    assert "lower --gpu-memory-utilization to 0.43" in f.message
+    # while serving, the claim is taken either way: the OS headroom alone
+    idle = probe("probe_worker_idle.txt")
+    assert check_memory_headroom(W, held, claim, 4.0, engine_running=True).level == "pass"
+    assert check_memory_headroom(W, idle, claim, 4.0, engine_running=False).level == "pass"
+
+
 @pytest.mark.parametrize("name", ["dgx-spark-2node", "sim"])
 def test_profiles_carry_the_os_headroom(name: str) -> None:
     memory = load_profile(name).memory

@@ -138,6 +138,10 @@ def test_progress_writer_throttles_a_log_and_rewrites_a_terminal() -> None:
     write("model sha256 (full): 50% (x)")  # within every_s: left out of a log
     write("model sha256 (full): 100% (x)")  # the last always comes
     assert log.out == ["model sha256 (full): 0% (x)\n", "model sha256 (full): 100% (x)\n"]
+    dots = Reporter(tty=False)  # pytest -q: "....." on the line, no path before them
+    dots._tw = SimpleNamespace(width_of_current_line=5)  # type: ignore[attr-defined]
+    progress_line_writer(config_with(dots), every_s=3600)("soak 1/8 s: 2 requests 12%")
+    assert dots.out == ["\n", "soak 1/8 s: 2 requests 12%\n"]  # a line of its own
     tty = Reporter(tty=True)
     write = progress_line_writer(config_with(tty), every_s=3600)
     write("model sha256 (full): 50% (x)")

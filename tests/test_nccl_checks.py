@@ -45,7 +45,7 @@ def test_profiles_carry_the_nccl_thresholds() -> None:
     assert SPARK.nccl.min_busbw_gbps == 21.875
     assert SPARK.nccl.one_twin_busbw_gbps == 13.5
     assert SPARK.nccl.socket_busbw_gbps == 3.0
-    assert SIM.nccl.min_busbw_gbps == 0.18
+    assert SIM.nccl.min_busbw_gbps == 0.09
 
 
 @pytest.mark.parametrize(("busbw", "level"), [(21.88, "pass"), (21.87, "fail"), (23.2, "pass")])
@@ -105,10 +105,10 @@ def test_diagnosis_bands(busbw: float, diagnosis: str) -> None:
 
 
 def test_sim_scale_healthy_and_link_rate_fault() -> None:
-    healthy = check_busbw(output_with_busbw(0.24, 16 << 20), SIM)
+    healthy = check_busbw(output_with_busbw(0.12, 8 << 20), SIM)
     assert healthy.level == "pass"
-    assert healthy.message.endswith("expected >= 0.18 GB/s")
-    halved = check_busbw(output_with_busbw(0.12, 16 << 20), SIM)  # link-rate 100G -> 1 Gbit/s
+    assert healthy.message.endswith("expected >= 0.09 GB/s")
+    halved = check_busbw(output_with_busbw(0.06, 8 << 20), SIM)  # link-rate 100G -> 0.5 Gbit/s
     assert halved.level == "fail" and "one twin only" in halved.message
     assert "A link negotiated at 100G" in halved.message
 

@@ -167,6 +167,7 @@ def test_latency_above_the_ceiling_fails_naming_the_fix() -> None:
     msg = finding.message
     assert msg.startswith("spark-head <-> spark-worker-1: small-message latency 10200 us")
     assert "expected <= 5000 us" in msg and "tc qdisc show dev" in msg
+    assert "iptables -t mangle -S" in msg  # a userspace delayer (sparksim without netem)
     assert "8 B" in finding.evidence["latency series"]
 
 

@@ -160,3 +160,35 @@ def test_probe_reads_a_sysfs_like_tree(tmp_path: Path) -> None:
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
     assert parse_gid_probe(none.replace(str(tmp_path / "nope"), "/sys/class/infiniband")) is None
+
+
+def shifted(addr: str) -> list[tuple[str, str | None]]:
+    """A port whose IPv6 address took index 2/3 before its IPv4 one (`fault gid-shift`)."""
+    v6 = "2001:0002:0000:0000:0000:0000:0000:0002"
+    return [*port(addr)[:2], (v6, "IB/RoCE v1"), (v6, "RoCE v2"), *port(addr)[2:]]
+
+
+def test_ipv6_address_ahead_shifts_the_index_and_the_message_says_which() -> None:
+    text = probe({DEVS[0]: shifted("198.19.0.2"), DEVS[1]: shifted("198.19.1.2")})
+    tables = parse_gid_probe(text)
+    assert tables is not None
+    assert nccl_gid_index(tables[DEVS[0]]) == (5, False)  # still the IPv4 RoCE v2 GID
+    assert check_gid_v2("spark-worker-1", tables, {}, DEVS).ok  # its own check passes
+    head = gid_choices(parse_gid_probe(healthy()) or {}, {}, DEVS)
+    odd = gid_choices(tables, {}, DEVS)
+    finding = check_gid_same({"spark-head": head, "spark-worker-1": odd}, "spark-head")
+    assert not finding.ok and finding.node == "spark-worker-1"
+    msg = finding.message
+    assert "spark-worker-1 rocep1s0f1: GID index 5" in msg and "spark-head: 3" in msg
+    assert "roceP2p1s0f1: GID index 5" in msg
+    assert "spark-worker-1's GID tables have rocep1s0f1 [2] 2001:2::2 (IPv6) IB/RoCE v1, " in msg
+    assert "[3] 2001:2::2 (IPv6) RoCE v2" in msg and "which spark-head's lack" in msg
+    assert "[4]" not in msg  # the fabric address's own v1 GID is not the extra one
+    assert "Remove it on spark-worker-1" in msg
+    assert "one NCCL_IB_GID_INDEX on every node does not fix this" in msg
+    # the head with the extra address: the head's table is named, the worker still odd
+    flipped = check_gid_same(
+        {"spark-head": odd, "spark-worker-1": head}, "spark-head"
+    ).message  # fmt: skip
+    assert "spark-head's GID tables have rocep1s0f1 [2] 2001:2::2" in flipped
+    assert "which spark-worker-1's lack" in flipped

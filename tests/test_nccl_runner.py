@@ -12,7 +12,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -25,11 +26,15 @@ from pytest_spark.collective.runner import (
     detect_launcher,
     kill_command,
     mpirun_command,
+    planned_sweeps,
     rank_command,
     run_allreduce,
     stage_command,
 )
 from pytest_spark.collective.script import script_text
+from pytest_spark.facts.collective import SweepProgress
+from pytest_spark.gathering.nccl import _progress_line, progress_text
+from pytest_spark.parsers.nccl import Row, Timing
 from pytest_spark.settings.profiles import load_profile
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "nccl"
@@ -49,7 +54,13 @@ class LocalNode:
         self.commands: list[str] = []
         self.procs: list[subprocess.Popen[str]] = []
 
-    def run(self, command: str, *, timeout: float | None = None) -> CommandResult:
+    def run(
+        self,
+        command: str,
+        *,
+        timeout: float | None = None,
+        on_output: Callable[[str], None] | None = None,
+    ) -> CommandResult:
         self.commands.append(command)
         proc = subprocess.Popen(
             ["bash", "-c", command],
@@ -62,6 +73,8 @@ class LocalNode:
         )
         self.procs.append(proc)
         started = time.monotonic()
+        if on_output is not None:  # stdout handed over line by line as it comes, as SSH does
+            return self._streamed(proc, command, timeout, on_output, started)
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired as exc:
@@ -70,6 +83,34 @@ class LocalNode:
             raise CommandTimeout(self.name, command, timeout or 0, text) from None
         return CommandResult(
             self.name, command, proc.returncode, out, err, time.monotonic() - started
+        )
+
+    def _streamed(
+        self,
+        proc: subprocess.Popen[str],
+        command: str,
+        timeout: float | None,
+        on_output: Callable[[str], None],
+        started: float,
+    ) -> CommandResult:
+        assert proc.stdout is not None and proc.stderr is not None
+        out: list[str] = []
+
+        def read() -> None:
+            for line in proc.stdout:  # type: ignore[union-attr]
+                out.append(line)
+                on_output(line)
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise CommandTimeout(self.name, command, timeout or 0, "".join(out)) from None
+        reader.join(5)
+        err = proc.stderr.read()
+        return CommandResult(
+            self.name, command, proc.returncode, "".join(out), err, time.monotonic() - started
         )
 
     def reap(self) -> None:
@@ -423,3 +464,140 @@ def test_real_two_rank_run_through_the_runner(nodes: list[LocalNode]) -> None:
     assert sorted(t.host for t in run.transports) == sorted(n.name for n in nodes)
     assert all("GLOO_SOCKET_IFNAME=lo" in r.command for r in run.ranks)
     assert dirs_with(run.token) == [] and processes_with(run.token) == []
+
+
+def test_progress_is_told_while_the_ranks_run(nodes: list[LocalNode], tmp_path: Path) -> None:
+    """The live line of the NCCL sweep (issue #16 section 8): called while the ranks run
+    and once, finished, at the end; before any row the ranks are starting."""
+    py = fake_python(tmp_path, "time.sleep(1.5)")
+    calls: list[SweepProgress] = []
+    run_allreduce(
+        nodes,
+        master_addr="127.0.0.1",
+        launcher="python",
+        python=py,
+        timeout=60,
+        progress=calls.append,
+    )
+    assert len(calls) >= 2
+    assert [p.finished for p in calls] == [False] * (len(calls) - 1) + [True]
+    assert calls[-1].elapsed_s >= 1.4 and [p.elapsed_s for p in calls] == sorted(
+        p.elapsed_s for p in calls
+    )
+    assert all(p.done == 0 and p.total == 11 for p in calls)  # 1 MiB..1 GiB (the defaults)
+
+
+def _row(size: int, busbw: float, time_us: float = 100.0) -> Row:
+    timing = Timing(time_us, busbw, busbw, 0)
+    return Row(size, size // 4, "float", "sum", -1, timing, timing)
+
+
+def test_progress_line_names_the_size_reached_and_its_busbw() -> None:
+    """One line a state: starting; the size reached out of the sweep's largest with its
+    busbw (latency: its time a call) and the sizes done out of all; done at `` 100% ``."""
+    planned = planned_sweeps(("all_reduce", "all_gather", "latency"), 1 << 20, 8 << 20, 1 << 20)
+    assert [len(s.sizes) for s in planned] == [4, 4, 18]
+    reduce, gather, latency = planned
+    state = SweepProgress(5.2, False, planned)
+    assert progress_text(state, 2, 120.0) == (
+        "nccl all_reduce, all_gather, latency: 2 ranks starting, 0/26 sizes 0%, 5/120 s"
+    )
+    rows = (_row(1 << 20, 0.108), _row(2 << 20, 0.1134), _row(4 << 20, 0.117))
+    state = SweepProgress(12.4, False, (replace(reduce, rows=rows), gather, latency))
+    assert progress_text(state, 2, 120.0) == (
+        "nccl all_reduce 4 MiB of 8 MiB: busbw 0.117 GB/s so far; 3/26 sizes 11%, 12/120 s"
+    )
+    done = replace(reduce, rows=(*rows, _row(8 << 20, 0.118)))
+    lat = replace(latency, rows=tuple(_row(8 << k, 0.0, 650.0) for k in range(17)))
+    state = SweepProgress(38.0, False, (done, replace(gather, rows=rows), lat))
+    assert progress_text(state, 2, 120.0) == (
+        "nccl latency 512 KiB of 1 MiB: 650 us a call so far; 24/26 sizes 92%, 38/120 s"
+    )
+    state = SweepProgress(40.0, True, (done, replace(gather, rows=rows), lat))
+    line = progress_text(state, 2, 120.0)
+    assert line == (
+        "nccl all_reduce, all_gather, latency: 2 ranks done 100% in 40 s, 24/26 sizes; "
+        "all_reduce busbw 0.118 GB/s at 8 MiB"
+    )
+    assert " 100% " in f" {line} "  # the writer ends the line here, and only here
+    lines: list[str] = []
+    writer = _progress_line(lines.append, 2, 120.0)
+    assert writer is not None and _progress_line(None, 2, 1.0) is None
+    writer(state)
+    assert lines == [line]
+
+
+SLOW_ROWS = (
+    "import sys, time\n"
+    "if args[args.index('--rank') + 1] == '0':\n"
+    "    print('# nccl-tests-compatible output from pytest_spark allreduce (backend gloo)')\n"
+    "    print('# Collective test starting: all_reduce_perf', flush=True)\n"
+    "    for k in range(4):\n"
+    "        time.sleep(0.8)\n"
+    "        n = (1 << 20) << k\n"
+    "        t = f'{n:12d}  {n // 4:12d}  float  sum  -1  1000.0  0.1  0.1{k}  0  1000.0  0.1  "
+    "0.1{k}  0'\n"
+    "        print(t, flush=True)\n"
+)
+
+
+def test_progress_comes_as_the_sweep_goes_not_at_its_end(
+    nodes: list[LocalNode], tmp_path: Path
+) -> None:
+    """The script's rows reach the progress line while the ranks still run, one size at a
+    time (rank 0's output read as it streams in), not all at once when they end."""
+    seen: list[tuple[float, int]] = []
+    started = time.monotonic()
+    run = run_allreduce(
+        nodes,
+        master_addr="127.0.0.1",
+        launcher="python",
+        python=fake_python(tmp_path, SLOW_ROWS),
+        min_bytes=1 << 20,
+        max_bytes=8 << 20,
+        timeout=60,
+        progress=lambda p: seen.append((time.monotonic() - started, p.done)),
+    )
+    end = time.monotonic() - started
+    assert run.result is not None and len(run.result.rows) == 4
+    running = [done for t, done in seen[:-1]]
+    assert running == sorted(running) and {1, 2, 3} <= set(running), seen
+    first = next(t for t, done in seen if done >= 1)
+    assert first < end - 1.5, (first, end)  # the first size was told seconds before the end
+    assert seen[-1][1] == 4
+
+
+def test_nccl_tests_rows_are_told_as_mpirun_prints_them(
+    nodes: list[LocalNode], tmp_path: Path
+) -> None:
+    """nccl-tests prints one row a size: through mpirun's output, read as it comes, the
+    progress counts them while the run goes (a row every 0.05 s here, 28 sizes)."""
+    fixture = FIXTURES / "all_reduce_sweep_healthy.txt"
+    env = tool_dir(
+        tmp_path,
+        all_reduce_perf=f'while IFS= read -r l; do echo "$l"; case "$l" in " "*[0-9]*) '
+        f"sleep 0.05;; esac; done < {shlex.quote(str(fixture))}",
+        mpirun='while [ $# -gt 0 ]; do case "$1" in *all_reduce_perf) exec "$@";; esac; '
+        "shift; done; exit 2",
+    )
+    fake = [LocalNode("spark-head", env), LocalNode("spark-worker-1", env)]
+    seen: list[SweepProgress] = []
+    try:
+        run = run_allreduce(
+            fake,
+            master_addr="192.168.200.12",
+            fabric_addrs=["192.168.200.12", "192.168.200.13"],
+            python=fake_python(tmp_path, ""),
+            min_bytes=8,
+            max_bytes=1 << 30,
+            timeout=60,
+            progress=seen.append,
+        )
+    finally:
+        for node in fake:
+            node.reap()
+    assert run.launcher == "nccl-tests" and run.ok
+    running = [p.done for p in seen if not p.finished]
+    assert any(0 < done < 28 for done in running), running
+    assert seen[-1].finished and seen[-1].done == 28 == seen[-1].total
+    assert progress_text(seen[-1], 2, 60.0).endswith("all_reduce busbw 23.20 GB/s at 1 GiB")

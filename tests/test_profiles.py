@@ -4,6 +4,8 @@ single-threshold overrides."""
 from __future__ import annotations
 
 import dataclasses
+import tomllib
+from importlib import resources
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,16 @@ def test_builtin_reference_figures() -> None:
     assert p.nccl.max_bytes <= 4 * 1024**3  # 16 GiB buffers froze Sparks
     assert p.throughput.min_decode_tok_s_1 == 20.0
     assert p.throughput.concurrency == (1, 4, 16)
+
+
+def test_metrics_health_is_written_in_the_reference_profile() -> None:
+    """[metrics_health] lives in the TOML with its reasoning, not only as code defaults."""
+    text = resources.files("pytest_spark").joinpath("settings/profiles/dgx-spark-2node.toml")
+    source = text.read_text()
+    table = tomllib.loads(source)["metrics_health"]
+    fields = {f.name for f in dataclasses.fields(SECTIONS["metrics_health"])}
+    assert set(table) == fields == {"max_preemptions", "max_drain_s"}
+    assert "# vLLM preempts a running request only when the KV cache" in source
 
 
 def test_sim_extends_and_scales_bandwidth() -> None:
@@ -187,3 +199,22 @@ def test_switch_profile_keeps_the_playbook_floor_and_leaves_ranks_to_the_serve_a
     assert switch.throughput == two.throughput  # from the profile it extends
     # no fixed GPU count: ray status is held to the serve args' ranks (or one a node)
     assert switch.readiness.expected_gpus is None and two.readiness.expected_gpus is None
+
+
+def test_sim_switch_profile_is_the_sims_with_the_switchs_n_node_budgets() -> None:
+    """sparksim behind its switch: the sim's scaled floors (busbw compares across rank
+    counts), dgx-spark-switch's doubled NCCL budget at the sim's scale, a latency ceiling
+    for a 3-rank ring's twice the steps; chosen by default for --spark-sim with more than
+    two nodes (the sim's switch topology)."""
+    from pytest_spark.settings.resolve import sim_profile
+
+    sim, switch = load_profile("sim"), load_profile("sim-switch")
+    real_two, real_switch = load_profile("dgx-spark-2node"), load_profile("dgx-spark-switch")
+    assert switch.nccl.min_busbw_gbps == sim.nccl.min_busbw_gbps
+    assert sim.collectives.max_latency_us is not None
+    assert switch.collectives.max_latency_us == 2 * sim.collectives.max_latency_us  # 3 ranks
+    ratio = real_switch.nccl.timeout_s / real_two.nccl.timeout_s
+    assert switch.nccl.timeout_s == sim.nccl.timeout_s * ratio == 240
+    assert switch.readiness == sim.readiness and switch.link == sim.link
+    assert sim_profile("emulator", 2) == "sim" and sim_profile("emulator", 3) == "sim-switch"
+    assert sim_profile("vllm-cpu", 4) == "sim-vllm-cpu"

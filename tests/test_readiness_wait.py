@@ -96,6 +96,15 @@ def signature(wait: ReadinessWait) -> str:
     return wait.watch.failure.signature
 
 
+def confirmed(wait: ReadinessWait, now: float, **found: NodeProbe) -> Stage:
+    """A dead rank found at ``now`` is held one poll (its verdict not yet given), then
+    blamed by the next poll, which finds nothing in any log that came before it."""
+    stage = poll(wait, now, **found)
+    assert stage is not Stage.FAILED and wait.watch.failure is None, wait.watch.failure
+    assert wait.held is not None
+    return poll(wait, now + 0.5, **found)
+
+
 # -- stages -------------------------------------------------------------------------------
 def test_launching_starts_in_starting_and_loads_once_every_container_is_seen() -> None:
     wait = machine()
@@ -128,7 +137,7 @@ def test_health_200_is_ready_and_ready_is_final() -> None:
 
 def test_a_failure_is_final() -> None:
     wait = machine()
-    assert poll(wait, 0.5, worker=probe(status="exited (code 137)")) is Stage.FAILED
+    assert confirmed(wait, 0.5, worker=probe(status="exited (code 137)")) is Stage.FAILED
     assert signature(wait) == f"container {CONTAINER} exited (code 137)"
     assert poll(wait, 1.0, head=probe(health="200")) is Stage.FAILED
     assert not wait.watch.ready
@@ -146,7 +155,7 @@ def test_a_container_missing_past_its_limit_is_gone(hang_timeout: float, limit: 
     wait = machine(hang_timeout=hang_timeout, head_log_visible=False)
     assert poll(wait, 1.0, worker=MISSING) is Stage.STARTING  # missing since 1.0
     assert poll(wait, 1.0 + limit, worker=MISSING) is Stage.STARTING
-    assert poll(wait, 1.5 + limit, worker=MISSING) is Stage.FAILED
+    assert confirmed(wait, 1.5 + limit, worker=MISSING) is Stage.FAILED
     assert signature(wait) == (
         f"no container named {CONTAINER!r} (still missing after {limit + 0.5:.0f} s "
         f"(limit {limit:.0f} s))"
@@ -158,14 +167,14 @@ def test_a_missing_container_fails_the_poll_after_the_launcher_is_found_dead() -
     dead = probe(health="000", alive=False)
     # the worker's probe races the head's: the poll that finds the launcher dead waits
     assert poll(wait, 0.5, head=dead, worker=MISSING) is Stage.STARTING
-    assert poll(wait, 1.0, head=dead, worker=MISSING) is Stage.FAILED
+    assert confirmed(wait, 1.0, head=dead, worker=MISSING) is Stage.FAILED
     assert signature(wait) == f"no container named {CONTAINER!r} (the launcher has exited)"
 
 
 def test_attached_a_missing_container_is_gone_after_the_attach_grace() -> None:
     wait = machine(launcher_pid=None)
     assert poll(wait, ATTACH_MISSING_S, worker=MISSING) is Stage.LOADING
-    assert poll(wait, ATTACH_MISSING_S + 0.5, worker=MISSING) is Stage.FAILED
+    assert confirmed(wait, ATTACH_MISSING_S + 0.5, worker=MISSING) is Stage.FAILED
     assert signature(wait).startswith(f"no container named {CONTAINER!r}")
 
 
@@ -174,7 +183,7 @@ def test_attached_a_container_where_nothing_serves_is_a_dead_rank_after_the_grac
     idle = probe(procs=())
     assert poll(wait, 1.0, worker=idle) is Stage.LOADING  # idle since 1.0
     assert poll(wait, 1.0 + MISSING_LIMIT_S, worker=idle) is Stage.LOADING
-    assert poll(wait, 1.5 + MISSING_LIMIT_S, worker=idle) is Stage.FAILED
+    assert confirmed(wait, 1.5 + MISSING_LIMIT_S, worker=idle) is Stage.FAILED
     assert wait.watch.failure is not None and wait.watch.failure.node == WORKER
     assert signature(wait) == (
         f"no vllm or ray process in the running container {CONTAINER!r} for 30 s (limit 30 s)"
@@ -184,7 +193,19 @@ def test_attached_a_container_where_nothing_serves_is_a_dead_rank_after_the_grac
 def test_a_serving_process_seen_and_gone_is_a_dead_rank_at_once() -> None:
     wait = machine()
     assert poll(wait, 0.5) is Stage.LOADING
-    assert poll(wait, 1.0, worker=probe(procs=())) is Stage.FAILED
+    assert confirmed(wait, 1.0, worker=probe(procs=())) is Stage.FAILED
+    assert signature(wait).startswith("`vllm serve` exited inside the running container")
+
+
+def test_a_dead_rank_held_for_confirmation_is_not_lost_to_a_limit_reached_meanwhile() -> None:
+    """The confirming poll cannot reach the rank's node (its retry pending) and the ready
+    timeout falls due: the dead rank, held, is still the verdict, not the timeout."""
+    wait = machine(ready_timeout=1.5)
+    assert poll(wait, 0.5) is Stage.LOADING
+    assert poll(wait, 1.0, worker=probe(procs=())) is Stage.LOADING  # held
+    lost = NodeUnreachable(WORKER, "SSH session lost")
+    assert wait.observe({HEAD: UP, WORKER: lost}, 1.5) is Stage.FAILED
+    assert wait.watch.failure is not None and wait.watch.failure.node == WORKER
     assert signature(wait).startswith("`vllm serve` exited inside the running container")
 
 

@@ -211,6 +211,12 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     return Clock()
 
 
+# The schedules below (retries, hang, ready and grace limits, confirming polls) are counted
+# in polls half a second apart; the product's default (readiness.POLL_S) is held by
+# test_the_default_pause_between_polls_is_a_second.
+POLL_S = 0.5
+
+
 def watch(cluster: FakeCluster, clock: Clock, **kwargs: Any) -> StartupWatch:
     options: dict[str, Any] = {
         "container": CONTAINER,
@@ -222,6 +228,7 @@ def watch(cluster: FakeCluster, clock: Clock, **kwargs: Any) -> StartupWatch:
         "launcher_pid": PID,
         "clock": clock,
         "retry": for_connection(1.0, 1.0),  # retries after 1, 1, 1 s
+        "poll_s": POLL_S,
     }
     return wait_ready(cluster, **{**options, **kwargs})
 
@@ -234,7 +241,7 @@ def fails(cluster: FakeCluster, clock: Clock, **kwargs: Any) -> StartupFailed:
 
 def rounds(clock: Clock, start: float = 1000.0) -> float:
     """Polls made so far (one sleep of POLL_S between two polls)."""
-    return (clock.time - start) / readiness.POLL_S
+    return (clock.time - start) / POLL_S
 
 
 # -- launching: nodes start one after another ---------------------------------------------
@@ -258,7 +265,8 @@ def test_launch_a_worker_never_started_fails_once_the_launcher_is_dead(clock: Cl
     message = str(failed)
     assert message.startswith(f"serving container exited on {WORKER}: no container named")
     assert "  log: ssh: worker down" in message
-    assert rounds(clock) == 4  # the poll after the one that found the launcher dead
+    # the poll after the one that found the launcher dead, and its confirming poll
+    assert rounds(clock) == 5
 
 
 def test_launch_health_5xx_once_every_node_started_is_a_dead_engine(clock: Clock) -> None:
@@ -280,7 +288,7 @@ def test_launch_a_worker_seen_then_gone_is_a_dead_tp_rank(clock: Clock) -> None:
         f"serving container exited on {WORKER}: container {CONTAINER} missing; /health answers 503"
     ), message
     assert f"the TP rank on {WORKER} is gone" in message
-    assert rounds(clock) == 2  # the poll that saw it
+    assert rounds(clock) == 3  # the poll that saw it, and the one that confirmed it
 
 
 def test_launch_a_worker_container_exited_fails_at_once(clock: Clock) -> None:
@@ -301,7 +309,7 @@ def test_attach_a_missing_worker_with_health_503_is_a_dead_tp_rank(clock: Clock)
         f"serving container exited on {WORKER}: container {CONTAINER} missing; /health answers 503"
     ), message
     assert "TP rank" in message
-    assert rounds(clock) == 0
+    assert rounds(clock) == 1  # the confirming poll
     assert "ps -o stat=" not in cluster.conn(HEAD).commands[0]  # no launcher to ask about
 
 
@@ -311,7 +319,7 @@ def test_attach_a_missing_worker_fails_after_five_seconds(clock: Clock) -> None:
     assert str(failed).startswith(
         f"serving container exited on {WORKER}: no container named {CONTAINER!r}"
     )
-    assert 5 < rounds(clock) * readiness.POLL_S <= 5.5
+    assert 5.5 < rounds(clock) * POLL_S <= 6.0  # and its confirming poll
 
 
 # -- log signatures ---------------------------------------------------------------------
@@ -406,7 +414,7 @@ def test_a_placement_group_not_formed_hangs_at_the_placement_timeout(clock: Cloc
 def test_the_pause_between_polls_is_the_rest_of_the_poll_on_the_one_clock(
     clock: Clock,
 ) -> None:
-    # each head probe takes 0.2 s of the clock: the wait sleeps the 0.3 s left of POLL_S
+    # each head probe takes 0.2 s of the clock: the wait sleeps the 0.3 s left of the poll
     cluster = FakeCluster([State()] * 3 + [State(health="200")], [State()])
     conn = cluster.conn(HEAD)
     answer = conn.run
@@ -417,7 +425,20 @@ def test_the_pause_between_polls_is_the_rest_of_the_poll_on_the_one_clock(
 
     conn.run = slow  # type: ignore[method-assign]
     assert watch(cluster, clock).ready
-    assert clock.slept == pytest.approx([readiness.POLL_S - 0.2] * 3)
+    assert clock.slept == pytest.approx([POLL_S - 0.2] * 3)
+
+
+def test_the_default_pause_between_polls_is_a_second(clock: Clock) -> None:
+    """Without ``poll_s`` the wait polls every readiness.POLL_S, 1 s: each probe runs
+    three docker commands on every node, and a 15-minute load needs no more."""
+    cluster = FakeCluster([State()] * 3 + [State(health="200")], [State()])
+    options = {"container": CONTAINER, "port": PORT, "ready_timeout": 600.0}
+    done = wait_ready(
+        cluster, **options, hang_timeout=300.0, placement_timeout=120.0, since=SINCE,
+        launcher_pid=PID, clock=clock, retry=for_connection(1.0, 1.0),
+    )  # fmt: skip
+    assert done.ready
+    assert readiness.POLL_S == 1.0 and clock.slept == pytest.approx([1.0] * 3)
 
 
 def test_silence_while_a_node_is_retried_is_no_hang(clock: Clock) -> None:
@@ -507,7 +528,7 @@ def test_a_dead_headless_rank_in_a_live_container_fails_naming_its_node(clock: C
     ), message
     assert f"  log: {crash}" in message  # that node's last line
     assert message.index(f"log lines of {WORKER}") < message.index(f"log lines of {HEAD}")
-    assert rounds(clock) == 1  # the poll that found the process gone
+    assert rounds(clock) == 2  # the poll that found the process gone, and the next
 
 
 def test_a_dead_vllm_serve_on_a_ray_head_is_seen_while_ray_runs_on(clock: Clock) -> None:
@@ -540,7 +561,7 @@ def test_a_missing_container_names_the_limit_that_applied(clock: Clock) -> None:
         f"serving container exited on {WORKER}: no container named {CONTAINER!r} (still "
         "missing after 40 s (limit 40 s))"
     ), str(failed)
-    assert rounds(clock) == 81  # the first poll past 40 s
+    assert rounds(clock) == 82  # the first poll past 40 s, and its confirming poll
 
 
 # -- what the watch can see ---------------------------------------------------------------
@@ -575,7 +596,7 @@ def test_attach_health_5xx_with_a_container_where_nothing_serves_names_it(clock:
         f"vLLM failed to start on {WORKER}: no vllm or ray process in the running container "
         f"{CONTAINER!r}; /health answers 503"
     ), str(failed)
-    assert rounds(clock) == 0
+    assert rounds(clock) == 1  # the confirming poll
 
 
 NCCL_AFTER = (
@@ -603,6 +624,32 @@ def test_a_root_cause_in_a_log_wins_over_the_rank_it_killed(clock: Clock) -> Non
     assert failed.failure.node == HEAD and failed.failure.signature == "cuda-oom", str(failed)
 
 
+def test_a_root_cause_that_reaches_the_log_a_poll_later_wins_over_the_dead_rank(
+    clock: Clock,
+) -> None:
+    """No-Ray: the head's engine fails, the worker's headless rank exits at once, and the
+    head's fatal line reaches its log one poll after the rank is seen gone. The rank is
+    blamed only once the next poll of every log shows no cause of its own: here it does."""
+    head = [State(), State(), State(logs=(OOM,))]
+    worker = [State(procs=(HEADLESS,)), State(procs=())]
+    failed = fails(FakeCluster(head, worker), clock)
+    assert failed.failure.node == HEAD and failed.failure.signature == "cuda-oom", str(failed)
+    assert rounds(clock) == 2  # the poll that saw the rank gone, and the next one
+
+
+def test_a_dead_rank_stands_when_the_next_poll_brings_only_its_consequences(
+    clock: Clock,
+) -> None:
+    """The poll after the rank is seen gone brings the peer's NCCL error (a consequence):
+    the dead rank stands, as first found."""
+    head = [State(), State(), State(logs=(NCCL_AFTER,))]
+    worker = [State(procs=(HEADLESS,)), State(procs=())]
+    failed = fails(FakeCluster(head, worker), clock)
+    assert failed.failure.node == WORKER, str(failed)
+    assert "exited inside the running container" in str(failed)
+    assert rounds(clock) == 2
+
+
 # -- the head's vLLM output in the launcher's log (Ray mode) ------------------------------
 def test_a_progress_bar_in_the_launcher_log_shows_each_redraw(clock: Clock) -> None:
     bar = "Loading safetensors checkpoint shards:  {}% Completed | {}/9 [00:13<00:11,  2.87s/it]"
@@ -627,4 +674,4 @@ def test_a_gone_container_wins_over_what_its_peer_then_logs(clock: Clock, worker
     assert failed.failure.kind == "exited" and failed.failure.node == WORKER, str(failed)
     assert str(failed).startswith(f"serving container exited on {WORKER}: container {CONTAINER}")
     assert f"{HEAD} then logged: {NCCL_AFTER[:60]}" in str(failed)
-    assert rounds(clock) == 0
+    assert rounds(clock) == 1  # the confirming poll

@@ -154,12 +154,14 @@ def test_missing_data_gives_a_line_not_a_plot(pytester: pytest.Pytester) -> None
         "spark-plot-busbw",
         "spark-plot-latency",
         "spark-plot-throughput",
+        "spark-plot-knee",
         "spark-plot-timeline",
     }
     text = " ".join(tags.text)
     assert "no plot: no check attached a busbw series" in text
     assert "no plot: no check attached a latency series" in text
     assert "no plot: no throughput sweep was recorded" in text
+    assert "no plot: no open-loop sweep was recorded (it runs with --spark-open-loop)" in text
     assert "no plot: no startup timeline was recorded" in text
 
 

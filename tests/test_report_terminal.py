@@ -20,7 +20,8 @@ def test_summary_table_figures_and_paths(pytester: pytest.Pytester) -> None:
             "tool_calls  - *- *1 skipped*",
             "throughput  - *- *1 passed*",
             "figures: busbw 0.24 GB/s at the largest message (threshold 0.2) | "
-            "tok/s @1 30 tok/s, TTFT p90 0.3 s | tok/s @4 90.94 tok/s, TTFT p90 1.2 s | "
+            "tok/s @1 30 tok/s, TTFT p90 0.3 s, p99 0.4 s | "
+            "tok/s @4 90.94 tok/s, TTFT p90 1.2 s, p99 1.6 s | "
             "load 300.0 s (start 30 s, weights 150 s, kv 45 s, graphs 60 s, api 15 s)",
             f"results JSON: {pytester.path / 'out' / 'results.json'}",
             f"history:      {pytester.path / 'h'}/dgx-spark-2node-*/0001_nogit_*.json",

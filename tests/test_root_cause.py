@@ -136,6 +136,102 @@ def test_without_the_verdict_the_checks_fail_themselves(
     result.stdout.fnmatch_lines(["*node unreachable: spark-head: SSH connection*refused*"])
 
 
+LOST_CONFTEST = """
+from pytest_spark.state import CLUSTER_KEY
+
+
+class Conn:
+    closed = 0
+
+    def close(self):
+        self.closed += 1
+
+
+class Node:
+    def __init__(self, name, address):
+        self.name, self.address, self._error, self.conn = name, address, None, Conn()
+
+
+class Cluster:
+    def __init__(self):
+        self.nodes = [Node("spark-head", "198.18.0.11"), Node("spark-worker-1", "198.18.0.12")]
+
+    def node(self, name):
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        raise KeyError(name)
+
+    def unreachable(self, node):
+        return node._error
+
+    def mark_lost(self, node, error):
+        node._error = error
+        node.conn.close()
+
+    def close(self):
+        pass
+
+
+def pytest_configure(config):
+    config.stash[CLUSTER_KEY] = Cluster()
+"""
+
+LOST_SUITE = """
+import pytest
+from pytest_spark.access.base import NodeUnreachable
+from pytest_spark.readiness.reachability import require_reachable
+from pytest_spark.state import CLUSTER_KEY
+
+
+def test_1_meets_the_cut(request):
+    raise NodeUnreachable("spark-worker-1", "SSH session lost: Socket is closed")
+
+
+def test_2_meets_it_again():
+    raise NodeUnreachable("spark-worker-1", "connection lost while running: uptime")
+
+
+def test_3_needs_the_worker(request):
+    cluster = request.config.stash[CLUSTER_KEY]
+    require_reachable(request.config, cluster, [cluster.node("spark-worker-1")])
+
+
+def test_4_head_still_answers(request):
+    cluster = request.config.stash[CLUSTER_KEY]
+    require_reachable(request.config, cluster, [cluster.node("spark-head")])
+    assert cluster.node("spark-worker-1").conn.closed == 1
+
+
+def test_5_not_a_node_of_the_cluster():
+    raise NodeUnreachable("elsewhere", "refused")
+"""
+
+
+def test_a_node_lost_mid_session_is_one_failure_and_later_checks_skip_citing_it(
+    pytester: pytest.Pytester,
+) -> None:
+    """A node that answered at connect and is cut during the checks: the check that meets
+    it first fails naming it, the last error and what to check (no traceback); a later
+    check that meets it, or needs it, skips citing that check; other nodes go on."""
+    pytester.makeconftest(LOST_CONFTEST)
+    pytester.makepyfile(test_lost=LOST_SUITE)
+    result = pytester.runpytest("-rfs", "--spark-head=198.18.0.11", "-p", "no:cacheprovider")
+    result.assert_outcomes(failed=2, skipped=2, passed=1)
+    out = result.stdout.str()
+    failure = (
+        "spark-worker-1: lost during this check: SSH session lost: Socket is closed. It "
+        "answered when the session connected. Check its management link (ping 198.18.0.12) "
+        "and sshd on it; every later check that needs spark-worker-1 is skipped citing this one."
+    )
+    result.stdout.fnmatch_lines([failure])
+    cited = "spark-worker-1 lost during test_lost.py::test_1_meets_the_cut: SSH session lost"
+    assert out.count(cited) == 2, out  # test_2 and test_3
+    first = out.split("_ test_5_not_a_node_of_the_cluster _")[0]
+    assert "During handling" not in first and "NodeUnreachable" not in first, out
+    assert "NodeUnreachable: elsewhere: refused" in out  # not ours to judge: as raised
+
+
 # --- the server's command line ---------------------------------------------------------
 
 

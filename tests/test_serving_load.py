@@ -16,7 +16,10 @@ import pytest
 
 from pytest_spark.access.api import ApiEndpoint
 from pytest_spark.serving import LevelResult, LoadSpec, Summary, percentile, run_sweep
-from pytest_spark.serving.load import RequestRecord, request_body
+from pytest_spark.serving.load import LoadClient, RequestRecord, request_body
+from pytest_spark.serving.openloop import OpenLoopSpec, poisson_schedule, run_rate_sweep
+from pytest_spark.serving.slo import Slo
+from pytest_spark.serving.soak import SoakSpec, run_soak
 
 
 def delta_chunk(**delta: Any) -> dict[str, Any]:
@@ -238,3 +241,49 @@ def test_serving_error_json_round_trip() -> None:
     )
     assert back.finding("warm-up") == error.finding("warm-up")  # the key is redacted in both
     assert "sk-secret" not in json.dumps(error.to_json())
+
+
+def test_rate_sweep_finds_the_knee_of_a_paced_server(paced: str) -> None:
+    """The paced server answers each request in TTFT + 20 / RATE = 0.25 s at the soonest,
+    whatever the load: a 30 s TTFT SLO holds at every rate (the knee is the top rate tried),
+    an E2E SLO of 0.1 s breaks at the first rate (no knee) and the sweep stops there."""
+    load = LoadSpec(prompt_tokens=16, output_tokens=21, warmup_requests=1, level_budget_s=10)
+    spec = OpenLoopSpec(start_rate=4.0, rate_factor=2.0, max_levels=2, requests_per_level=6)
+    lines: list[str] = []
+    lc = LoadClient(ApiEndpoint(paced, "m"), load)
+    sweep = run_rate_sweep(lc, spec, Slo(ttft_s=30.0, min_goodput_pct=100.0), lines.append)
+    doc = sweep.to_dict()
+    assert json.loads(json.dumps(doc)) == doc
+    assert [lv["rate"] for lv in doc["levels"]] == [4.0, 8.0]
+    assert all(lv["met"] and lv["requests"] == 6 for lv in doc["levels"])
+    assert doc["knee_req_s"] == 8.0 and sweep.knee == 8.0
+    level = doc["levels"][0]["level"]
+    assert level["rate"] == 4.0 and level["output_tokens"] == 6 * 21
+    # sent on the seeded Poisson schedule: never before a request's time (late on a busy
+    # machine: late_s records by how much)
+    starts = sorted(r.start for r in sweep.levels[0].level.records)
+    expected = poisson_schedule(4.0, 6, spec.seed)
+    assert all(s >= e - 0.005 for s, e in zip(starts, expected, strict=True))
+    assert sweep.levels[0].late_s >= 0.0
+    assert lines[-1].startswith("open loop 8 req/s: 6/6 requests 100% ")
+    tight = run_rate_sweep(
+        LoadClient(ApiEndpoint(paced, "m"), load), spec, Slo(e2e_s=0.1, min_goodput_pct=50.0)
+    )
+    assert [lv.rate for lv in tight.levels] == [4.0] and tight.knee is None
+    assert tight.levels[0].goodput.worst() == "e2e"
+
+
+def test_soak_holds_the_load_and_reports_windows(paced: str) -> None:
+    """2 streams for 1.2 s at 0.25 s a request: about 10 requests, two windows of 0.5 s at
+    about 2 x 21 / 0.25 = 168 tok/s each (no drift), /metrics absent (None, not 0)."""
+    load = LoadSpec(prompt_tokens=16, output_tokens=21, warmup_requests=1)
+    lines: list[str] = []
+    spec = SoakSpec(duration_s=1.2, concurrency=2, window_s=0.5)
+    result = run_soak(LoadClient(ApiEndpoint(paced, "m"), load), spec, lines.append)
+    doc = result.to_dict()
+    assert json.loads(json.dumps(doc)) == doc
+    assert doc["failed"] == 0 and 8 <= doc["requests"] <= 12
+    assert len(doc["window_tok_s"]) == 2
+    assert all(w <= 2 * 21 / 0.25 * 1.05 for w in doc["window_tok_s"])
+    assert doc["preemptions"] is None and doc["waiting_growth"] is None
+    assert lines[-1].startswith(f"soak 1/1 s: {doc['requests']} requests 100% ")

@@ -18,9 +18,10 @@ import pytest
 from pytest_spark.access.api import ApiEndpoint
 from pytest_spark.serving import ServingError, assemble
 from pytest_spark.serving.evidence import Exchange
-from pytest_spark.serving.sdk import SdkClient
-from pytest_spark.serving.sdkchecks import compare_sdk
+from pytest_spark.serving.sdk import SdkClient, SdkTurn, StreamHelper
+from pytest_spark.serving.sdkchecks import check_stream_helper, compare_sdk
 from pytest_spark.serving.structured import check_structured, request_for
+from pytest_spark.serving.tools import ToolRequest, check_tool_calls
 from pytest_spark.serving.turn import Turn, from_response
 
 MESSAGE = {
@@ -130,6 +131,18 @@ def sdk(server: Server) -> Iterator[SdkClient]:
 
 
 BODY = {"model": "qwen", "messages": [{"role": "user", "content": "weather?"}], "seed": 1}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+            "required": ["city"],
+        },
+    },
+}
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
 
 
 def raw_turn(streamed: bool) -> Turn:
@@ -160,6 +173,85 @@ def test_streamed_deltas_assemble_to_the_raw_call(server: Server, sdk: SdkClient
     assert turn.tool_calls[0].arguments == '{"city": "Paris", "days": 2}'
     assert turn.tool_calls[0].fragments == 2 and turn.reasoning_fields == ("reasoning",)
     assert compare_sdk(raw_turn(True), turn, "x", what="calls").ok
+
+
+def test_the_sdks_stream_helper_types_and_finishes_the_call(server: Server, sdk: SdkClient) -> None:
+    server.reply = (200, "text/event-stream", STREAM)
+    turn = sdk.turn({**BODY, "tools": [WEATHER]}, True)
+    assert isinstance(turn, SdkTurn) and turn.helper is not None
+    (call,) = turn.helper.calls
+    assert (call.type, call.name, call.done) == ("function", "get_weather", True)
+    assert call.arguments == '{"city": "Paris", "days": 2}' and call.header_chunk == 3
+    finding = check_stream_helper(turn, "x")
+    assert finding.ok, finding.message
+
+
+# vLLM #16340: the named tool_choice stream's first tool-call delta without "type"
+NO_TYPE = [
+    STREAM[0],
+    chunk(
+        {
+            "tool_calls": [
+                {
+                    "id": "chatcmpl-tool-1",
+                    "index": 0,
+                    "function": {"name": "get_weather", "arguments": '{"city": '},
+                }
+            ]
+        }
+    ),
+    chunk({"tool_calls": [{"index": 0, "function": {"arguments": '"Paris", "days": 2}'}}]}),
+    chunk({}, "stop"),
+    "data: [DONE]\n\n",
+]
+
+
+def test_a_header_delta_without_type_is_the_sdk_checks_alone(
+    server: Server, sdk: SdkClient
+) -> None:
+    """Within OpenAI's chunk schema (type optional), so the raw check passes it; the SDK's
+    stream helper leaves the call untyped and never reports it done: that check fails,
+    naming the field and quoting the delta as the SDK read it."""
+    server.reply = (200, "text/event-stream", NO_TYPE)
+    named = ToolRequest((WEATHER,), "named", ("get_weather",), streamed=True)
+    body = {**BODY, "tools": [WEATHER], "tool_choice": NAMED}
+    turn = sdk.turn(body, True)
+    assert check_tool_calls(turn, named).ok  # the SDK's typed deltas assemble to the call
+    chunks = [json.loads(e[6:]) for e in NO_TYPE if not e.startswith("data: [DONE]")]
+    raw = assemble(chunks, Exchange("POST", "u"))
+    assert check_tool_calls(raw, named).ok, check_tool_calls(raw, named).message
+    assert compare_sdk(raw, turn, "x", what="calls").ok
+    assert isinstance(turn, SdkTurn) and turn.helper is not None
+    (call,) = turn.helper.calls
+    assert (call.type, call.done) == (None, False)
+    finding = check_stream_helper(turn, "named", server="qwen at u")
+    assert not finding.ok
+    message = finding.message
+    assert message.startswith("qwen at u: named: through the openai SDK's stream helper")
+    assert "tool call 0 (get_weather): its first delta (chunk 2) has no field " in message
+    assert "choices.0.delta.tool_calls.0.type" in message
+    quoted = message.split("choices.0.delta.tool_calls.0.type: ", 1)[1].split("; so ")[0]
+    assert quoted.startswith("""'{"index":0,"id":"chatcmpl-tool-1","function":""")
+    assert '"name":"get_weather"' in quoted and '"type"' not in quoted, quoted
+    assert "type=None" in message and "no tool_calls.function.arguments.done event" in message
+    assert "vllm-project/vllm#16340" in message
+    assert finding.evidence["request"] and finding.evidence["stream"]
+
+
+def test_a_call_without_type_still_fails_the_raw_check_when_not_streamed() -> None:
+    """Non-streaming, OpenAI's schema requires type: that stays the raw check's failure."""
+    message = {**MESSAGE, "tool_calls": [{**MESSAGE["tool_calls"][0], "type": None}]}
+    turn = from_response(completion(message, "stop"), Exchange("POST", "u"))
+    named = ToolRequest((WEATHER,), "named", ("get_weather",))
+    finding = check_tool_calls(turn, named)
+    assert not finding.ok and "type is None, expected 'function'" in finding.message
+
+
+def test_the_stream_helpers_own_failure_is_reported() -> None:
+    turn = SdkTurn(**vars(raw_turn(True)))
+    turn.helper = StreamHelper(error="IndexError: list index out of range")
+    finding = check_stream_helper(turn, "x")
+    assert not finding.ok and "raised IndexError: list index out of range" in finding.message
 
 
 def test_a_field_the_sdk_cannot_type_is_named_and_quoted(server: Server, sdk: SdkClient) -> None:
@@ -297,3 +389,8 @@ def test_recorded_vllm_answers_parse_strictly(server: Server, sdk: SdkClient, pa
         raw = from_response(json.loads(body), ex)
     assert (turn.content, turn.finish_reason) == (raw.content, raw.finish_reason)
     assert compare_sdk(raw, turn, path.stem, what="calls").ok
+    if streamed:  # the SDK's stream helper types and finishes real vLLM's calls
+        assert isinstance(turn, SdkTurn)
+        finding = check_stream_helper(turn, path.stem)
+        assert finding.ok, finding.message
+        assert len(turn.helper.calls if turn.helper else ()) == len(raw.tool_calls)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -31,16 +32,27 @@ SHAPE = (
     "throughput.output_tokens=16,throughput.prompt_tokens=64,"
     "throughput.concurrency=1;4,throughput.min_requests=2,"
     "throughput.requests_per_stream=1,throughput.warmup_requests=1,"
-    "throughput.max_ttft_p90_s_1=2.0"
+    "throughput.max_ttft_p90_s_1=2.0,"
+    "slo.ttft_s=2.0,slo.tpot_s=0.5,slo.e2e_s=8.0"
 )
 # Healthy 600 tok/s per stream; slow-decode 60. Speed checks are strict where speed is the
-# point (healthy, run alone; slow-decode, whose slowness only grows under load) and lax in
-# the other scenarios, which run side by side on a busy machine.
-STRICT = SHAPE + ",throughput.min_decode_tok_s_1=150,throughput.min_agg_tok_s_4=400"
+# point (healthy; slow-decode, whose slowness only grows under load) and lax in the other
+# scenarios, which run side by side on a busy machine.
+# The strict runs decode 64 tokens a request. Beside the fault matrix (the suite tier's
+# other worker) the healthy emulator gave 278 tok/s at 1 stream and 305-364 at 4 (600 and
+# 2400 nominal): the floors are 150 and 250, and slow-decode's 4 streams (~233 tok/s, lower
+# under load) still fall under the aggregate floor, its skip citing the decode verdict.
+STRICT = SHAPE + ",throughput.output_tokens=64"
+STRICT += ",throughput.min_decode_tok_s_1=150,throughput.min_agg_tok_s_4=250"
 LAX = SHAPE + ",throughput.min_decode_tok_s_1=1,throughput.min_agg_tok_s_4=1"
 EMU_ENV = {
     "SPARKSIM_EMU_TIME_SCALE": "0",
     "SPARKSIM_EMU_DECODE_TOK_S": "600",
+    # Every stream at 600 tok/s (the step model's batch growth off): these scenarios are
+    # about verdicts, and at ms-scale steps with 16-token requests a loaded machine's TTFT
+    # already eats the 4-stream aggregate (1.9x of 600, the hardware's curve, measured
+    # 229 tok/s at load 20 on 2 cores). The suite tier's fault matrix runs the curve.
+    "SPARKSIM_EMU_STEP_EXPERT_SHARE": "0",
     "SPARKSIM_EMU_TTFT_S": "0.02",
     "SPARKSIM_EMU_PREFILL_TOK_S": "0",
     "SPARKSIM_EMU_REASONING_TOKENS": "16",
@@ -68,6 +80,8 @@ THROUGHPUT = {
     "test_decode_single_stream",
     "test_ttft_p90_single_stream",
     "test_aggregate_four_streams",
+    "test_goodput",
+    "test_metrics_health_during_sweep",
 }
 # The command-line verdicts: read from --spark-serve-args here (no container to inspect).
 VERDICTS = {"test_server_has_tool_parser", "test_server_has_reasoning_parser"}
@@ -132,12 +146,25 @@ EXPECTED: dict[str, tuple[set[str], str]] = {
     "think-in-content": ({"test_reasoning_separated[plain]"}, "</think> leaked into content"),
     "reasoning-in-content": ({"test_reasoning_separated[plain]"}, "content"),
     "answer-in-reasoning": ({"test_thinking_disabled[plain]"}, "the answer landed in reasoning"),
+    # vLLM #16340: the named stream's header delta has no "type". Within OpenAI's chunk
+    # schema, so the raw checks pass it; only the SDK's stream helper is left without a call
+    "tool-delta-no-type": (
+        {"test_sdk_tool_call[named-stream]"},
+        "has no field choices.0.delta.tool_calls.0.type: ",
+    ),
     # one verdict: the json_schema non-streaming answer; the other formats skip citing it
     "response-format-ignored": (
         {"test_structured_output[json_schema-plain]"},
         "the server ignored response_format: content is not JSON but text",
     ),
+    # one request alone is as fast as ever; at 4 streams TTFT + 1 s per other running
+    # request breaks the TTFT SLO of half the requests: only the goodput gate sees it
+    "ttft-grows-with-batch": ({"test_goodput"}, "most broken: TTFT"),
+    # /metrics health: the sweep's requests all succeed; the server counts preemptions
+    "preempt-under-load": ({"test_metrics_health_during_sweep"}, "vllm:num_preemptions +"),
 }
+# faults of speed, not of the wire: their failures carry the figures, not a request
+SPEED_FAULTS = {"slow-decode", "ttft-grows-with-batch"}
 
 
 # fault -> the checks that skip citing the one failure, and the words each skip says
@@ -154,8 +181,9 @@ CITED: dict[str, tuple[set[str], str]] = {
         "qwen3_coder, which reads XML calls (<tool_call><function=NAME><parameter=KEY>) "
         "(test_tool_call[auto-plain] has the evidence)",
     ),
+    # the aggregate, and the goodput whose requests broke TPOT (slo.tpot_s=0.01 there)
     "slow-decode": (
-        {"test_aggregate_four_streams"},
+        {"test_aggregate_four_streams", "test_goodput"},
         "so the shortfall is each stream's speed: single-stream decode",
     ),
     "tool-args-unstreamed": (
@@ -242,12 +270,19 @@ class Run:
 class Emulator:
     """One ``python -m sparksim.emulator serve`` on a free loopback port."""
 
-    def __init__(self, workdir: Path, server_flags: bool = True) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        server_flags: bool = True,
+        extra_args: tuple[str, ...] = (),
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.control = workdir / "control.json"
         self.control.write_text('{"faults": []}')
-        env = {**os.environ, **EMU_ENV, "SPARKSIM_EMU_CONTROL": str(self.control)}
+        env = {**os.environ, **EMU_ENV, **(extra_env or {})}
+        env["SPARKSIM_EMU_CONTROL"] = str(self.control)
         argv = [
             sys.executable,
             "-m",
@@ -262,6 +297,7 @@ class Emulator:
             str(self.port),
             "--max-model-len",
             "8192",
+            *extra_args,
         ]
         if server_flags:  # the reference deployment's flags (REFERENCE section 1)
             argv += [
@@ -317,7 +353,9 @@ class Emulator:
         self.log.close()
 
 
-def run_suite(url: str, workdir: Path, thresholds: str, serve_args: str) -> Run:
+def run_suite(
+    url: str, workdir: Path, thresholds: str, serve_args: str, marker: str = MARKERS, *extra: str
+) -> Run:
     results = workdir / "results.json"
     argv = [
         sys.executable,
@@ -328,7 +366,8 @@ def run_suite(url: str, workdir: Path, thresholds: str, serve_args: str) -> Run:
         "no:cacheprovider",
         "-q",
         "-m",
-        MARKERS,
+        marker,
+        *extra,
         f"--spark-api-url={url}",
         f"--spark-serve-args={serve_args}",
         "--spark-profile=sim",
@@ -356,6 +395,8 @@ def scenario(fault: str, workdir: Path) -> Run:
             emu.fault(fault)
         strict = fault in ("healthy", "slow-decode")
         thresholds = STRICT if strict else LAX
+        if fault == "slow-decode":  # 60 tok/s: TPOT ~17 ms breaks it, healthy's ~2 ms not
+            thresholds += ",slo.tpot_s=0.01"
         if fault == "no-flags-lax":
             thresholds += ",tool_calls.expected=false,reasoning.expected=false"
         return run_suite(emu.url, workdir, thresholds, f"{SERVE} {FLAGS}" if flags else SERVE)
@@ -436,18 +477,32 @@ def test_suite_on_emulator(runs: dict[str, Run | Exception], fault: str) -> None
         assert "qwen at http://127.0.0.1:" in check["message"], check["message"]
         evidence = check["evidence"]
         assert evidence, (name, "no evidence attached")
-        if fault != "slow-decode":
+        if fault == "preempt-under-load":  # the server's figures, level by level
+            assert '"preemptions":' in evidence["level_metrics"], evidence
+        elif fault not in SPEED_FAULTS:
             assert "POST http://127.0.0.1:" in evidence["request"], evidence
             assert set(evidence) & {"response", "stream"}, evidence
     if fault == "healthy":
         assert run.ret == 0
         sweep = run.checks["test_sweep_completes"]["extra"]["sweep"]
         assert [lv["concurrency"] for lv in sweep["levels"]] == [1, 4]
+        assert [lv["goodput"]["goodput_pct"] for lv in sweep["levels"]] == [100.0, 100.0]
+        good = run.checks["test_goodput"]["extra"]["goodput"]
+        assert good["slo_s"] == {"ttft": 2.0, "tpot": 0.5, "e2e": 8.0}
+        assert good["at_percentile"]["ttft"]["pct"] == 99.0
         assert sweep["server_metrics"]["kv_cache_metric"] == "vllm:kv_cache_usage_perc"
-        assert sweep["server_metrics"]["client_output_tokens"] == 6 * 16
+        assert sweep["server_metrics"]["client_output_tokens"] == 6 * 64
         assert (
             run.checks["test_reasoning_separated[plain]"]["extra"]["reasoning_field"] == "reasoning"
         )
+        # the throughput levels' live line (issue #16 section 8), flushed as written: in a
+        # log, the first request's line as it comes, then each level's last, at 100%
+        for line in (
+            r"throughput 1 stream: 1/2 requests 50% \d+\.\d tok/s so far",
+            r"throughput 1 stream: 2/2 requests 100% \d+\.\d tok/s so far",
+            r"throughput 4 streams: 4/4 requests 100% \d+\.\d tok/s so far",
+        ):
+            assert re.search(f"^{line}$", run.output, re.MULTILINE), (line, run.output[-3000:])
 
 
 AUTO = {
@@ -503,3 +558,194 @@ def test_suite_without_server_flags(runs: dict[str, Run | Exception], fault: str
     for name in must_skip:
         message = run.checks[name]["message"]
         assert any(words in message for words in SKIP_SAYS[fault]), (name, message)
+
+
+# The load modes (tests_e2e/test_open_loop.py, test_soak.py) at short settings: off by
+# default, so each run asks for its mode; against their own emulators, side by side.
+# A drift of 60 %: the healthy soak's 2 s windows drifted 39 % on a loaded machine (the tiers
+# side by side); slow-decode's tenth is a 90 % fall.
+LOAD = SHAPE + ",throughput.output_tokens=64,soak.window_s=2,soak.concurrency=2"
+LOAD += ",soak.max_drift_pct=60"
+OPEN_LOOP = {"test_open_loop_knee"}
+SOAK = {
+    "test_soak_no_errors",
+    "test_soak_tok_s_steady",
+    "test_soak_no_preemptions",
+    "test_soak_waiting_queue_steady",
+}
+
+
+def _served(emu: Emulator) -> float:
+    """Requests the emulator has finished (vllm:request_success_total)."""
+    text = httpx.get(emu.url + "/metrics", timeout=5).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("vllm:request_success_total")
+    )
+
+
+def load_mode(name: str, workdir: Path) -> Run:
+    workdir.mkdir(parents=True, exist_ok=True)
+    emu = Emulator(workdir)
+    try:
+        if name == "skipped":
+            return run_suite(emu.url, workdir, LOAD, f"{SERVE} {FLAGS}", marker="load")
+        if name == "knee-fault":  # every request fast alone, slow once two overlap
+            emu.fault("ttft-grows-with-batch")
+            args = LOAD + ",open_loop.min_knee_req_s=8"
+            return run_suite(
+                emu.url, workdir, args, f"{SERVE} {FLAGS}", "load", "--spark-open-loop"
+            )
+        extra = (
+            ["--spark-open-loop", "--spark-soak=8s"] if name == "healthy" else ["--spark-soak=8s"]
+        )
+        if name == "healthy":
+            return run_suite(emu.url, workdir, LOAD, f"{SERVE} {FLAGS}", "load", *extra)
+        # drift: decode slows tenfold a few seconds into the soak (slow-decode)
+        with ThreadPoolExecutor(1) as pool:
+            run = pool.submit(run_suite, emu.url, workdir, LOAD, f"{SERVE} {FLAGS}", "load", *extra)
+            deadline = time.monotonic() + 120
+            while not run.done() and time.monotonic() < deadline and _served(emu) < 40:
+                time.sleep(0.1)
+            emu.fault("slow-decode")
+            return run.result()
+    finally:
+        emu.stop()
+
+
+@pytest.fixture(scope="module")
+def load_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run | Exception]:
+    reason = _emulator_missing()
+    if reason:
+        pytest.skip(reason)
+    base = tmp_path_factory.mktemp("load-modes")
+
+    def one(name: str) -> Run | Exception:
+        try:
+            return load_mode(name, base / name)
+        except Exception as exc:  # reported by the test of that mode
+            return exc
+
+    names = ("healthy", "skipped", "knee-fault", "soak-drift")
+    with ThreadPoolExecutor(max_workers=len(names)) as pool:
+        return dict(zip(names, pool.map(one, names), strict=True))
+
+
+def _load_run(load_runs: dict[str, Run | Exception], name: str) -> Run:
+    run = load_runs[name]
+    if isinstance(run, Exception):
+        raise run
+    assert set(run.checks) == OPEN_LOOP | SOAK, run.output[-3000:]
+    return run
+
+
+def test_load_modes_skip_without_their_options(load_runs: dict[str, Run | Exception]) -> None:
+    run = _load_run(load_runs, "skipped")
+    assert all(c["outcome"] == "skipped" for c in run.checks.values()), run.output[-3000:]
+    assert "--spark-open-loop runs it" in run.checks["test_open_loop_knee"]["message"]
+    for name in SOAK:
+        assert "--spark-soak=DURATION" in run.checks[name]["message"], name
+
+
+def test_load_modes_pass_on_a_healthy_server(load_runs: dict[str, Run | Exception]) -> None:
+    run = _load_run(load_runs, "healthy")
+    assert run.failed() == set() and run.ret == 0, run.output[-4000:]
+    knee = run.checks["test_open_loop_knee"]
+    sweep = knee["extra"]["open_loop"]
+    assert [lv["rate"] for lv in sweep["levels"]][:1] == [1.0] and sweep["knee_req_s"] >= 1.0
+    assert all("p99" in lv["level"]["ttft_s"] for lv in sweep["levels"])
+    soak = run.checks["test_soak_no_errors"]["extra"]["soak"]
+    assert soak["failed"] == 0 and len(soak["window_tok_s"]) >= 3, soak
+    assert soak["preemptions"] == 0 and soak["waiting_growth"] is not None
+    assert all(run.checks[name]["outcome"] == "passed" for name in SOAK)
+    assert "soak " in run.output and "open loop 1 req/s: " in run.output  # progress lines
+
+
+def test_open_loop_knee_fails_when_load_breaks_the_slos(
+    load_runs: dict[str, Run | Exception],
+) -> None:
+    run = _load_run(load_runs, "knee-fault")
+    assert run.failed() == OPEN_LOOP, run.output[-4000:]
+    message = run.checks["test_open_loop_knee"]["message"]
+    assert "qwen at http://127.0.0.1:" in message and "open-loop knee" in message
+    assert "expected >= 8 req/s" in message and "most broken: TTFT" in message
+    assert "vllm:num_requests_waiting" in message  # the fix
+    assert run.checks["test_open_loop_knee"]["evidence"]["open_loop"]
+
+
+def test_soak_fails_on_tok_s_drift(load_runs: dict[str, Run | Exception]) -> None:
+    run = _load_run(load_runs, "soak-drift")
+    assert run.failed() == {"test_soak_tok_s_steady"}, run.output[-4000:]
+    message = run.checks["test_soak_tok_s_steady"]["message"]
+    assert "soak output tok/s fell" in message and "expected at most 60%" in message
+    assert "qwen at http://127.0.0.1:" in message
+    assert run.checks["test_soak_tok_s_steady"]["evidence"]["soak"]
+
+
+# Prefix cache and long context (issue #16 section 6), their own small runs: prefill is paced
+# (5000 tok/s: a 2048-token prefix costs 0.4 s cold, nothing cached) so a hit shows in TTFT.
+CONTEXT = {"test_prefix_cache", "test_long_context_needle", "test_context_over_limit"}
+CONTEXT_ENV = {"SPARKSIM_EMU_PREFILL_TOK_S": "5000"}
+# case -> (serve args, emulator faults, the checks that fail, words of the failure, its fix)
+CONTEXT_RUNS: dict[str, tuple[tuple[str, ...], str, set[str], str, str]] = {
+    "healthy": ((), "", set(), "", ""),
+    "no-prefix-caching": (
+        ("--no-enable-prefix-caching",),
+        "",
+        {"test_prefix_cache"},
+        "prefix caching is off (vllm:cache_config_info enable_prefix_caching=False): TTFT cold ",
+        "drop the flag from the serve arguments",
+    ),
+    # served 4x past its native context: the needle, mid-prompt, lies beyond the last 2048
+    # tokens of a ~7.3k-token prompt; the ~1k-token probe still answers it
+    "context-beyond-native": (
+        (),
+        "context-beyond-native",
+        {"test_long_context_needle"},
+        "expected the answer to name ",
+        "-token prompt answered it: the context is lost between ",
+    ),
+}
+
+
+def test_context_on_emulator_healthy(tmp_path: Path) -> None:
+    context_run(tmp_path, "healthy")
+
+
+def test_context_on_emulator_no_prefix_caching(tmp_path: Path) -> None:
+    context_run(tmp_path, "no-prefix-caching")
+
+
+def test_context_on_emulator_context_beyond_native(tmp_path: Path) -> None:
+    context_run(tmp_path, "context-beyond-native")
+
+
+def context_run(tmp_path: Path, case: str) -> None:
+    """(Not parametrized: the module's `runs` fixture reads every parametrized test's
+    `fault`.)"""
+    reason = _emulator_missing()
+    if reason:
+        pytest.skip(reason)
+    args, fault, must_fail, phrase, fix = CONTEXT_RUNS[case]
+    env = {**CONTEXT_ENV, **({"SPARKSIM_EMU_FAULT": fault} if fault else {})}
+    emu = Emulator(tmp_path, extra_args=args, extra_env=env)
+    try:
+        run = run_suite(emu.url, tmp_path, LAX, f"{SERVE} {FLAGS} {' '.join(args)}", "context")
+    finally:
+        emu.stop()
+    assert set(run.checks) == CONTEXT, run.output[-3000:]
+    assert run.failed() == must_fail, run.output[-4000:]
+    for name in CONTEXT - must_fail:
+        assert run.checks[name]["outcome"] == "passed", (name, run.checks[name]["message"])
+    for name in must_fail:
+        check = run.checks[name]
+        assert check["message"].startswith("qwen at http://127.0.0.1:"), check["message"]
+        assert phrase in check["message"] and fix in check["message"], check["message"]
+    if case == "healthy":
+        cache = run.checks["test_prefix_cache"]["extra"]["prefix_cache"]
+        assert cache["hits"] >= 2000 and cache["ttft_warm_s"] < cache["ttft_cold_s"]
+        assert (
+            run.checks["test_long_context_needle"]["extra"]["long_context"]["prompt_tokens"]
+            > 0.85 * 8192
+        )

@@ -24,11 +24,14 @@ from pytest_spark.serving.causes import (
     check_stream_wire,
     cited_verdict,
     decode_explains_aggregate,
+    decode_explains_goodput,
+    knee_cause,
     trim,
     wire_cause,
     wire_verdict,
 )
 from pytest_spark.serving.evidence import Exchange
+from pytest_spark.serving.slo import Goodput
 from pytest_spark.serving.stream import ServingError, post_json, stream_chat
 from pytest_spark.serving.tools import unstreamed_arguments
 from pytest_spark.serving.turn import assemble
@@ -133,6 +136,34 @@ def test_slow_decode_explains_the_aggregate_when_the_streams_scaled() -> None:
     assert not decode_explains_aggregate(30.0, 45, 25.0, 20)
     assert not decode_explains_aggregate(15.9, 45, None, 20)  # nothing measured
     assert not decode_explains_aggregate(50.0, 45, 4.0, 20)  # the aggregate did not fail
+
+
+def _goodput(good: int, broken: dict[str, int]) -> Goodput:
+    limits = {"ttft": 1.5, "tpot": 0.1, "e2e": 8.0}
+    return Goodput(8, good, 4.0, broken, dict.fromkeys(limits, 1.0), limits, {})
+
+
+def test_a_knee_under_its_floor_cites_the_goodput_gate_that_broke_the_same_slos() -> None:
+    # The fault matrix's open-loop row: TTFT + 1 s per running request; 2 of 8 requests met
+    # the SLOs at 4 closed-loop streams: the goodput gate's failure, the knee skips.
+    cause = knee_cause(_goodput(2, {"ttft": 6}), 4, 90.0, 155.0, 20.0)
+    assert cause == (
+        "the SLOs already break in the closed loop: goodput 25.0% at 4 streams, expected >= "
+        "90%, most broken: TTFT (test_goodput has the evidence)"
+    )
+    # The closed loop met them: capacity that runs out above its streams is the knee's own.
+    assert knee_cause(_goodput(8, {}), 4, 90.0, 155.0, 20.0) is None
+    assert knee_cause(None, 4, 90.0, 155.0, 20.0) is None  # no such level in the sweep
+    # Goodput lost to slow decode steps: the goodput gate cites the decode verdict, so does
+    # the knee (when that verdict runs; else the goodput gate's).
+    slow = _goodput(0, {"tpot": 8})
+    assert "(test_decode_single_stream has the evidence)" in str(knee_cause(slow, 4, 90, 4, 20))
+    alone = knee_cause(slow, 4, 90, 4, 20, decode_verdict=False)
+    assert str(alone).endswith("(test_goodput has the evidence)")
+    assert decode_explains_goodput("e2e", 4.0, 20.0)
+    assert not decode_explains_goodput("ttft", 4.0, 20.0)
+    assert not decode_explains_goodput("tpot", 25.0, 20.0)
+    assert not decode_explains_goodput("tpot", None, 20.0)
 
 
 def _streamed_call(fragments: list[str]) -> list[dict[str, object]]:

@@ -32,6 +32,7 @@ import pytest
 
 from pytest_spark.access.api import ApiEndpoint
 from pytest_spark.parsers.serveargs import parse_serve_args
+from pytest_spark.serving.context import parse_too_long
 from pytest_spark.settings.resolve import Settings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -61,9 +62,13 @@ ASK = [{"role": "user", "content": "What is the weather in Paris for 2 days?"}]
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
 
 
-def requests_for(model: str) -> dict[str, tuple[str, str, Any]]:
-    """name -> (method, path, body): the request set of fixtures/vllm/ transcripts."""
+def requests_for(model: str, max_model_len: int = 4096) -> dict[str, tuple[str, str, Any]]:
+    """name -> (method, path, body): the request set of fixtures/vllm/ transcripts. The
+    context-length pair: a prompt over ``max_model_len`` (refused) and one that fits with
+    ``max_tokens`` that would not (vLLM 0.32 serves it, max_tokens cut to the room left)."""
     chat = {"model": model, "temperature": 0}
+    over = [{"role": "user", "content": "again " * (max_model_len + 64)}]
+    half = [{"role": "user", "content": "again " * (max_model_len // 2)}]
     tools = {**chat, "messages": ASK, "tools": [WEATHER], "max_tokens": 64}
     return {
         "models": ("GET", "/v1/models", None),
@@ -86,6 +91,11 @@ def requests_for(model: str) -> dict[str, tuple[str, str, Any]]:
                                   {"model": "no-such-model", "messages": ASK, "max_tokens": 4}),
         "error_too_long": ("POST", "/v1/chat/completions",
                            {"model": model, "messages": ASK, "max_tokens": 100000}),
+        "error_prompt_too_long": ("POST", "/v1/chat/completions",
+                                  {**chat, "messages": over, "max_tokens": 16}),
+        "chat_max_tokens_clamped": ("POST", "/v1/chat/completions",
+                                    {**chat, "messages": half, "max_tokens": max_model_len,
+                                     "ignore_eos": True}),
         "tokenize": ("POST", "/tokenize", {"model": model, "prompt": "Hello world"}),
         "health": ("GET", "/health", None),
         "version": ("GET", "/version", None),
@@ -259,10 +269,11 @@ def exchanges(
     real: httpx.Client, emulator: httpx.Client, serve_args: str
 ) -> dict[str, tuple[httpx.Response, httpx.Response]]:
     """Every request of the set, sent to both; real ones recorded as transcripts."""
-    model = parse_serve_args(serve_args).served_name or ""
+    parsed = parse_serve_args(serve_args)
+    model = parsed.served_name or ""
     out = {}
     RECORD_DIR.mkdir(parents=True, exist_ok=True)
-    for name, (method, path, body) in requests_for(model).items():
+    for name, (method, path, body) in requests_for(model, parsed.max_model_len or 4096).items():
         r = real.request(method, path, json=body)
         e = emulator.request(method, path, json=body)
         out[name] = (r, e)
@@ -294,6 +305,7 @@ def _allowed(diffs: list[str]) -> list[str]:
 JSON_CASES = [
     "models", "chat", "chat_truncated", "tools_required", "tools_named", "tokenize",
     "error_bad_request", "error_model_not_found", "error_too_long", "version",
+    "error_prompt_too_long", "chat_max_tokens_clamped",
 ]  # fmt: skip
 
 
@@ -306,6 +318,23 @@ def test_json_shape(exchanges: dict[str, tuple[httpx.Response, httpx.Response]],
     assert e.headers.get("content-type") == r.headers.get("content-type")
     diffs = _allowed(shape_diff(shape(r.json()), shape(e.json())))
     assert not diffs, f"{name}: emulator differs from real vLLM:\n" + "\n".join(diffs)
+
+
+def test_context_length_refusal_in_the_same_words(
+    exchanges: dict[str, tuple[httpx.Response, httpx.Response]],
+) -> None:
+    """The over-long prompt's 400 reads the same on both sides (the check parses it), and a
+    prompt that fits with too large a max_tokens is cut the same way."""
+    r, e = exchanges["error_prompt_too_long"]
+    real_too_long = parse_too_long(r.json()["error"]["message"])
+    emu_too_long = parse_too_long(e.json()["error"]["message"])
+    assert real_too_long is not None, r.text[:500]
+    assert emu_too_long == real_too_long, (r.text[:500], e.text[:500])
+    r, e = exchanges["chat_max_tokens_clamped"]
+    real_usage, emu_usage = r.json()["usage"], e.json()["usage"]
+    assert real_usage["total_tokens"] == emu_usage["total_tokens"], (real_usage, emu_usage)
+    finish = [x.json()["choices"][0]["finish_reason"] for x in (r, e)]
+    assert finish[0] == finish[1], finish
 
 
 @pytest.mark.parametrize("name", ["chat_stream_usage", "tools_required_stream"])

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
 from pytest_spark.access.api import ApiEndpoint
 from pytest_spark.facts.server import ServerCommand
-from pytest_spark.fixtures import verdict_in_session
+from pytest_spark.fixtures import Sweep, progress_line_writer, verdict_in_session
+from pytest_spark.gathering.measure import measure_once
 from pytest_spark.serving import ServingClient
 from pytest_spark.serving.canary import WireProbe
 from pytest_spark.serving.causes import STREAM_VERDICT, wire_cause, wire_verdict
+from pytest_spark.serving.closedloop import decode_sweep, encode_sweep, measure_sweep
 from pytest_spark.serving.formatturns import FormatTurns
+from pytest_spark.serving.specs import load_spec
 from pytest_spark.serving.toolturns import ToolTurns
 from pytest_spark.settings.resolve import Settings
 
@@ -63,3 +67,22 @@ def format_turns(spark_api: ApiEndpoint, spark_settings: Settings) -> Iterator[F
         yield FormatTurns(client, spark_settings)
     finally:
         client.close()
+
+
+@pytest.fixture(scope="session")
+def _sweep(
+    request: pytest.FixtureRequest, spark_api: ApiEndpoint, spark_settings: Settings
+) -> tuple[Sweep, dict[str, Any]]:
+    """The closed-loop sweep (tests_e2e/test_throughput.py's checks; the open-loop knee
+    reads its goodput gate's level), once per session."""
+    spec = load_spec(spark_settings.profile, spark_api)
+    # Once per session, alone on the cluster, also under xdist (pytest_spark.gathering.measure):
+    # tok/s taken while other tests send requests would not be a measurement.
+    measured = measure_once(
+        request.config,
+        "throughput-sweep",
+        lambda: measure_sweep(spark_api, spec, progress_line_writer(request.config)),
+        encode=encode_sweep,
+        decode=decode_sweep,
+    )
+    return Sweep(f"{spark_api.model} at {spark_api.base_url}", measured.value), measured.record

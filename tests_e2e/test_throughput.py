@@ -1,153 +1,37 @@
 """Tokens/sec and latency against the profile: one closed-loop concurrency sweep (warm-up
 first, fixed prompt and output lengths, tokens counted from the server's usage), then one
-check per threshold. Every figure of the sweep goes into the JSON results (``extra.sweep``
-of test_sweep_completes, ``extra.level`` of each threshold check), so a report can plot
-tok/s against concurrency and the latency percentiles.
+check per threshold, and the goodput gate under the profile's [slo] (from the same
+requests: it sends none of its own). Every figure of the sweep goes into the JSON results
+(``extra.sweep`` of test_sweep_completes, with each level's goodput; ``extra.level`` of each
+threshold check), so a report can plot tok/s against concurrency and the latency
+percentiles.
 """
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 import json
-import re
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from pytest_spark.access.api import ApiEndpoint
 from pytest_spark.checks.base import Finding
-from pytest_spark.fixtures import SparkCheck, verdict_in_session
-from pytest_spark.gathering.measure import measure_once
-from pytest_spark.parsers.codec import dump, load_as
-from pytest_spark.serving import LevelResult, LoadSpec, ServingError, SweepResult, run_sweep
-from pytest_spark.serving.causes import DECODE_VERDICT, decode_explains_aggregate
-from pytest_spark.settings.profiles import Profile
+from pytest_spark.fixtures import SparkCheck, Sweep, verdict_in_session
+from pytest_spark.serving import LevelResult
+from pytest_spark.serving.causes import (
+    DECODE_VERDICT,
+    decode_explains_aggregate,
+    decode_explains_goodput,
+)
+from pytest_spark.serving.metricsnap import health_fixes, level_health
+from pytest_spark.serving.slo import failure_text, goodput
+from pytest_spark.serving.specs import slo_of
 from pytest_spark.settings.resolve import Settings
 
 pytestmark = pytest.mark.throughput
 
 SWEEP_PROP = "sweep"
-
-
-def _levels(raw: Any) -> tuple[int, ...]:
-    """``[1, 4, 16]`` from the profile (``--spark-threshold throughput.concurrency=1;4``)."""
-    items = raw if isinstance(raw, list | tuple) else re.findall(r"-?\d+", str(raw))
-    levels = tuple(sorted({int(x) for x in items}))
-    if not levels or min(levels) < 1:
-        raise pytest.UsageError(
-            f"throughput.concurrency={raw!r}: expected positive integers such as 1;4;16"
-        )
-    return levels
-
-
-def load_spec(profile: Profile, api: ApiEndpoint) -> LoadSpec:
-    sweep = profile.throughput
-    return LoadSpec(
-        concurrency=_levels(sweep.concurrency),
-        prompt_tokens=sweep.prompt_tokens,
-        output_tokens=sweep.output_tokens,
-        requests_per_stream=sweep.requests_per_stream,
-        min_requests=sweep.min_requests,
-        warmup_requests=sweep.warmup_requests,
-        level_budget_s=sweep.level_budget_s,
-        request_timeout_s=sweep.request_timeout_s,
-        idle_timeout_s=api.timeout,
-    )
-
-
-def measure_sweep(api: ApiEndpoint, spec: LoadSpec) -> SweepResult | ServingError:
-    try:
-        return run_sweep(api, spec)
-    except ServingError as exc:
-        return exc
-
-
-def encode_sweep(outcome: SweepResult | ServingError) -> dict[str, Any]:
-    if isinstance(outcome, ServingError):
-        return {"error": outcome.to_json()}
-    return {"result": dump(outcome)}
-
-
-def decode_sweep(data: dict[str, Any]) -> SweepResult | ServingError:
-    if "error" in data:
-        return ServingError.from_json(data["error"])
-    return load_as(SweepResult, data["result"])
-
-
-class Sweep:
-    """The sweep, run once per session; its failure (if any) is reported by every check."""
-
-    def __init__(
-        self,
-        server: str,
-        outcome: SweepResult | ServingError,
-        wire_cited: Callable[[str, str], str | None] | None = None,
-    ) -> None:
-        self.server = server
-        self.result = outcome if isinstance(outcome, SweepResult) else None
-        self.error = outcome if isinstance(outcome, ServingError) else None
-        # Why a request broken on the wire is the wire verdict's (None: report it here).
-        self.wire_cited = wire_cited or (lambda kind, message: None)
-
-    def cited_by(self, wire_cited: Callable[[str, str], str | None]) -> Sweep:
-        """This sweep, for one check: its wire failures cite the wire verdict."""
-        mine = copy.copy(self)
-        mine.wire_cited = wire_cited
-        return mine
-
-    def require_warmed_up(self, spark_check: SparkCheck) -> SweepResult:
-        """The sweep's result; its warm-up failure as this check's, or a skip citing the
-        wire verdict when the stream is broken for every request (the canary's too)."""
-        if self.error is not None:
-            cited = self.wire_cited(self.error.kind, self.error.message)
-            if cited is not None:
-                pytest.skip(f"throughput warm-up: {cited}")
-            spark_check.require(self.error.finding(f"{self.server}: throughput warm-up"))
-        assert self.result is not None
-        return self.result
-
-    def level(self, spark_check: SparkCheck, concurrency: int, what: str) -> LevelResult:
-        self.require_warmed_up(spark_check)
-        assert self.result is not None
-        level = self.result.level(concurrency)
-        if level is None:
-            pytest.skip(
-                f"{what}: concurrency {concurrency} is not in the sweep "
-                f"(throughput.concurrency = {list(self.result.spec.concurrency)})"
-            )
-        if not level.ok:
-            first = level.failed[0]
-            cited = self.wire_cited(first.error_kind or "", first.error or "")
-            if cited is not None:
-                pytest.skip(f"{what}: every request at concurrency {concurrency}: {cited}")
-            spark_check.require(
-                Finding.failed(
-                    f"0 of {len(level.records)} requests",
-                    "successful requests",
-                    message=f"{self.server}: {what}: every request at concurrency {concurrency} "
-                    f"failed: {first.error}",
-                    evidence=first.evidence,
-                )
-            )
-        return level
-
-
-@pytest.fixture(scope="session")
-def _sweep(
-    request: pytest.FixtureRequest, spark_api: ApiEndpoint, spark_settings: Settings
-) -> tuple[Sweep, dict[str, Any]]:
-    spec = load_spec(spark_settings.profile, spark_api)
-    # Once per session, alone on the cluster, also under xdist (pytest_spark.gathering.measure):
-    # tok/s taken while other tests send requests would not be a measurement.
-    measured = measure_once(
-        request.config,
-        "throughput-sweep",
-        lambda: measure_sweep(spark_api, spec),
-        encode=encode_sweep,
-        decode=decode_sweep,
-    )
-    return Sweep(f"{spark_api.model} at {spark_api.base_url}", measured.value), measured.record
 
 
 @pytest.fixture
@@ -171,10 +55,15 @@ def _evidence(figures: dict[str, Any]) -> dict[str, str]:
     return {"figures": json.dumps(figures, indent=1)}
 
 
-def test_sweep_completes(sweep: Sweep, spark_check: SparkCheck) -> None:
-    """Every request of every level streamed to [DONE]; the whole sweep is recorded."""
+def test_sweep_completes(sweep: Sweep, spark_check: SparkCheck, spark_settings: Settings) -> None:
+    """Every request of every level streamed to [DONE]; the whole sweep is recorded, each
+    level with its goodput under the profile's SLOs."""
     result = sweep.require_warmed_up(spark_check)
     doc = result.to_dict()
+    slo = slo_of(spark_settings.profile)
+    if slo.limits():
+        for lv, figures in zip(result.levels, doc["levels"], strict=True):
+            figures["goodput"] = goodput(lv.records, slo, lv.wall_s).to_dict()
     spark_check.attach(SWEEP_PROP, doc)
     failed = [(lv.concurrency, r) for lv in result.levels for r in lv.failed]
     total = sum(len(lv.records) for lv in result.levels)
@@ -308,3 +197,97 @@ def _skip_if_decode_explains(
             f"speed: single-stream decode {decode:.1f} tok/s, expected >= {decode_floor:g} "
             f"({DECODE_VERDICT} has the evidence)"
         )
+
+
+def test_goodput(
+    request: pytest.FixtureRequest, sweep: Sweep, spark_check: SparkCheck, spark_settings: Settings
+) -> None:
+    """At the sweep's level ``slo.concurrency``, the share of requests meeting every SLO of
+    the profile's [slo] (vllm bench serve's goodput) >= slo.min_goodput_pct. Requests that
+    broke TPOT or E2E most while the single-stream decode is below its floor are the decode
+    verdict's failure: skipped citing it."""
+    slo = slo_of(spark_settings.profile)
+    c = spark_settings.profile.slo.concurrency
+    if not slo.limits():
+        pytest.skip("goodput: the profile sets no SLO ([slo] ttft_s, tpot_s, e2e_s)")
+    level = sweep.level(spark_check, c, f"goodput at {c} streams")
+    g = goodput(level.records, slo, level.wall_s)
+    figures = {**_figures(spark_check, level), "goodput": g.to_dict()}
+    spark_check.attach("goodput", figures["goodput"])
+    expected = slo.min_goodput_pct
+    shown = f"goodput {g.share_pct:.1f}% ({g.rate:.2f} req/s) at {c} streams under {slo.text()}"
+    finding = Finding.passed(round(g.share_pct, 2), expected, "%", message=shown)
+    if not g.meets(expected) and verdict_in_session(request.session, DECODE_VERDICT):
+        _skip_if_decode_is_slow(sweep, spark_settings, g.worst(), shown)
+    if not g.meets(expected):
+        finding = Finding.failed(
+            round(g.share_pct, 2),
+            expected,
+            "%",
+            message=failure_text(sweep.server, f"{c} streams", g, expected),
+            evidence=_evidence(figures),
+        )
+    spark_check.require(finding)
+
+
+def _skip_if_decode_is_slow(
+    sweep: Sweep, spark_settings: Settings, worst: str | None, shown: str
+) -> None:
+    """Goodput lost to slow decode steps (TPOT, or the E2E latency they make) when the
+    single-stream decode is below its floor: one cause, the decode verdict's."""
+    one = sweep.result.level(1) if sweep.result is not None else None
+    if one is None:
+        return
+    decode = one.to_dict()["decode_tok_s"]["median"]
+    floor = spark_settings.profile.throughput.min_decode_tok_s_1
+    if decode_explains_goodput(worst, decode, floor):
+        pytest.skip(
+            f"{shown}, most broken: {'TPOT' if worst == 'tpot' else 'E2E latency'}, so "
+            f"the shortfall is each stream's speed: single-stream decode {decode:.1f} tok/s, "
+            f"expected >= {floor:g} ({DECODE_VERDICT} has the evidence)"
+        )
+
+
+def test_metrics_health_during_sweep(
+    sweep: Sweep, spark_check: SparkCheck, spark_settings: Settings
+) -> None:
+    """/metrics around each level of the sweep (issue #16 section 7): no preemptions
+    (metrics_health.max_preemptions), no requests finished by error or abort, and
+    vllm:num_requests_waiting back to 0 within metrics_health.max_drain_s of the level's end."""
+    result = sweep.require_warmed_up(spark_check)
+    section = spark_settings.profile.metrics_health
+    levels = [lv for lv in result.levels if lv.metrics is not None]
+    if not levels:
+        pytest.skip(f"{sweep.server}: no vLLM /metrics to read around the sweep's levels")
+    figures = {lv.concurrency: lv.metrics for lv in levels}
+    spark_check.attach("level_metrics", figures)
+    problems = []
+    for lv in levels:
+        health = level_health(lv.concurrency, lv.metrics or {})
+        if lv.failed:  # the server's count of them is test_sweep_completes's failure
+            health = dataclasses.replace(health, failed_requests=None)
+        problems += [
+            f"concurrency {lv.concurrency}: {p}"
+            for p in health.problems(section.max_preemptions, section.max_drain_s)
+        ]
+    if not problems:
+        spark_check.require(
+            Finding.passed(
+                0,
+                0,
+                message=f"levels {sorted(figures)}: no preemptions, no failed requests, "
+                "the waiting queue drained",
+            )
+        )
+        return
+    spark_check.require(
+        Finding.failed(
+            problems,
+            f"no preemptions (<= {section.max_preemptions}), no failed requests, waiting "
+            f"back to 0 within {section.max_drain_s:g} s",
+            message=f"{sweep.server}: /metrics during the load sweep: "
+            + "; ".join(problems)
+            + f". {health_fixes(problems)}",
+            evidence={"level_metrics": json.dumps(figures, indent=1)},
+        )
+    )

@@ -46,8 +46,8 @@ from pytest_spark.serving.formatturns import (
     cited_ignored,
     cited_reasoning_leak,
 )
-from pytest_spark.serving.sdk import SdkClient
-from pytest_spark.serving.sdkchecks import compare_sdk
+from pytest_spark.serving.sdk import SdkClient, SdkTurn
+from pytest_spark.serving.sdkchecks import check_stream_helper, compare_sdk
 from pytest_spark.serving.structured import FORMATS, FormatKind, check_structured
 from pytest_spark.serving.tools import Mode
 from pytest_spark.serving.toolturns import (
@@ -143,7 +143,8 @@ def test_sdk_tool_call(
     streamed: bool,
 ) -> None:
     """The SDK's typed tool calls (streamed: its typed deltas, assembled) are one valid
-    call of get_weather, the same call the raw client read."""
+    call of get_weather, the same call the raw client read; streamed, the SDK's own stream
+    helper (ChatCompletionStreamState) types it a function call and reports it done."""
     req = tool_turns.request(mode, streamed)
     label = f"openai SDK, {req.label}"
     raw_name = f"test_tool_call[{mode}-{_suffix(streamed)}]"
@@ -181,6 +182,8 @@ def test_sdk_tool_call(
             )
             pytest.skip(cited)
     spark_check.require(finding)
+    if isinstance(turn, SdkTurn) and turn.helper is not None:
+        spark_check.require(check_stream_helper(turn, label, server=sdk.server))
     if isinstance(raw, Turn) and check_tool_calls(raw, req).ok:
         spark_check.require(compare_sdk(raw, turn, label, what="calls", server=sdk.server))
 

@@ -55,7 +55,7 @@ def test_memory_headroom(
     profile = spark_cluster.profile.memory
     claim = engine_claim(settings)
     engine = engine_state(spark_cluster, spark_node, facts)
-    spark_check.attach("claim", f"{claim.fraction:g} ({claim.source})")
+    spark_check.attach("claim", claim.describe())
     spark_check.attach("engine_running", str(engine.running))
     result = check_memory_headroom(
         spark_node.name,

@@ -29,12 +29,14 @@ from pytest_spark.facts.collective import CollectiveRun
 from pytest_spark.fixtures import (
     ServingState,
     not_serving_reason,
+    progress_line_writer,
     require_unless_twin_down,
     verdict_in_session,
 )
 from pytest_spark.gathering.links import (
     fabric_ifs,
     node_link_facts,
+    slow_fabric_links,
     unusable_fabric_links,
 )
 from pytest_spark.gathering.measure import Measured, measure_once
@@ -66,7 +68,7 @@ def _allreduce(
     return measure_once(
         request.config,
         "collective-run",
-        lambda: collective_run(spark_cluster),
+        lambda: collective_run(spark_cluster, progress_line_writer(request.config)),
         encode=dump,
         decode=lambda data: load(CollectiveRun | str, data),
     )
@@ -285,11 +287,11 @@ def test_allgather_busbw(
         and verdict_in_session(request.session, "test_allreduce_busbw")
     ):
         # One root cause: the same links carry both sweeps' bytes, and the all-reduce floor
-        # already fails reading the figure against the known signatures (a down twin, when
-        # the link checks found one, is named first: it is theirs).
-        down = unusable_fabric_links(spark_cluster)
+        # already fails reading the figure against the known signatures (a down twin or a
+        # slow one, when the link checks found one, is named first: it is theirs).
+        links = unusable_fabric_links(spark_cluster) + slow_fabric_links(spark_cluster)
         pytest.skip(
-            (f"{'; '.join(down)}: " if down else "")
+            (f"{'; '.join(links)}: " if links else "")
             + f"{here} ({finding.message.split(': ', 1)[-1][:160]}): the all-reduce on the "
             f"same fabric fails too: {reduced.message[:240]} (test_allreduce_busbw has the "
             "evidence)"

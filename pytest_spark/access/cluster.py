@@ -30,8 +30,16 @@ class Node:
     conn: SSHConnection
     _error: RemoteError | None = field(default=None, repr=False)
 
-    def run(self, command: str, *, timeout: float | None = None) -> CommandResult:
-        return self.conn.run(command, timeout=timeout)
+    def run(
+        self,
+        command: str,
+        *,
+        timeout: float | None = None,
+        on_output: Callable[[str], None] | None = None,
+    ) -> CommandResult:
+        if on_output is None:
+            return self.conn.run(command, timeout=timeout)
+        return self.conn.run(command, timeout=timeout, on_output=on_output)
 
     def describe(self) -> str:
         return f"{self.name} ({self.conn.target.describe()})"
@@ -151,6 +159,12 @@ class Cluster:
     def unreachable(self, node: Node) -> RemoteError | None:
         self.connect()
         return node._error
+
+    def mark_lost(self, node: Node, error: RemoteError) -> None:
+        """A node that stopped answering mid-session: unreachable from now on (every later
+        ``unreachable(node)`` and ``map`` gives ``error``), its connection closed."""
+        node._error = error
+        node.conn.close()
 
     # -- concurrent work --------------------------------------------------------------
     def map(

@@ -23,6 +23,23 @@ def _cli() -> list[str]:
     return [found] if found else [sys.executable, "-m", "sparksim.cli"]
 
 
+def spawn_env() -> dict[str, str]:
+    """The environment for a child spawned off the main thread, as a snapshot.
+
+    With ``env=None`` the child execs with the C ``environ`` itself, and CPython on Linux
+    spawns through vfork: the child reads the parent's environment array while the main
+    thread may be changing it (pytest sets and deletes PYTEST_CURRENT_TEST around every
+    test phase; growing the array reallocates it). The exec then fails with EFAULT, "Bad
+    address" (CI: a fault-matrix lane's ``spark-sim fault clear``; 109 of 4,500 spawns
+    in a repro on this kernel). A snapshot is copied into the child's own envp first;
+    copying retries when a key goes while it is read (os.environ reads key by key)."""
+    while True:
+        try:
+            return dict(os.environ)
+        except KeyError:
+            continue
+
+
 @dataclass
 class SimCluster:
     """A sparksim instance stood up for this session."""
@@ -50,6 +67,7 @@ class SimCluster:
             text=True,
             timeout=timeout,
             check=False,
+            env=spawn_env(),
         )
 
     def down(self) -> None:

@@ -14,12 +14,14 @@
 
 from __future__ import annotations
 
+import codecs
 import getpass
 import os
 import select
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -284,8 +286,16 @@ class SSHConnection:
                 self._client = None
 
     # -- commands ---------------------------------------------------------------------
-    def run(self, command: str, *, timeout: float | None = None) -> CommandResult:
-        """Run ``command`` through the node's shell; bounded by ``timeout``."""
+    def run(
+        self,
+        command: str,
+        *,
+        timeout: float | None = None,
+        on_output: Callable[[str], None] | None = None,
+    ) -> CommandResult:
+        """Run ``command`` through the node's shell; bounded by ``timeout``. ``on_output``
+        gets stdout as it arrives (decoded text, in the pieces it came in: a live view of a
+        long command), the whole of it still in the result."""
         limit = self.command_timeout if timeout is None else timeout
         start = time.monotonic()
         for attempt in (1, 2):
@@ -298,11 +308,15 @@ class SSHConnection:
                     raise NodeUnreachable(self.name, f"SSH session lost: {exc}") from exc
         self._exec(chan, command)
         out, err = bytearray(), bytearray()
+        live = codecs.getincrementaldecoder("utf-8")(errors="replace")
         deadline = start + limit
         try:
             while True:
                 while chan.recv_ready():
-                    out += chan.recv(65536)
+                    piece = chan.recv(65536)
+                    out += piece
+                    if on_output is not None and piece:
+                        on_output(live.decode(piece))
                 while chan.recv_stderr_ready():
                     err += chan.recv_stderr(65536)
                 if (

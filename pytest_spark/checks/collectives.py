@@ -174,7 +174,8 @@ def check_latency(output: NcclOutput, profile: Any, *, where: str = "cluster") -
         message=f"{head}, expected <= {_fig(limit)} us. Every message size took at least "
         "that long, so it is a fixed cost per message, not bandwidth: a delay on the "
         "fabric path (a qdisc such as netem on a fabric interface: `tc qdisc show dev "
-        "enp1s0f1np1`; a switch hop; a congested or misconfigured switch port), or "
+        "enp1s0f1np1`; a firewall rule queueing packets to a userspace program: "
+        "`iptables -t mangle -S`; a switch hop; a congested or misconfigured switch port), or "
         "ranks talking over another network than the fabric. `ping -I enp1s0f1np1 PEER` "
         "between the nodes should be well under 0.1 ms on a direct RoCE link.",
         evidence={"latency series": table},

@@ -34,6 +34,7 @@ __all__ = [
     "check_same_subnet",
     "check_twin_subnets_distinct",
     "link_is_usable",
+    "link_rate_short",
     "ping_pairs_culprit",
     "twin_key",
 ]
@@ -138,6 +139,21 @@ def link_is_usable(port: PortFacts, node: str | None = None) -> tuple[bool, str]
         return True, ""
     first = finding.message.split(". ", 1)[0]
     return False, f"link not usable: {first} (see the link-up check)"
+
+
+def link_rate_short(port: PortFacts, node: str, min_gbps: float) -> str | None:
+    """The link-rate check's words for an up port whose known rate is below ``min_gbps``
+    (``spark-worker-1 enP2p1s0f1np1: link rate 100 Gb/s from ibstat ... (see the
+    link-rate check)``), for a check that skips citing it; None when the rate is fine, not
+    known, or the link is down (the link-up check's)."""
+    if not link_is_usable(port, node)[0]:
+        return None
+    if port.rate_gbps is None and port.ethtool_speed_mbps is None:
+        return None
+    finding = check_link_rate(node, port, min_gbps)
+    if finding.ok:
+        return None
+    return f"{finding.message.split(', expected', 1)[0]} (see the link-rate check)"
 
 
 # --------------------------------------------------------------------------- RoCE state

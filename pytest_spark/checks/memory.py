@@ -13,6 +13,13 @@ check compares MemAvailable with ``utilization x MemTotal + headroom``. The util
 is the serve args' ``--gpu-memory-utilization``, else vLLM's default (0.92 in
 vllm/config/cache.py since 2025; 0.9 before: the larger one is the one that must fit).
 
+**``--kv-cache-memory-bytes``** on the serve line sizes the KV cache per GPU to that figure
+and ignores ``--gpu-memory-utilization`` there (vllm/config/cache.py; the worker's
+``determine_available_memory`` returns it as is). The claim is then that figure (the weights
+and activations come on top: not counted, so it is a lower bound). vLLM's startup check
+(``request_memory`` in vllm/v1/worker/utils.py) still holds the free memory to
+``utilization x total`` at start, so that stays a floor too.
+
 **While the engine runs** (attach mode, or a launch already under way) the claim is
 already taken: the engine holds it and MemAvailable is what is left after it, so the check
 compares MemAvailable with the headroom alone. Counting the claim again would fail every
@@ -46,15 +53,31 @@ class Claim:
 
     fraction: float
     source: str
+    kv_cache_bytes: int | None = None  # --kv-cache-memory-bytes: the KV cache, per GPU
 
     @classmethod
-    def from_serve_args(cls, utilization: float | None, have_args: bool) -> Claim:
+    def from_serve_args(
+        cls, utilization: float | None, have_args: bool, kv_cache_bytes: int | None = None
+    ) -> Claim:
         if utilization is not None:
-            return cls(utilization, f"--gpu-memory-utilization {utilization:g} in the serve args")
-        where = "the serve args have no" if have_args else "no serve args, so no"
-        return cls(
-            VLLM_DEFAULT_UTILIZATION,
-            f"vLLM's default {VLLM_DEFAULT_UTILIZATION:g} ({where} --gpu-memory-utilization)",
+            claim = cls(utilization, f"--gpu-memory-utilization {utilization:g} in the serve args")
+        else:
+            where = "the serve args have no" if have_args else "no serve args, so no"
+            claim = cls(
+                VLLM_DEFAULT_UTILIZATION,
+                f"vLLM's default {VLLM_DEFAULT_UTILIZATION:g} ({where} --gpu-memory-utilization)",
+            )
+        if kv_cache_bytes is None:
+            return claim
+        return cls(claim.fraction, claim.source, kv_cache_bytes)
+
+    def describe(self) -> str:
+        """The claim as the evidence shows it."""
+        if self.kv_cache_bytes is None:
+            return f"{self.fraction:g} ({self.source})"
+        return (
+            f"KV cache {gib(self.kv_cache_bytes)} (--kv-cache-memory-bytes in the serve args); "
+            f"startup floor {self.fraction:g} ({self.source})"
         )
 
 
@@ -131,8 +154,12 @@ def check_memory_headroom(
     available = info.available if info.available is not None else info.free + info.cached
     approx = "" if info.available is not None else " (MemFree + page cache: no MemAvailable)"
     headroom = int(os_headroom_gib * GIB)
-    claimed = 0 if engine_running else int(claim.fraction * info.total)
+    gate = int(claim.fraction * info.total)  # vLLM's startup check (request_memory)
+    kv = claim.kv_cache_bytes
+    claimed = 0 if engine_running else gate if kv is None else kv
     needed = claimed + headroom
+    if not engine_running and kv is not None:
+        needed = max(needed, gate)
     measured = _measured(info, available)
     expected = {
         "claim_gib": round(claimed / GIB, 2),
@@ -142,6 +169,17 @@ def check_memory_headroom(
     if engine_running:
         what = f"with the serving engine running (its {claim.fraction:g} claim already taken)"
         want = f"at least {gib(headroom)} left for the OS (profile memory.os_headroom_gib)"
+    elif kv is not None:
+        what = (
+            f"before the engine's KV cache of {gib(kv)} (--kv-cache-memory-bytes in the "
+            "serve args: vLLM sizes the cache to it and ignores --gpu-memory-utilization "
+            "there; the weights come on top)"
+        )
+        want = (
+            f"at least {gib(needed)}: the KV cache plus {gib(headroom)} for the OS (profile "
+            f"memory.os_headroom_gib), and no less than vLLM's startup floor of "
+            f"{claim.fraction:g} x MemTotal = {gib(gate)} ({claim.source})"
+        )
     else:
         what = (
             f"before the engine's claim of {claim.fraction:g} x MemTotal = {gib(claimed)} "
@@ -192,11 +230,16 @@ def check_memory_headroom(
             f"{node}: {state}, {short} short of {want}, because the GPU is held outside "
             f"the serving container ({gpu_held})"
         )
-    if not engine_running and available < claimed:
+    if not engine_running and available < gate:
         consequence = (
             f"vLLM will refuse to start on this node (`Free memory on device "
             f"({gib(available)}/{gib(info.total)}) on startup is less than desired GPU "
-            f"memory utilization ({claim.fraction:g}, {gib(claimed)})`)"
+            f"memory utilization ({claim.fraction:g}, {gib(gate)})`)"
+        )
+    elif not engine_running and kv is not None and available < kv:
+        consequence = (
+            f"the engine cannot allocate its {gib(kv)} KV cache here (CUDA out of memory "
+            "after the weights load)"
         )
     elif engine_running:
         consequence = "the OS is squeezed under the engine: expect swapping, then the OOM killer"
@@ -220,12 +263,24 @@ def check_memory_headroom(
             "memory (slabtop), or reboot the node"
         )
     fit = (available - headroom) / info.total
-    lower = (
-        f", or lower --gpu-memory-utilization to {int(fit * 100) / 100:.2f} (what this node "
-        "has room for)"
-        if not engine_running and fit > 0.05
-        else ""
-    )
+    if not engine_running and kv is not None:
+        room = available - headroom
+        lower = (
+            f", or lower --kv-cache-memory-bytes to {int(room / GIB)}G (what this node has "
+            "room for, less the weights)"
+            if available >= gate and room > GIB
+            else f", or lower --gpu-memory-utilization to {int(fit * 100) / 100:.2f} (vLLM's "
+            "startup floor)"
+            if fit > 0.05
+            else ""
+        )
+    else:
+        lower = (
+            f", or lower --gpu-memory-utilization to {int(fit * 100) / 100:.2f} (what this "
+            "node has room for)"
+            if not engine_running and fit > 0.05
+            else ""
+        )
     kill = f"kill {' '.join(str(p.pid) for p in top)}" if top else "free the memory"
     return Finding.failed(
         {**measured, "holders": listed},

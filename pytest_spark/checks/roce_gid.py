@@ -28,6 +28,7 @@ class GidChoice:
     index: int
     forced: bool  # NCCL_IB_GID_INDEX set
     entry: GidEntry
+    table: GidTable | None = None  # the port's whole table (what the index was chosen from)
 
     @property
     def ok(self) -> bool:
@@ -52,7 +53,7 @@ def gid_choices(
             out[dev] = None
             continue
         index, forced = nccl_gid_index(table, env)
-        out[dev] = GidChoice(dev, table.port, index, forced, table.entry(index))
+        out[dev] = GidChoice(dev, table.port, index, forced, table.entry(index), table)
     return out
 
 
@@ -136,6 +137,50 @@ def check_gid_v2(
     return Finding("pass", summary, expected, None, f"{node}: {summary}", node, evidence)
 
 
+def _before(choice: GidChoice) -> list[GidEntry]:
+    """The GIDs of other addresses (configured, not link local) ahead of the chosen one."""
+    if choice.table is None:
+        return []
+    return [
+        e
+        for e in choice.table.entries
+        if e.index < choice.index and e.valid and e.gid != choice.entry.gid
+    ]
+
+
+def _what(entries: list[GidEntry]) -> str:
+    """``[2] 2001:2:0:0::2 (IPv6) IB/RoCE v1, [3] ... RoCE v2``."""
+    return ", ".join(
+        f"[{e.index}] {e.ipv4 or e.address.compressed} "
+        f"({'IPv4' if e.family == 'AF_INET' else 'IPv6'}) {e.type or '(no type)'}"
+        for e in entries
+    )
+
+
+def _extra(node: str, theirs: GidChoice, head: str, want: GidChoice) -> tuple[str, str, str]:
+    """Why two auto-selected indexes differ: (the node whose table has entries ahead of its
+    RoCE v2 IPv4 GID that the other's lacks, the other node, ``DEV [i] GID ...``)."""
+    mine, ref = _before(theirs), _before(want)
+    if len(mine) >= len(ref):
+        return node, head, f"{theirs.dev} {_what(mine)}" if mine else ""
+    return head, node, f"{want.dev} {_what(ref)}"
+
+
+def _shift_fix(extras: Mapping[tuple[str, str], list[str]]) -> str:
+    out = []
+    for (who, other), tables in extras.items():
+        out.append(
+            f" {who}'s GID tables have {'; '.join(tables)} ahead of the RoCE v2 IPv4 GID, "
+            f"which {other}'s lack: an extra address on {who}'s fabric interfaces (an IPv6 "
+            "address from SLAAC or netplan, a VLAN, a second IPv4 address) took those slots "
+            f"first. Remove it on {who} (ip addr del ..., and from its netplan config) or "
+            "re-add the fabric address before it, so that the tables line up; one "
+            f"NCCL_IB_GID_INDEX on every node does not fix this (on {who} that index names "
+            "the extra address's GID)."
+        )
+    return "".join(out)
+
+
 def check_gid_same(choices: Mapping[str, Mapping[str, GidChoice | None]], head: str) -> Finding:
     """NCCL's GID index is the same on every node, HCA by HCA (compared with the head).
     Give only the nodes whose own GID resolves to RoCE v2: an odd one's check names it."""
@@ -148,6 +193,8 @@ def check_gid_same(choices: Mapping[str, Mapping[str, GidChoice | None]], head: 
             "nothing to compare with",
         )  # fmt: skip
     odd = []
+    extras: dict[tuple[str, str], list[str]] = {}
+    forced = False
     for node, mine in choices.items():
         if node == head:
             continue
@@ -159,18 +206,31 @@ def check_gid_same(choices: Mapping[str, Mapping[str, GidChoice | None]], head: 
                 f"{node} {dev}: GID index {theirs.index} ({theirs.entry.gid}), {head}: "
                 f"{want.index} ({want.entry.gid})"
             )
+            if theirs.forced or want.forced:
+                forced = True
+            else:
+                who, other, what = _extra(node, theirs, head, want)
+                if what:
+                    extras.setdefault((who, other), []).append(what)
     expected = "the head's index on every node"
     if odd:
+        if forced or not extras:
+            advice = (
+                " Set NCCL_IB_GID_INDEX to one value on every node (launch-cluster.sh's .env "
+                "or -e) or unset it everywhere; a different auto-selected index means a "
+                "different GID table (an extra address or VLAN on one node's fabric "
+                "interface)."
+            )
+        else:
+            advice = _shift_fix(extras)
         return Finding.failed(
             "; ".join(odd),
             expected,
             node=odd[0].split(" ", 1)[0],
             message=f"{where}: NCCL's RoCE GID index differs between nodes: "
             + "; ".join(odd)
-            + ", expected the same index on every node. Set NCCL_IB_GID_INDEX to one value "
-            "on every node (launch-cluster.sh's .env or -e) or unset it everywhere; a "
-            "different auto-selected index means a different GID table (an extra address "
-            "or VLAN on one node's fabric interface).",
+            + ", expected the same index on every node."
+            + advice,
         )
     nodes = ", ".join(choices)
     indexes = ", ".join(f"{d}={c.index}" for d, c in ref.items() if c is not None)

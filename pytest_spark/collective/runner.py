@@ -22,6 +22,11 @@ result row and timed out or printed ``init timeout`` is a hang at initialisation
 (:attr:`CollectiveRun.hung_at_init`); its log lines stay in :meth:`CollectiveRun.log_lines`.
 The run's types (:class:`CollectiveRun`, :class:`RankOutput`, :class:`LaunchPlan`) live in
 :mod:`pytest_spark.facts.collective`, where the checks read them.
+
+Progress: rank 0's output (the script's, or mpirun's: the one that prints the tables) is read
+as it streams in over SSH (the node's ``run`` with ``on_output``); every result row it prints
+is one message size done, so a :class:`SweepProgress` says the size each sweep has reached,
+out of its planned sizes, with that size's figures.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import concurrent.futures as cf
 import dataclasses
 import secrets
 import shlex
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -38,12 +44,20 @@ from typing import Literal, Protocol
 
 from pytest_spark.access.base import CommandResult, CommandTimeout, RemoteError
 from pytest_spark.collective.script import script_text
-from pytest_spark.facts.collective import CollectiveRun, LaunchPlan, RankOutput, Section
+from pytest_spark.facts.collective import (
+    CollectiveRun,
+    LaunchPlan,
+    RankOutput,
+    Section,
+    SweepProgress,
+    SweepState,
+)
 from pytest_spark.parsers.nccl import (
     MAIN_SECTION,
     SECTION,
     NcclOutput,
     ParseError,
+    Row,
     parse_nccl_tests,
     split_sections,
 )
@@ -58,6 +72,7 @@ __all__ = [
     "kill_command",
     "mpirun_chain",
     "mpirun_command",
+    "planned_sweeps",
     "probe_command",
     "rank_command",
     "run_allreduce",
@@ -78,11 +93,18 @@ RUN_GRACE = 15.0  # the script stops itself at the timeout; the SSH call waits t
 
 
 class RankNode(Protocol):
-    """What the runner needs from a node: a name and a command runner (cluster.Node)."""
+    """What the runner needs from a node: a name and a command runner (cluster.Node) that
+    can hand over stdout as it arrives (``on_output``: asked of rank 0 for progress only)."""
 
     name: str
 
-    def run(self, command: str, *, timeout: float | None = None) -> CommandResult: ...
+    def run(
+        self,
+        command: str,
+        *,
+        timeout: float | None = None,
+        on_output: Callable[[str], None] | None = None,
+    ) -> CommandResult: ...
 
 
 class CollectiveUnavailable(RuntimeError):
@@ -147,6 +169,7 @@ class _Job:
     timeout: float
     collectives: tuple[str, ...] = ("all_reduce",)
     latency_max_bytes: int = 1 << 20
+    progress: Callable[[SweepProgress], None] | None = None
 
     def script_args(self, rank: int, world_size: int) -> list[str]:
         extra = []
@@ -474,6 +497,64 @@ def _parse_all(text: str) -> tuple[NcclOutput | None, str | None, tuple[Section,
     return parsed, error, tuple(sections)
 
 
+def _doubling(low: int, high: int) -> tuple[int, ...]:
+    out, size = [], low
+    while size <= high:
+        out.append(size - size % 4)
+        size *= 2
+    return tuple(out)
+
+
+def planned_sweeps(
+    collectives: Sequence[str], min_bytes: int, max_bytes: int, latency_max_bytes: int
+) -> tuple[SweepState, ...]:
+    """Each sweep's message sizes (``-b``..``-e`` doubling, as nccl-tests and the script
+    step them; the latency sweep 8 B..``latency_max_bytes``), no rows yet."""
+    return tuple(
+        SweepState(
+            name,
+            _doubling(LATENCY_MIN_BYTES, latency_max_bytes)
+            if name == "latency"
+            else _doubling(min_bytes, max_bytes),
+        )
+        for name in collectives
+    )
+
+
+class _Stream:
+    """Rank 0's stdout as it arrives (``feed``, from the SSH reader) and the progress it
+    shows (``progress``, from the waiting loop): the rows of each sweep, re-read only when
+    a whole new line came in."""
+
+    def __init__(self, planned: tuple[SweepState, ...]) -> None:
+        self.planned = planned
+        self._lock = threading.Lock()
+        self._text: list[str] = []
+        self._read = ""
+        self._sweeps = planned
+
+    def feed(self, text: str) -> None:
+        with self._lock:
+            self._text.append(text)
+
+    def progress(self, elapsed: float, finished: bool) -> SweepProgress:
+        with self._lock:
+            text = "".join(self._text)
+        whole = text[: text.rfind("\n") + 1]
+        if whole != self._read:
+            self._read = whole
+            parts = split_sections(whole)
+            self._sweeps = tuple(
+                dataclasses.replace(s, rows=_rows_of(parts.get(s.name, ""))) for s in self.planned
+            )
+        return SweepProgress(elapsed, finished, self._sweeps)
+
+
+def _rows_of(text: str) -> tuple[Row, ...]:
+    parsed, _ = _parse(text) if text.strip() else (None, None)
+    return parsed.rows if parsed is not None else ()
+
+
 def _rank_output(
     node: RankNode, rank: int, command: str, outcome: CommandResult | BaseException, elapsed: float
 ) -> RankOutput:
@@ -515,6 +596,7 @@ def run_allreduce(
     fabric_addrs: Sequence[str] | None = None,
     collectives: Sequence[str] = ("all_reduce",),
     latency_max_bytes: int = 1 << 20,
+    progress: Callable[[SweepProgress], None] | None = None,
 ) -> CollectiveRun:
     """Run the all-reduce sweep with one rank per node (``nodes[0]`` is rank 0, the head).
 
@@ -524,8 +606,11 @@ def run_allreduce(
     ``fabric_addrs``: every node's fabric address, for mpirun's ``-H`` (nccl-tests only).
     ``init_timeout`` defaults to a third of ``timeout`` (10-60 s). ``collectives``: the
     sweeps of this one launch, in order (``all_reduce`` first; ``all_gather``; ``latency``,
-    8 B..``latency_max_bytes``), the same rank processes for all. Raises ValueError for
-    sizes above 4 GiB and :class:`CollectiveUnavailable` when no launcher works.
+    8 B..``latency_max_bytes``), the same rank processes for all. ``progress`` gets a
+    :class:`SweepProgress` about twice a second while the ranks run and once when they are
+    done: each sweep's planned sizes and the rows rank 0 has printed so far, read from its
+    output as it streams in. Raises ValueError for sizes above 4 GiB and
+    :class:`CollectiveUnavailable` when no launcher works.
     """
     if not nodes:
         raise ValueError("run_allreduce needs at least one node")
@@ -550,7 +635,7 @@ def run_allreduce(
         port=master_port or 31000 + secrets.randbelow(8000), min_bytes=min_bytes,
         max_bytes=max_bytes, iters=iters, warmup=warmup, backend=backend,
         init_timeout=init_timeout, timeout=timeout, collectives=wanted,
-        latency_max_bytes=latency_max_bytes,
+        latency_max_bytes=latency_max_bytes, progress=progress,
     )  # fmt: skip
     envs = []
     for node in nodes:
@@ -616,17 +701,24 @@ def _launch(
     """Start every command at once; stop the rest after one fails (grace) or on interrupt."""
     pool = cf.ThreadPoolExecutor(max_workers=len(nodes), thread_name_prefix="spark-rank")
     starts: dict[int, float] = {}
+    planned = planned_sweeps(job.collectives, job.min_bytes, job.max_bytes, job.latency_max_bytes)
+    stream = _Stream(planned) if job.progress is not None else None
 
     def call(i: int) -> CommandResult:
         starts[i] = time.monotonic()
+        if i == 0 and stream is not None:  # rank 0 prints the tables: watch them come
+            return nodes[i].run(commands[i], timeout=timeout, on_output=stream.feed)
         return nodes[i].run(commands[i], timeout=timeout)
 
     futures = [pool.submit(call, i) for i in range(len(nodes))]
     try:
         first_failure: float | None = None
         pending = set(futures)
+        t0 = time.monotonic()
         while pending:
             done, pending = cf.wait(pending, timeout=0.5)
+            if job.progress is not None and stream is not None:
+                job.progress(stream.progress(time.monotonic() - t0, not pending))
             for fut in done:
                 exc = fut.exception()
                 failed = exc is not None or fut.result().rc != 0

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from pytest_spark.parsers.nccl import NcclOutput, NetTransport
+from pytest_spark.parsers.nccl import NcclOutput, NetTransport, Row
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,40 @@ class Section:
     name: str
     parsed: NcclOutput | None
     parse_error: str | None = None
+
+
+@dataclass(frozen=True)
+class SweepState:
+    """One sweep of a running launch: its planned message sizes and the result rows rank 0
+    has printed so far (in order: the last is the size reached)."""
+
+    name: str  # all_reduce | all_gather | latency
+    sizes: tuple[int, ...]
+    rows: tuple[Row, ...] = ()
+
+
+@dataclass(frozen=True)
+class SweepProgress:
+    """How far a launch has got, read from rank 0's output as it streams in (nccl-tests
+    prints one row a message size, the shipped script too): ``elapsed_s`` since the ranks
+    started, ``finished`` once they have all ended."""
+
+    elapsed_s: float
+    finished: bool
+    sweeps: tuple[SweepState, ...]
+
+    @property
+    def done(self) -> int:
+        return sum(min(len(s.rows), len(s.sizes)) for s in self.sweeps)
+
+    @property
+    def total(self) -> int:
+        return sum(len(s.sizes) for s in self.sweeps)
+
+    @property
+    def current(self) -> SweepState | None:
+        """The sweep running now: the last one that has printed a row."""
+        return next((s for s in reversed(self.sweeps) if s.rows), None)
 
 
 @dataclass(frozen=True)

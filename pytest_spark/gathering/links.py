@@ -9,7 +9,7 @@ import pytest
 
 from pytest_spark.access.base import RemoteError
 from pytest_spark.access.cluster import Cluster, Node
-from pytest_spark.checks.links import link_is_usable, twin_key
+from pytest_spark.checks.links import link_is_usable, link_rate_short, twin_key
 from pytest_spark.facts.links import (
     LINK_PROBE,
     NodeLinkFacts,
@@ -81,6 +81,25 @@ def unusable_fabric_links(cluster: Cluster) -> list[str]:
             for ifname in ifs:
                 usable, reason = link_is_usable(port_of(facts, ifname), node)
                 if not usable:
+                    reasons.append(reason)
+    return reasons
+
+
+def slow_fabric_links(cluster: Cluster) -> list[str]:
+    """The link-rate check's words for each up fabric twin below the profile's rate, one per
+    QSFP port (its two twins share the rate), e.g. ``spark-worker-1 enP2p1s0f1np1: link
+    rate 100 Gb/s from ibstat (ethtool: 100000Mb/s) (see the link-rate check)``."""
+    reasons = []
+    floor = cluster.profile.link.min_rate_gbps
+    ifs = fabric_ifs(cluster)
+    for node, facts in all_link_facts(cluster).items():
+        if isinstance(facts, NodeLinkFacts):
+            seen = set()
+            for ifname in ifs:
+                port = port_of(facts, ifname)
+                reason = link_rate_short(port, node, floor)
+                if reason is not None and (twin_key(ifname), port.rate_gbps) not in seen:
+                    seen.add((twin_key(ifname), port.rate_gbps))
                     reasons.append(reason)
     return reasons
 

@@ -24,10 +24,14 @@ def node_memory(cluster: Cluster, node: Node) -> NodeMemory:
 
 def engine_claim(settings: Settings) -> Claim:
     """The claim the launch will make: the serve args' --gpu-memory-utilization, else
-    vLLM's default."""
+    vLLM's default; their --kv-cache-memory-bytes, which sizes the KV cache instead."""
     args = settings.serve_args
-    utilization = parse_serve_args(args).gpu_memory_utilization if args else None
-    return Claim.from_serve_args(utilization, bool(args))
+    parsed = parse_serve_args(args) if args else None
+    return Claim.from_serve_args(
+        parsed.gpu_memory_utilization if parsed else None,
+        bool(args),
+        parsed.kv_cache_memory_bytes if parsed else None,
+    )
 
 
 @dataclass(frozen=True)

@@ -6,12 +6,14 @@ tables from sysfs (one round trip per node, cached)."""
 from __future__ import annotations
 
 import shlex
+from collections.abc import Callable
 
 from pytest_spark.access.base import RemoteError
 from pytest_spark.access.cluster import Cluster, Node
 from pytest_spark.checks.links import link_is_usable
+from pytest_spark.checks.nccl import _gb, _size
 from pytest_spark.collective.runner import CollectiveUnavailable, run_allreduce
-from pytest_spark.facts.collective import CollectiveRun
+from pytest_spark.facts.collective import CollectiveRun, SweepProgress
 from pytest_spark.facts.links import NodeLinkFacts
 from pytest_spark.gathering.links import fabric_ifs, node_link_facts, port_of
 from pytest_spark.parsers.links import ParseError
@@ -124,8 +126,11 @@ def rank_envs(cluster: Cluster) -> dict[str, dict[str, str]] | str:
     return cluster.cached("rank-envs", compute)
 
 
-def collective_run(cluster: Cluster) -> CollectiveRun | str:
-    """Run (once per session) the sweep; a string says why it could not run."""
+def collective_run(
+    cluster: Cluster, progress: Callable[[str], None] | None = None
+) -> CollectiveRun | str:
+    """Run (once per session) the sweep; a string says why it could not run. ``progress``
+    gets a live line while the ranks run."""
 
     def compute() -> CollectiveRun | str:
         settings, profile = cluster.settings, cluster.profile
@@ -147,9 +152,12 @@ def collective_run(cluster: Cluster) -> CollectiveRun | str:
                 container=settings.container,
                 min_bytes=profile.nccl.min_bytes,
                 max_bytes=profile.nccl.max_bytes,
+                iters=profile.nccl.iters,
+                warmup=profile.nccl.warmup,
                 timeout=profile.nccl.timeout_s,
                 collectives=COLLECTIVES,
                 latency_max_bytes=profile.collectives.latency_max_bytes,
+                progress=_progress_line(progress, len(cluster.nodes), profile.nccl.timeout_s),
             )
         except CollectiveUnavailable as exc:
             return str(exc)
@@ -183,3 +191,49 @@ def gid_tables(cluster: Cluster, node: Node) -> dict[str, GidTable] | str | None
             return f"{node.name}: {exc}"
 
     return cluster.cached(("gid-tables", node.name), compute)
+
+
+def _progress_line(
+    write: Callable[[str], None] | None, ranks: int, timeout_s: float
+) -> Callable[[SweepProgress], None] | None:
+    """The live line of the sweep (:func:`progress_text`), written as the ranks report."""
+    if write is None:
+        return None
+
+    def line(progress: SweepProgress) -> None:
+        write(progress_text(progress, ranks, timeout_s))
+
+    return line
+
+
+def progress_text(progress: SweepProgress, ranks: int, timeout_s: float) -> str:
+    """``nccl all_reduce 4 MiB of 8 MiB: busbw 0.117 GB/s so far; 3/30 sizes 10%, 12/120 s``:
+    the sweep running, the message size it has reached out of its largest, that size's
+    busbw (the latency sweep: its time a call), the sizes done out of every sweep's; before
+    the first row the ranks are starting (rendezvous, warm-up); the last line says
+    `` 100% `` (the writer ends the line there), with the all-reduce's largest size."""
+    names = ", ".join(s.name for s in progress.sweeps)
+    done, total = progress.done, progress.total
+    sizes = f"{done}/{total} sizes"
+    if progress.finished:
+        line = f"nccl {names}: {ranks} ranks done 100% in {progress.elapsed_s:.0f} s, {sizes}"
+        main = progress.sweeps[0] if progress.sweeps else None
+        if main is None or not main.rows:
+            return line
+        row = main.rows[-1]
+        return f"{line}; {main.name} busbw {_gb(row.busbw_gbps)} GB/s at {_size(row.size_bytes)}"
+    pct = min(99, 100 * done // total) if total else 0
+    clock = f"{progress.elapsed_s:.0f}/{timeout_s:.0f} s"
+    current = progress.current
+    if current is None:
+        return f"nccl {names}: {ranks} ranks starting, {sizes} {pct}%, {clock}"
+    row = current.rows[-1]
+    if current.name == "latency":
+        figure = f"{row.in_place.time_us:.0f} us a call"
+    else:
+        figure = f"busbw {_gb(row.busbw_gbps)} GB/s"
+    largest = _size(current.sizes[-1]) if current.sizes else "?"
+    return (
+        f"nccl {current.name} {_size(row.size_bytes)} of {largest}: {figure} so far; "
+        f"{sizes} {pct}%, {clock}"
+    )

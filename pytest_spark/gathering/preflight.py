@@ -16,6 +16,7 @@ from pytest_spark.access.base import CommandResult, RemoteError
 from pytest_spark.access.cluster import Cluster, Node
 from pytest_spark.facts.alike import alike_probe_command
 from pytest_spark.facts.links import joint_probe
+from pytest_spark.facts.memory import memory_probe_command
 from pytest_spark.facts.preflight import (
     ClockSample,
     NodePreflight,
@@ -76,13 +77,14 @@ def host_probe_commands(settings: Settings) -> dict[str, str]:
     preflight probe and the nodes-alike probe run side by side in one ``sh -c``
     (:func:`~pytest_spark.facts.links.joint_probe`), so a node costs one SSH round trip
     for its host facts whichever check asks first. A probe of host facts joins by being
-    listed here."""
+    listed here: the preflight, nodes-alike and memory probes."""
     where = model_dir(settings).path
     return {
         "preflight": preflight_probe_command(
             container=settings.container, image=settings.image, model_dir=where
         ),
         "alike": alike_probe_command(container=settings.container, image=settings.image),
+        "memory": memory_probe_command(),
     }
 
 

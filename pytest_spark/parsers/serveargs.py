@@ -23,6 +23,7 @@ class ServeArgs:
     nnodes: int | None = None
     headless: bool = False
     gpu_memory_utilization: float | None = None  # None: not on the line (vLLM's default)
+    kv_cache_memory_bytes: int | None = None  # --kv-cache-memory-bytes, per GPU
     parallelism_given: bool = False  # any of TP/PP/DP on the line (the launcher trims then)
 
     @property
@@ -68,6 +69,30 @@ def _length(value: str) -> int:
     for suffix, factor in (("k", 1024), ("m", 1024 * 1024)):
         if text.endswith(suffix):
             return int(float(text[:-1]) * factor)
+    return int(text)
+
+
+_HUMAN_INT = re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT])")
+_DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def human_readable_int(value: str) -> int:
+    """vLLM's ``human_readable_int`` (vllm/engine/arg_utils.py), the type of
+    ``--kv-cache-memory-bytes``: a lowercase suffix is decimal (``25.6k`` = 25600), an
+    uppercase one binary (``1K`` = 1024, no decimals: vLLM refuses ``1.5G``)."""
+    text = value.strip()
+    match = _HUMAN_INT.fullmatch(text)
+    if match:
+        number, suffix = match.groups()
+        if suffix in _DECIMAL:
+            return int(float(number) * _DECIMAL[suffix])
+        if "." in number:
+            raise ValueError(
+                f"{value!r}: decimals are not allowed with binary suffixes like {suffix} "
+                f"(vLLM refuses it; {number}{suffix.lower()} is the decimal form)"
+            )
+        return int(number) * _BINARY[suffix]
     return int(text)
 
 
@@ -122,6 +147,11 @@ def parse_serve_args(command: str) -> ServeArgs:
         headless="headless" in flags,
         gpu_memory_utilization=(
             float(values["gpu-memory-utilization"]) if "gpu-memory-utilization" in values else None
+        ),
+        kv_cache_memory_bytes=(
+            human_readable_int(values["kv-cache-memory-bytes"])
+            if "kv-cache-memory-bytes" in values
+            else None
         ),
         parallelism_given=bool(
             {"tensor-parallel-size", "tp", "pipeline-parallel-size", "data-parallel-size"}

@@ -11,12 +11,15 @@ import posixpath
 import shlex
 from dataclasses import dataclass, replace
 
-from pytest_spark.access.base import CommandResult, RemoteError
+from pytest_spark.access.base import RemoteError
 from pytest_spark.access.cluster import Node
 
 # How a launch-cluster.sh that has Ray as an option parses it (`--ray)` in its case, or
 # `--ray|...`); the scripts from before mid-2026 always start Ray and have no such flag.
 RAY_FLAG_PATTERN = r"(^|[[:space:]|(])--ray[)|]"
+# How long teardown waits for a signalled launcher's own cleanup, after `stop` (its `docker
+# stop` on every node, head first, then each worker over SSH: quick once they are stopped).
+LAUNCHER_EXIT_WAIT_S = 60.0
 
 
 class LaunchError(Exception):
@@ -89,6 +92,36 @@ class LaunchSpec:
     def stop_command(self) -> str:
         return self._command("stop")
 
+    def _is_launcher(self, pid: int) -> str:
+        """A shell test: ``pid`` is alive (not a zombie) and is this launcher (a PID of an
+        earlier start may have been reused by an unrelated process)."""
+        name = shlex.quote(posixpath.basename(self.script.rstrip("/")) or self.script)
+        return (
+            f"[ -r /proc/{pid}/stat ] && ! grep -q '^[0-9]* (.*) Z' /proc/{pid}/stat && "
+            f"tr '\\0' ' ' </proc/{pid}/cmdline 2>/dev/null | grep -qF -- {name}"
+        )
+
+    def signal_command(self, pid: int) -> str:
+        """TERM the backgrounded launcher ``pid``, if that process is still this launcher.
+
+        The launcher (not in daemon mode) traps EXIT/TERM with its cleanup, which
+        ``docker stop``s the container by name on every node. bash runs that trap only
+        when its foreground command returns: in Ray mode that is the head's ``docker exec
+        ... vllm serve``, which returns once ``stop`` has stopped the container. So
+        teardown signals first, stops, then waits (:meth:`wait_command`): the cleanup is
+        over before anyone launches again. Killed after ``stop`` and not waited for, it
+        ran late and stopped the *next* launch's containers (CI: a second run's ``docker
+        exec`` found "No such container" on both nodes)."""
+        return f"if {self._is_launcher(pid)}; then kill {pid} 2>/dev/null; fi; true"
+
+    def wait_command(self, pid: int, wait_s: float = LAUNCHER_EXIT_WAIT_S) -> str:
+        """Wait up to ``wait_s`` until the launcher ``pid`` has exited (its cleanup done)."""
+        ticks = max(1, int(wait_s * 10))
+        return (
+            f"i=0; while {self._is_launcher(pid)} && [ $i -lt {ticks} ]; "
+            "do sleep 0.1; i=$((i+1)); done; true"
+        )
+
     def status_command(self) -> str:
         return self._command("status")
 
@@ -147,11 +180,3 @@ class Launcher:
         except RemoteError:
             return ""
         return result.stdout
-
-    def stop(self) -> CommandResult:
-        """Stop the containers on every node and the backgrounded launcher, if alive, and
-        remove the launcher's log."""
-        result = self.head.run(self.spec.stop_command(), timeout=120)
-        kill = f"kill {self.pid} 2>/dev/null; " if self.pid is not None else ""
-        self.head.run(f"{kill}rm -f {shlex.quote(self.spec.log_path)}; true", timeout=10)
-        return result

@@ -1,6 +1,11 @@
 """One unreachable node, one error: ``test_node_reachable`` reports it with its evidence,
 and every check that needs the node skips citing it (never 25 errors with ``node: null``).
 
+A node lost later (it answered when the session connected, then a check's command met
+``NodeUnreachable``) is the same: that check fails once, naming the node, the last error
+and what to check (:class:`LostNodes`); every later check that needs the node skips citing
+that check.
+
 When the reachability check is not in the session (``-m link`` alone), a check that needs
 an unreachable node fails with the whole error instead: a deselected verdict must not turn
 a dead node into a green run.
@@ -8,12 +13,12 @@ a dead node into a green run.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Generator, Iterable
 from typing import TYPE_CHECKING, NoReturn
 
 import pytest
 
-from pytest_spark.access.base import RemoteError
+from pytest_spark.access.base import NodeUnreachable, RemoteError
 
 if TYPE_CHECKING:
     from pytest_spark.access.cluster import Cluster, Node
@@ -23,13 +28,28 @@ VERDICT = "test_node_reachable"
 REACHABILITY_VERDICT_KEY: pytest.StashKey[bool] = pytest.StashKey()
 
 
-def unreachable_reason(node: str, error: RemoteError | str) -> str:
-    """The skip reason of a check that needs an unreachable node: the node, the error,
-    and where its evidence is."""
+class NodeLost(NodeUnreachable):
+    """A node that answered when the session connected and stopped answering during the
+    check ``during`` (a node id)."""
+
+    def __init__(self, error: RemoteError, during: str) -> None:
+        super().__init__(error.node, _bare(error.node, error))
+        self.during = during
+
+
+def _bare(node: str, error: RemoteError | str) -> str:
     text = str(error)
     while text.startswith(f"{node}: "):
         text = text[len(node) + 2 :]
-    return f"{node} unreachable: {text} ({VERDICT} has the evidence)"
+    return text
+
+
+def unreachable_reason(node: str, error: RemoteError | str) -> str:
+    """The skip reason of a check that needs an unreachable node: the node, the error,
+    and where its evidence is."""
+    if isinstance(error, NodeLost):
+        return f"{node} lost during {error.during}: {_bare(node, error)} (that check failed on it)"
+    return f"{node} unreachable: {_bare(node, error)} ({VERDICT} has the evidence)"
 
 
 def unreachable(cluster: Cluster, nodes: Iterable[Node] | None = None) -> list[Node]:
@@ -38,8 +58,9 @@ def unreachable(cluster: Cluster, nodes: Iterable[Node] | None = None) -> list[N
 
 
 def skip_or_fail(config: pytest.Config, node: str, error: RemoteError | str) -> NoReturn:
-    """Skip citing the reachability verdict when it runs in this session, else fail."""
-    if config.stash.get(REACHABILITY_VERDICT_KEY, False):
+    """Skip citing the reachability verdict when it runs in this session (or the check
+    that lost the node), else fail."""
+    if isinstance(error, NodeLost) or config.stash.get(REACHABILITY_VERDICT_KEY, False):
         pytest.skip(unreachable_reason(node, error))
     pytest.fail(f"node unreachable: {error}", pytrace=False)
 
@@ -53,3 +74,51 @@ def require_reachable(
         error = cluster.unreachable(node)
         assert error is not None
         skip_or_fail(config, node.name, error)
+
+
+def lost_message(node: Node, error: RemoteError) -> str:
+    """The failure of the check that lost ``node``: node, last error, what to check."""
+    return (
+        f"{node.name}: lost during this check: {_bare(node.name, error)}. It answered when "
+        f"the session connected. Check its management link (ping {node.address}) and sshd "
+        f"on it; every later check that needs {node.name} is skipped citing this one."
+    )
+
+
+class LostNodes:
+    """Turns ``NodeUnreachable`` out of a check into one verdict per lost node.
+
+    The first check to meet a node that stopped answering mid-session fails with
+    :func:`lost_message` (not a traceback); the node is then marked unreachable
+    (``cluster.unreachable(node)`` is a :class:`NodeLost`), so the fixtures skip every
+    later check that needs it, citing that check, and a later check that still meets it
+    skips the same way."""
+
+    def __init__(self, cluster: Callable[[], Cluster | None]) -> None:
+        self._cluster = cluster
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, None, None]:
+        try:
+            return (yield)
+        except NodeUnreachable as exc:
+            cluster = self._cluster()
+            node = _find(cluster, exc.node) if cluster is not None else None
+            before = cluster.unreachable(node) if cluster is not None and node else None
+            # not a node of this cluster, or unreachable from the start (its verdict says so)
+            if node is None or (before is not None and not isinstance(before, NodeLost)):
+                raise
+            lost = exc
+        # outside the except: the verdict alone, not chained to the SSH error's traceback
+        assert cluster is not None
+        if isinstance(before, NodeLost):
+            pytest.skip(unreachable_reason(node.name, before))
+        cluster.mark_lost(node, NodeLost(lost, item.nodeid))
+        pytest.fail(lost_message(node, lost), pytrace=False)
+
+
+def _find(cluster: Cluster, name: str) -> Node | None:
+    try:
+        return cluster.node(name)
+    except KeyError:
+        return None

@@ -21,7 +21,12 @@ from pytest_spark.access.base import RemoteError
 from pytest_spark.access.cluster import Cluster, Node
 from pytest_spark.access.files import write_json
 from pytest_spark.parsers.serveargs import mode_of_processes, parse_serve_args
-from pytest_spark.readiness.launch import Launcher, LaunchError, LaunchSpec
+from pytest_spark.readiness.launch import (
+    LAUNCHER_EXIT_WAIT_S,
+    Launcher,
+    LaunchError,
+    LaunchSpec,
+)
 from pytest_spark.readiness.wait import (
     SINCE_START,
     NodeProbe,
@@ -292,10 +297,13 @@ def ensure_serving(
                 if notify is not None and container != settings.container:
                     notify(f"the launcher's .env names the container {container!r}: watching it")
                 refuse_running(cluster, container)
+                pid = launcher.start()
                 doc.update(
                     launched=True,
                     container=container,
-                    launch_pid=launcher.start(),
+                    launch_pid=pid,
+                    signal_launcher=launcher.spec.signal_command(pid),
+                    wait_launcher=launcher.spec.wait_command(pid),
                     stop_command=launcher.spec.stop_command(),
                     launch_log=launcher.spec.log_path,
                 )
@@ -412,14 +420,16 @@ def stop_if_launched(
         return None
     try:
         cluster.connect()
+        # The launcher is signalled, the containers stopped, then the launcher waited for:
+        # its own cleanup (a trap on TERM, run once its foreground command returns) stops
+        # the containers by name, and must be over before anyone launches again.
+        if state.get("signal_launcher"):
+            cluster.head.run(state["signal_launcher"], timeout=15)
         result = cluster.head.run(state["stop_command"], timeout=STOP_TIMEOUT_S)
-        cleanup = []
-        if state.get("launch_pid"):
-            cleanup.append(f"kill {int(state['launch_pid'])} 2>/dev/null")
+        if state.get("wait_launcher"):
+            cluster.head.run(state["wait_launcher"], timeout=LAUNCHER_EXIT_WAIT_S + 15)
         if state.get("launch_log"):  # the launcher's output, kept only while it serves
-            cleanup.append(f"rm -f {shlex.quote(state['launch_log'])}")
-        if cleanup:
-            cluster.head.run("; ".join([*cleanup, "true"]), timeout=10)
+            cluster.head.run(f"rm -f {shlex.quote(state['launch_log'])}; true", timeout=10)
         # `docker stop` returns before dockerd has removed a --rm container: wait, so that
         # the next launch (this suite's or an operator's) finds the name free.
         container = state.get("container")

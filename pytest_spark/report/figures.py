@@ -67,6 +67,26 @@ class SweepLevel:
 
 
 @dataclass(frozen=True)
+class RatePoint:
+    """One open-loop level: the offered rate, its goodput and TTFT percentiles."""
+
+    rate: float
+    goodput_pct: float | None
+    met: bool
+    ttft: dict[str, float | None]  # p50/p90/p99, seconds
+
+
+@dataclass(frozen=True)
+class OpenLoop:
+    """The open-loop sweep (tests_e2e/test_open_loop.py's ``extra.open_loop``)."""
+
+    points: list[RatePoint]
+    knee: float | None  # req/s; None: the lowest rate broke the SLOs
+    min_goodput_pct: float | None
+    slo: str
+
+
+@dataclass(frozen=True)
 class PhaseSpan:
     phase: str
     start: float
@@ -93,6 +113,7 @@ class Figures:
     # that was not measured says so instead of showing the attach wait as a load time).
     attached: bool = False
     latency: list[LatencySeries] = field(default_factory=list)
+    open_loop: OpenLoop | None = None
 
     @property
     def all_reduce(self) -> list[BusbwSeries]:
@@ -241,6 +262,35 @@ def sweep_levels(doc: dict[str, Any]) -> list[SweepLevel]:
     return [levels[c] for c in sorted(levels)]
 
 
+def open_loop_of(doc: dict[str, Any]) -> OpenLoop | None:
+    for _, data in _extras(doc, "open_loop"):
+        if not isinstance(data, dict) or not isinstance(data.get("levels"), list):
+            continue
+        points = []
+        for lv in data["levels"]:
+            rate = number(as_dict(lv).get("rate"))
+            if rate is None or rate <= 0:
+                continue
+            level = as_dict(lv.get("level"))
+            points.append(
+                RatePoint(
+                    rate,
+                    number(lv.get("goodput_pct")),
+                    lv.get("met") is True,
+                    _summary(level.get("ttft_s")),
+                )
+            )
+        if points:
+            slo = data.get("slo")
+            return OpenLoop(
+                sorted(points, key=lambda p: p.rate),
+                number(data.get("knee_req_s")),
+                number(data.get("min_goodput_pct")),
+                slo if isinstance(slo, str) else "",
+            )
+    return None
+
+
 def timeline(doc: dict[str, Any]) -> list[PhaseSpan]:
     serving = as_dict(doc.get("serving"))
     sources: list[Any] = [serving.get("timeline")]
@@ -270,12 +320,14 @@ def figures_of(doc: dict[str, Any]) -> Figures:
         number(serving.get("ready_s")),
         attached=serving.get("launched") is False,
         latency=latency_series(doc),
+        open_loop=open_loop_of(doc),
     )
 
 
 def metrics_of(figures: Figures) -> dict[str, Metric]:
     """Flat named figures for the history: ``busbw``, ``tok_s@C``, ``ttft_p50@C``,
-    ``ttft_p90@C``, ``tpot_p50@C``, ``tpot_p90@C``, ``load``, ``load.<phase>``."""
+    ``ttft_p90@C``, ``ttft_p99@C``, ``tpot_p50@C`` (p90, p99), ``knee``, ``load``,
+    ``load.<phase>``."""
     out: dict[str, Metric] = {}
     if figures.all_reduce:
         out["busbw"] = Metric(
@@ -289,10 +341,12 @@ def metrics_of(figures: Figures) -> dict[str, Metric]:
         if lv.output_tok_s is not None:
             out[f"tok_s@{lv.concurrency}"] = Metric(round(lv.output_tok_s, 3), "tok/s", "higher")
         for name, summary in (("ttft", lv.ttft), ("tpot", lv.tpot)):
-            for pct in ("p50", "p90"):
+            for pct in ("p50", "p90", "p99"):
                 value = summary.get(pct)
                 if value is not None:
                     out[f"{name}_{pct}@{lv.concurrency}"] = Metric(round(value, 6), "s", "lower")
+    if figures.open_loop is not None and figures.open_loop.knee is not None:
+        out["knee"] = Metric(round(figures.open_loop.knee, 4), "req/s", "higher")
     if figures.load_s is not None:
         out["load"] = Metric(round(figures.load_s, 3), "s", "lower")
     for phase, seconds in figures.phase_durations().items():
@@ -339,7 +393,16 @@ def key_figures(figures: Figures) -> list[tuple[str, str]]:
             text = f"{level.output_tok_s:.4g} tok/s"
             if level.ttft.get("p90") is not None:
                 text += f", TTFT p90 {level.ttft['p90']:.3g} s"
+            if level.ttft.get("p99") is not None:
+                text += f", p99 {level.ttft['p99']:.3g} s"
         out.append((f"tok/s @{c}", text))
+    if figures.open_loop is not None:
+        ol = figures.open_loop
+        top = ol.points[-1].rate
+        knee = f"{ol.knee:g} req/s" if ol.knee is not None else "none (the lowest rate broke)"
+        broke = next((p.rate for p in ol.points if not p.met), None)
+        tail = f", broke at {broke:g} req/s" if broke is not None else f", held to {top:g} req/s"
+        out.append(("knee", f"{knee}{tail} under {ol.slo}"))
     load = figures.load_s
     if load is not None:
         phases = ", ".join(f"{p} {s:.0f} s" for p, s in figures.phase_durations().items())

@@ -29,6 +29,7 @@ FIGURE_KEYS = (
     "sweep",
     "throughput_sweep",
     "level",
+    "open_loop",
     "startup_timeline",
 )
 
@@ -253,7 +254,7 @@ def summary_html(state: ReportState) -> str:
         banners.append(("fail", f"SSH host keys NOT checked: {policy}"))
     if (state.doc.get("cluster") or {}).get("sim"):
         banners.append(
-            ("none", "Cluster: sparksim, the embedded simulated cluster (bandwidths scaled 1/100)")
+            ("none", "Cluster: sparksim, the embedded simulated cluster (bandwidths scaled 1/200)")
         )
     parts = ['<div id="spark-report">', STYLE]
     parts += [f'<div class="spark-banner spark-{kind}">{esc(text)}</div>' for kind, text in banners]

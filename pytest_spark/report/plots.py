@@ -15,6 +15,7 @@ from pytest_spark.report.figures import (
     BusbwSeries,
     Figures,
     LatencySeries,
+    OpenLoop,
     PhaseSpan,
     SweepLevel,
 )
@@ -240,6 +241,51 @@ def throughput_plot(levels: list[SweepLevel]) -> Plot:
     )
 
 
+def knee_plot(open_loop: OpenLoop | None) -> Plot:
+    title = "Open loop: goodput and TTFT vs request rate (the knee)"
+    if open_loop is None:
+        return Plot(
+            "knee",
+            title,
+            None,
+            "no plot: no open-loop sweep was recorded (it runs with --spark-open-loop)",
+        )
+    points = open_loop.points
+
+    def draw(fig: Any) -> None:
+        axes = fig.subplots(1, 2)
+        ax = axes[0]
+        xs = [p.rate for p in points]
+        ys = [p.goodput_pct if p.goodput_pct is not None else 0.0 for p in points]
+        ax.plot(xs, ys, marker="o", color="#1f77b4")
+        for p, y in zip(points, ys, strict=True):
+            ax.plot([p.rate], [y], "o", color="#2ca02c" if p.met else "#d62728")
+        if open_loop.min_goodput_pct is not None:
+            ax.axhline(open_loop.min_goodput_pct, color="#d62728", linestyle="--", linewidth=1)
+        ax.set_ylim(0, 105)
+        ax.set_ylabel("goodput (% of requests meeting every SLO)")
+        ax.set_title(_safe(f"goodput under {open_loop.slo}"), fontsize=9)
+        ax2 = axes[1]
+        for pct, style in (("p50", "-"), ("p90", "--"), ("p99", ":")):
+            pts = [(p.rate, v) for p in points if (v := p.ttft.get(pct)) is not None]
+            if pts:
+                ax2.plot([q[0] for q in pts], [q[1] for q in pts], style, marker="o", label=pct)
+        ax2.set_ylabel("TTFT (s)")
+        ax2.set_ylim(bottom=0)
+        ax2.set_title("TTFT percentiles", fontsize=9)
+        if ax2.get_legend_handles_labels()[0]:
+            ax2.legend(fontsize=7)
+        for a in axes:
+            if open_loop.knee is not None:
+                a.axvline(open_loop.knee, color="#2ca02c", linestyle="--", linewidth=1.2)
+            a.set_xscale("log", base=2)
+            a.set_xlabel("request rate (req/s, Poisson arrivals)")
+            a.grid(True, alpha=0.3)
+
+    knee = f"knee {open_loop.knee:g} req/s" if open_loop.knee is not None else "no knee"
+    return _guard("knee", title, draw, (10, 3.6), f"{len(points)} rate(s); {knee}")
+
+
 def timeline_plot(spans: list[PhaseSpan], ready_s: float | None = None) -> Plot:
     title = "Startup phases (Gantt)"
     phases = [s for s in spans if s.phase != "ready"]
@@ -306,5 +352,6 @@ def all_plots(figures: Figures) -> list[Plot]:
         busbw_plot(figures.busbw),
         latency_plot(figures.latency),
         throughput_plot(figures.sweep),
+        knee_plot(figures.open_loop),
         timeline_plot(figures.timeline, figures.ready_s),
     ]

@@ -23,6 +23,8 @@ CATEGORIES = (
     "reasoning",
     "throughput",
     "structured_output",
+    "load",
+    "context",
 )
 FINDING_PROP = "spark_finding"
 NODE_PROP = "spark_node"

@@ -5,6 +5,9 @@ verdicts own a broken wire (a stream whose framing is not ``data: {json}`` event
 ``data: [DONE]``, a JSON body that does not parse): a dependent request that failed the same
 way skips citing them. The single-stream decode verdict owns a slow decode: the aggregate
 check at several streams skips citing it when the streams scaled as the profile expects.
+The goodput gate (the closed-loop sweep at ``slo.concurrency``, run every time) owns SLOs
+that break under load: the open-loop knee (run by option) skips citing it when the knee
+is under its floor and the closed loop already broke the same SLOs.
 """
 
 from __future__ import annotations
@@ -12,12 +15,14 @@ from __future__ import annotations
 from dataclasses import replace
 
 from pytest_spark.checks.base import Finding
+from pytest_spark.serving.slo import LABELS, Goodput
 from pytest_spark.serving.stream import ServingError, StreamResult
 
 # The wire verdicts (tests_e2e/test_readiness.py): the canary request, streamed and not.
 STREAM_VERDICT = "test_stream_wire"
 BODY_VERDICT = "test_canary_completion"
 DECODE_VERDICT = "test_decode_single_stream"
+GOODPUT_VERDICT = "test_goodput"
 # ServingError kinds that are the wire's (tests_e2e's requests all read it the same way).
 STREAM_KINDS = frozenset({"malformed-sse", "truncated", "not-sse"})
 BODY_KINDS = frozenset({"not-json"})
@@ -96,6 +101,42 @@ def decode_explains_aggregate(
     if decode is None or decode <= 0 or decode >= decode_floor or decode_floor <= 0:
         return False
     return aggregate < aggregate_floor and aggregate / decode >= aggregate_floor / decode_floor
+
+
+def decode_explains_goodput(worst: str | None, decode: float | None, decode_floor: float) -> bool:
+    """Whether goodput lost to slow decode steps (TPOT broken most, or the E2E latency they
+    make) is the slow single-stream decode's consequence: the decode is under its floor."""
+    return worst in ("tpot", "e2e") and decode is not None and decode < decode_floor
+
+
+def knee_cause(
+    closed: Goodput | None,
+    concurrency: int,
+    min_goodput_pct: float,
+    decode: float | None,
+    decode_floor: float,
+    *,
+    decode_verdict: bool = True,
+) -> str | None:
+    """Why an open-loop knee under its floor is not its own failure: the closed-loop sweep's
+    level at ``slo.concurrency`` (its goodput ``closed``) already broke the same SLOs, so the
+    goodput gate owns the cause, or the decode verdict where the goodput gate itself cites it
+    (goodput lost to a slow decode; ``decode_verdict``: that verdict runs). None when the
+    closed loop met the SLOs or has no such level: the knee reports the capacity itself."""
+    if closed is None or closed.meets(min_goodput_pct):
+        return None
+    worst = closed.worst()
+    said = (
+        f"the SLOs already break in the closed loop: goodput {closed.share_pct:.1f}% at "
+        f"{concurrency} streams, expected >= {min_goodput_pct:g}%, most broken: "
+        f"{LABELS.get(worst or '', 'request errors')}"
+    )
+    if decode_verdict and decode_explains_goodput(worst, decode, decode_floor):
+        return (
+            f"{said}, each stream slow: single-stream decode {decode:.1f} tok/s, expected >= "
+            f"{decode_floor:g} ({DECODE_VERDICT} has the evidence)"
+        )
+    return f"{said} ({GOODPUT_VERDICT} has the evidence)"
 
 
 def cited_verdict(verdict: str, here: str, finding: Finding) -> str:

@@ -10,7 +10,7 @@ import httpx
 
 from pytest_spark.access.api import ApiEndpoint
 from pytest_spark.serving.evidence import Exchange
-from pytest_spark.serving.stream import ServingError, post_json, stream_chat
+from pytest_spark.serving.stream import Reply, ServingError, StreamResult, post_json, stream_chat
 from pytest_spark.serving.turn import Turn, from_response, from_stream
 
 CHAT_PATH = "/v1/chat/completions"
@@ -41,11 +41,18 @@ class ServingClient:
         return from_response(reply.data, reply.exchange)
 
     def chat_stream(self, body: dict[str, Any]) -> Turn:
+        return from_stream(self.stream(body))
+
+    def stream(self, body: dict[str, Any]) -> StreamResult:
+        """A streamed chat completion as it came (chunks with their arrival times)."""
         body = {**body, "stream": True}
-        result = stream_chat(
+        return stream_chat(
             self._http, CHAT_PATH, body, timeout=self.timeout, idle_timeout=self.idle_timeout
         )
-        return from_stream(result)
+
+    def post(self, path: str, body: dict[str, Any]) -> Reply:
+        """POST a JSON body to another endpoint (``/tokenize``); a ServingError otherwise."""
+        return post_json(self._http, path, body, timeout=self.timeout)
 
     def turn(self, body: dict[str, Any], streamed: bool) -> Turn:
         return self.chat_stream(body) if streamed else self.chat(body)

@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import httpx
 
 from pytest_spark.access.api import ApiEndpoint
+from pytest_spark.serving.metricsnap import level_metrics, metrics_text, scrape
 from pytest_spark.serving.stats import Summary
 from pytest_spark.serving.stream import ServingError, astream_chat
 from pytest_spark.serving.wire import kv_cache_metric, parse_metrics
@@ -174,10 +175,12 @@ class RequestRecord:
 
 @dataclass
 class LevelResult:
-    concurrency: int
+    concurrency: int  # closed loop: the streams; 0 for an open-loop level
     records: list[RequestRecord]
     wall_s: float
     cpu_s: float
+    rate: float | None = None  # open loop: the offered request rate (req/s)
+    metrics: dict[str, Any] | None = None  # /metrics around the level (metricsnap.level_metrics)
 
     @property
     def ok(self) -> list[RequestRecord]:
@@ -203,6 +206,7 @@ class LevelResult:
         tokens = self.output_tokens
         return {
             "concurrency": self.concurrency,
+            **({"rate": self.rate} if self.rate is not None else {}),
             "requests": len(ok),
             "failed": len(self.failed),
             "errors": sorted({r.error for r in self.failed if r.error})[:5],
@@ -220,6 +224,7 @@ class LevelResult:
             "itl_s": Summary.of([g for r in ok for g in r.gaps]).to_dict(),
             "e2e_s": Summary.of([r.e2e for r in ok if r.e2e is not None]).to_dict(),
             "decode_tok_s": Summary.of(self.decode_rates(), 3).to_dict(),
+            "server_metrics": self.metrics,
         }
 
 
@@ -250,23 +255,53 @@ class SweepResult:
         }
 
 
+Progress = Callable[[str], None]
+
+
+def progress_text(what: str, records: Sequence[RequestRecord], total: int, now: float) -> str:
+    """The live line of a long wait: ``throughput 4 streams: 5/8 requests 62% 123.4 tok/s``
+    (output tokens of the finished requests over the time since the level began; the
+    writer ends the line in place at `` 100% ``)."""
+    done = len(records)
+    tokens = sum(r.output_tokens for r in records if r.error is None)
+    failed = sum(r.error is not None for r in records)
+    pct = 100 * done // total if total else 100
+    tail = f", {failed} failed" if failed else ""
+    rate = tokens / now if now > 0 else 0.0
+    return f"{what}: {done}/{total} requests {pct}% {rate:.1f} tok/s so far{tail}"
+
+
 class LoadClient:
-    """Runs sweeps against one endpoint; one connection pool, sized for the top level."""
+    """Runs sweeps against one endpoint; one connection pool, sized for the top level.
+    ``progress`` gets a live line as each request of a level finishes."""
 
     def __init__(
-        self, api: ApiEndpoint, spec: LoadSpec, clock: Callable[[], float] = time.perf_counter
+        self,
+        api: ApiEndpoint,
+        spec: LoadSpec,
+        clock: Callable[[], float] = time.perf_counter,
+        progress: Progress | None = None,
     ) -> None:
         self.api = api
         self.spec = spec
         self.clock = clock
+        self.progress = progress
         self.dropped: list[str] = []
         self._serial = 0
 
+    async def send(self, client: httpx.AsyncClient, level_t0: float) -> RequestRecord:
+        """One request of a level that began at ``level_t0`` (the open loop and the soak)."""
+        return await self._one(client, level_t0)
+
+    def progress_text(self, what: str, records: Sequence[RequestRecord], total: int) -> str:
+        ends = [r.start + (r.e2e or 0.0) for r in records]
+        return progress_text(what, records, total, max(ends, default=0.0))
+
     def _client(self) -> httpx.AsyncClient:
-        top = max(self.spec.concurrency) + 2
-        return self.api.async_client(
-            limits=httpx.Limits(max_connections=top, max_keepalive_connections=top)
-        )
+        """One connection per concurrent request (``LaneTransport``): httpcore's shared
+        pool does O(connections^2) bookkeeping per request, which at 64 streams held the
+        first round's requests in the client (benchmarks/load_client_accuracy.py)."""
+        return self.api.async_client(transport=LaneTransport())
 
     async def _one(
         self, client: httpx.AsyncClient, level_t0: float, output_tokens: int | None = None
@@ -335,6 +370,7 @@ class LoadClient:
         records: list[RequestRecord] = []
         started = 0
         await _open_connections(client, concurrency)
+        before = await scrape(client)
         t0 = self.clock()
         cpu0 = time.process_time()
 
@@ -343,18 +379,23 @@ class LoadClient:
             while started < total and self.clock() - t0 < self.spec.level_budget_s:
                 started += 1
                 records.append(await self._one(client, t0))
+                if self.progress is not None:
+                    what = f"throughput {concurrency} stream{'s' * (concurrency > 1)}"
+                    self.progress(self.progress_text(what, records, total))
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         ends = [r.start + (r.e2e or 0.0) for r in records]
         wall = max(ends, default=self.clock() - t0)
-        return LevelResult(concurrency, records, wall, time.process_time() - cpu0)
+        cpu = time.process_time() - cpu0
+        metrics = await level_metrics(client, before, self.spec.idle_timeout_s)
+        return LevelResult(concurrency, records, wall, cpu, metrics=metrics)
 
     async def sweep(self) -> SweepResult:
         async with self._client() as client:
-            before = await _metrics(client)
+            before = await fetch_metrics(client)
             warm = await self.warmup(client)
             levels = [await self.level(client, c) for c in self.spec.concurrency]
-            after = await _metrics(client)
+            after = await fetch_metrics(client)
         counted = sum(lv.output_tokens for lv in levels)
         return SweepResult(
             self.spec,
@@ -364,6 +405,75 @@ class LoadClient:
             self.api.base_url,
             server_view(before, after, counted),
         )
+
+
+class LaneTransport(httpx.AsyncBaseTransport):
+    """Each request in flight gets a lane of its own: an httpx transport holding one
+    keep-alive connection, taken from the free lanes (the most recently freed first, its
+    connection warm) and given back when the response closes; a new lane when none is free.
+
+    httpcore's pool scans every connection, and for each idle one every connection again,
+    whenever a request starts or ends: at 64 idle connections (a level's start) that is
+    ~4,000 checks per request, ~270,000 for the first round, all before the requests go
+    out, on the client's one event loop. A lane's pool holds one connection. The lanes share
+    one TLS context (httpx loads the CA bundle per transport, ~0.2 s each)."""
+
+    def __init__(self) -> None:
+        self._free: list[httpx.AsyncHTTPTransport] = []
+        self._all: list[httpx.AsyncHTTPTransport] = []
+        self._ssl: Any = None
+
+    def _lane(self) -> httpx.AsyncHTTPTransport:
+        if self._free:
+            return self._free.pop()
+        if self._ssl is None:
+            self._ssl = httpx.create_ssl_context()
+        lane = httpx.AsyncHTTPTransport(
+            verify=self._ssl, limits=httpx.Limits(max_connections=1, max_keepalive_connections=1)
+        )
+        self._all.append(lane)
+        return lane
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        lane = self._lane()
+        try:
+            response = await lane.handle_async_request(request)
+        except BaseException:
+            self._free.append(lane)
+            raise
+        stream = response.stream
+        assert isinstance(stream, httpx.AsyncByteStream)
+        return httpx.Response(
+            status_code=response.status_code,
+            headers=response.headers,
+            stream=_LaneStream(stream, lambda: self._free.append(lane)),
+            extensions=response.extensions,
+        )
+
+    async def aclose(self) -> None:
+        lanes, self._all, self._free = self._all, [], []
+        for lane in lanes:
+            await lane.aclose()
+
+
+class _LaneStream(httpx.AsyncByteStream):
+    """A response body that gives its lane back once, when closed."""
+
+    def __init__(self, stream: httpx.AsyncByteStream, release: Callable[[], None]) -> None:
+        self._stream = stream
+        self._release: Callable[[], None] | None = release
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for part in self._stream:
+            yield part
+
+    async def aclose(self) -> None:
+        try:
+            await self._stream.aclose()
+        finally:
+            release, self._release = self._release, None
+            if release is not None:
+                release()
 
 
 async def _open_connections(client: httpx.AsyncClient, n: int) -> None:
@@ -381,15 +491,10 @@ async def _open_connections(client: httpx.AsyncClient, n: int) -> None:
     await asyncio.gather(*(get() for _ in range(n)))
 
 
-async def _metrics(client: httpx.AsyncClient) -> dict[str, float] | None:
+async def fetch_metrics(client: httpx.AsyncClient) -> dict[str, float] | None:
     """The server's Prometheus counters (vLLM ``/metrics``), or None where there are none."""
-    try:
-        resp = await client.get("/metrics", timeout=10.0)
-    except httpx.HTTPError:
-        return None
-    if resp.status_code != 200 or "vllm:" not in resp.text:
-        return None
-    return parse_metrics(resp.text)
+    text = await metrics_text(client)
+    return None if text is None else parse_metrics(text)
 
 
 def server_view(
@@ -420,6 +525,6 @@ def _refused_param(exc: ServingError, body: dict[str, Any], dropped: list[str]) 
     return None
 
 
-def run_sweep(api: ApiEndpoint, spec: LoadSpec) -> SweepResult:
+def run_sweep(api: ApiEndpoint, spec: LoadSpec, progress: Progress | None = None) -> SweepResult:
     """Synchronous entry point (for tests and scripts): warm-up, then every level."""
-    return asyncio.run(LoadClient(api, spec).sweep())
+    return asyncio.run(LoadClient(api, spec, progress=progress).sweep())

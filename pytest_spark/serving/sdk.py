@@ -9,21 +9,36 @@ failure), and it is closed with its connections. Responses are validated strictl
 a server whose answer the SDK cannot type fails here with the field's path, instead of an
 application failing later on an attribute. Reasoning is not an OpenAI field: the SDK keeps
 vLLM's ``reasoning`` / ``reasoning_content`` in ``model_extra``, which is where it is read.
+
+A stream's typed chunks also go through the SDK's own accumulator,
+``ChatCompletionStreamState`` (what ``client.chat.completions.stream()`` runs, and what its
+docstring tells ``create(stream=True)`` users to feed): which tool calls it typed, which it
+reported done with ``tool_calls.function.arguments.done``, and what its
+``get_final_completion()`` holds (``SdkTurn.helper``). It types a call from its first
+delta's ``type``, which OpenAI's chunk schema leaves optional: a server that omits it
+streams valid bytes that applications on the helper never see as a call.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-from dataclasses import replace
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, cast
 
 import openai
+from openai.lib.streaming.chat import (
+    ChatCompletionStreamState,
+    FunctionToolCallArgumentsDoneEvent,
+)
 
-from pytest_spark.access.api import ApiEndpoint
+from pytest_spark.access.api import ApiEndpoint, tls_context
 from pytest_spark.serving.evidence import Exchange, short
 from pytest_spark.serving.stream import ServingError
 from pytest_spark.serving.turn import Turn, assemble, from_response
+
+if TYPE_CHECKING:  # a name for typing only (openai >= 1.99)
+    from openai.types.chat import ChatCompletionToolUnionParam
 
 CHAT_PATH = "/v1/chat/completions"
 # create()'s own parameters; the rest of a body goes in extra_body (vLLM's extensions).
@@ -50,6 +65,75 @@ def sdk_version() -> str:
     return str(getattr(openai, "__version__", "?"))
 
 
+@dataclass(frozen=True)
+class HelperCall:
+    """One streamed tool call as the SDK's stream helper left it, and its first delta as
+    the SDK read it (``to_dict()``: the keys the server sent, nothing filled in)."""
+
+    index: int
+    type: str | None  # get_final_completion()'s tool_calls[i].type
+    name: str | None
+    arguments: str | None
+    done: bool  # a tool_calls.function.arguments.done event came for it
+    header: str  # the call's first delta, as JSON
+    header_chunk: int  # its chunk number (1-based)
+
+
+@dataclass(frozen=True)
+class StreamHelper:
+    """What ``ChatCompletionStreamState`` made of a stream: its calls, or why it broke."""
+
+    calls: tuple[HelperCall, ...] = ()
+    error: str | None = None
+
+
+@dataclass
+class SdkTurn(Turn):
+    """A ``Turn`` read through the SDK; streamed, with what its stream helper made of it."""
+
+    helper: StreamHelper | None = None
+
+
+def stream_helper(chunks: list[Any], tools: list[dict[str, Any]]) -> StreamHelper:
+    """Feed typed ``ChatCompletionChunk``s to the SDK's ``ChatCompletionStreamState`` as
+    ``client.chat.completions.stream()`` does, and read back its tool calls."""
+    params = cast("list[ChatCompletionToolUnionParam]", tools)  # the request's own tools
+    state: ChatCompletionStreamState[Any] = ChatCompletionStreamState(input_tools=params)
+    done: set[int] = set()
+    headers: dict[int, tuple[str, int]] = {}
+    try:
+        for n, chunk in enumerate(chunks, 1):
+            for choice in chunk.choices:
+                for tc in choice.delta.tool_calls or ():
+                    headers.setdefault(tc.index, (_dumps(tc.to_dict()), n))
+            for event in state.handle_chunk(chunk):
+                if isinstance(event, FunctionToolCallArgumentsDoneEvent):
+                    done.add(event.index)
+        if not chunks:
+            return StreamHelper()
+        # get_final_completion() less its parsing (which refuses any finish_reason length)
+        final = state.current_completion_snapshot
+    except Exception as exc:  # the helper's own failure is the finding
+        return StreamHelper(error=f"{type(exc).__name__}: {exc}")
+    calls = []
+    for choice in final.choices[:1]:
+        for i, tc in enumerate(choice.message.tool_calls or ()):
+            fn = getattr(tc, "function", None)
+            header, at = headers.get(i, ("", 0))
+            calls.append(
+                HelperCall(
+                    i,
+                    getattr(tc, "type", None),
+                    getattr(fn, "name", None),
+                    getattr(fn, "arguments", None),
+                    i in done,
+                    header,
+                    at,
+                )
+            )
+    return StreamHelper(tuple(calls))
+
+
 class SdkClient:
     """Chat completions through ``openai.OpenAI`` against one endpoint."""
 
@@ -62,6 +146,7 @@ class SdkClient:
             timeout=timeout,
             max_retries=0,
             _strict_response_validation=True,
+            http_client=openai.DefaultHttpxClient(verify=tls_context()),
         )
 
     @property
@@ -88,9 +173,11 @@ class SdkClient:
                 seen = replace(exchange, status=200, body=_dumps(data))
                 return from_response(data, seen)
             chunks: list[dict[str, Any]] = []
+            typed: list[Any] = []
             try:
                 with chat.create(**kwargs, extra_body=extra or None, stream=True) as stream:
                     for chunk in stream:
+                        typed.append(chunk)
                         chunks.append(chunk_data(chunk))
             except openai.APIConnectionError as exc:
                 if not chunks:
@@ -106,7 +193,8 @@ class SdkClient:
             except ValueError as exc:
                 raise self._decode_error(exc, exchange, chunks, streamed=True) from None
             seen = replace(exchange, status=200, body=_sse(chunks))
-            turn = assemble(chunks, seen)
+            turn = SdkTurn(**vars(assemble(chunks, seen)))
+            turn.helper = stream_helper(typed, list(body.get("tools") or ()))
             if turn.finish_reason is None:
                 raise self._error(
                     "truncated",

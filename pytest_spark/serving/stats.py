@@ -3,21 +3,25 @@
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 
 def percentile(values: Sequence[float], q: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default, ``method='linear'``)."""
+    """The ``q``-th percentile (0-100), interpolated between closest ranks: numpy's default
+    (``method='linear'``), which is ``statistics.quantiles(method='inclusive')``."""
     if not values:
         return math.nan
     data = sorted(values)
-    pos = (len(data) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = math.ceil(pos)
-    if lo == hi:
-        return data[lo]
-    return data[lo] + (data[hi] - data[lo]) * (pos - lo)
+    if len(data) == 1 or q <= 0:
+        return data[0]
+    if q >= 100:
+        return data[-1]
+    if float(q).is_integer():
+        return statistics.quantiles(data, n=100, method="inclusive")[int(q) - 1]
+    # a fractional percentile (p99.9): cut into thousandths, the same interpolation
+    return statistics.quantiles(data, n=1000, method="inclusive")[round(q * 10) - 1]
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from pytest_spark.serving.metricsnap import samples
+
 REASONING_FIELDS = ("reasoning", "reasoning_content")
 KV_CACHE_METRICS = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 
@@ -106,23 +108,13 @@ def _opt(value: Any) -> str | None:
 
 
 def parse_metrics(text: str) -> dict[str, float]:
-    """Prometheus text: metric name (no labels) -> sum over its label sets."""
+    """Prometheus text: sample name (no labels) -> sum over its label sets.
+
+    Parsed by prometheus_client's own text parser (``pytest_spark.serving.metricsnap``); a
+    line it refuses is left out and the rest still counts, as a scrape keeps going."""
     out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        name_part, _, rest = line.partition(" ")
-        name = name_part.split("{", 1)[0]
-        if "{" in name_part and "}" not in name_part:  # a space inside the labels
-            closing = line.find("} ")
-            if closing < 0:
-                continue
-            name, rest = line[: line.find("{")], line[closing + 2 :]
-        try:
-            value = float(rest.split()[0])
-        except (ValueError, IndexError):
-            continue
-        out[name] = out.get(name, 0.0) + value
+    for sample in samples(text):
+        out[sample.name] = out.get(sample.name, 0.0) + sample.value
     return out
 
 

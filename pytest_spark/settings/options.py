@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-FAMILIES = ("busbw", "tok_s", "ttft", "tpot", "load")
+FAMILIES = ("busbw", "tok_s", "ttft", "tpot", "knee", "load")
 _METRIC = re.compile(rf"^(?:{'|'.join(FAMILIES)})(?:[._@][\w.@\[\]-]*)?$")
 OFF = frozenset({"off", "none", "no", "false", "0"})
 
@@ -476,6 +476,23 @@ OPTIONS: tuple[Option, ...] = (
         "than PCT against the compared run (implies --spark-compare); METRIC is busbw, "
         "tok_s, ttft, tpot, load or one figure such as tok_s@4",
         "METRIC:PCT[,METRIC:PCT]",
+    ),
+    Option(
+        "soak",
+        _seconds,
+        None,
+        "hold a steady load this long (e.g. 90s, 30m; the profile's [soak] says how many "
+        "streams and what fails it) in tests_e2e/test_soak.py; without it the soak is skipped",
+        "DURATION",
+    ),
+    Option(
+        "open-loop",
+        _bool,
+        False,
+        "run the open-loop sweep: Poisson arrivals at rising request rates until the SLOs "
+        "break (the profile's [open_loop] and [slo]); reports and gates the knee",
+        flag=True,
+        ini_type="bool",
     ),
 )
 

@@ -21,7 +21,13 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, TypeGuard
 
-BUILTIN_PROFILES = ("dgx-spark-2node", "dgx-spark-switch", "sim", "sim-vllm-cpu")
+BUILTIN_PROFILES = (
+    "dgx-spark-2node",
+    "dgx-spark-switch",
+    "sim",
+    "sim-switch",
+    "sim-vllm-cpu",
+)
 
 
 class ProfileError(ValueError):
@@ -49,6 +55,8 @@ class NcclSection:
     timeout_s: float
     one_twin_busbw_gbps: float | None = None  # the figure of one fabric twin only
     socket_busbw_gbps: float | None = None  # the figure of NCCL's TCP socket fallback
+    iters: int = 20  # timed iterations per size (nccl-tests -n; >= 1)
+    warmup: int = 5  # untimed iterations before them (nccl-tests -w; >= 0)
 
 
 @dataclass(frozen=True)
@@ -160,6 +168,76 @@ class StructuredOutputSection:
     request_timeout_s: float = 180.0
 
 
+@dataclass(frozen=True)
+class SloSection:
+    """``[slo]``: per-request ceilings (seconds), each read at its percentile, and the goodput
+    gate: the share of requests meeting every SLO (``vllm bench serve --goodput``) at the
+    closed-loop level ``concurrency`` (tests_e2e/test_throughput.py::test_goodput) and at each
+    open-loop rate (tests_e2e/test_open_loop.py::test_open_loop_knee)."""
+
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    e2e_s: float | None = None
+    ttft_pct: float = 99.0
+    tpot_pct: float = 99.0
+    e2e_pct: float = 99.0
+    min_goodput_pct: float = 95.0
+    concurrency: int = 4  # the closed-loop sweep's level the goodput gate reads
+
+
+@dataclass(frozen=True)
+class OpenLoopSection:
+    """``[open_loop]``: the Poisson request-rate sweep of --spark-open-loop (rates rise by
+    ``rate_factor`` until a level's goodput breaks the SLOs) and its knee's floor."""
+
+    start_rate: float = 0.1  # req/s
+    rate_factor: float = 2.0
+    max_levels: int = 6
+    requests_per_level: int = 16
+    seed: int = 1
+    burstiness: float = 1.0  # 1: Poisson (vllm bench serve's --burstiness)
+    min_knee_req_s: float | None = None  # None: the knee is reported, not gated
+
+
+@dataclass(frozen=True)
+class SoakSection:
+    """``[soak]``: the steady load of --spark-soak=DURATION and what fails it."""
+
+    concurrency: int = 4
+    window_s: float = 60.0  # tok/s is compared between the first and the last window
+    max_drift_pct: float = 10.0  # tok/s of the last window below the first by more: fail
+    max_waiting_growth: float = 1.0  # vllm:num_requests_waiting, last window's mean - first's
+    max_preemptions: int = 0  # vllm:num_preemptions grown during the soak
+
+
+@dataclass(frozen=True)
+class PrefixCacheSection:
+    """``[prefix_cache]``: two requests sharing a long prefix (issue #16 section 6)."""
+
+    expected: bool = True  # the server runs with prefix caching (vLLM's default)
+    prefix_tokens: int = 2048  # the shared prefix's length (words; ~1 token each)
+    request_timeout_s: float = 120.0
+
+
+@dataclass(frozen=True)
+class LongContextSection:
+    """``[long_context]``: a request near max_model_len, and one just over it."""
+
+    fill: float = 0.9  # the near-limit prompt's share of max_model_len
+    needle: bool = True  # the model can answer a needle question from the long prompt
+    max_tokens: int = 64
+    request_timeout_s: float = 300.0
+
+
+@dataclass(frozen=True)
+class MetricsHealthSection:
+    """``[metrics_health]``: /metrics around each throughput level (issue #16 section 7;
+    tests_e2e/test_throughput.py::test_metrics_health_during_sweep)."""
+
+    max_preemptions: int = 0  # vllm:num_preemptions growth per level
+    max_drain_s: float = 5.0  # vllm:num_requests_waiting back to 0 after a level
+
+
 Section = (
     LinkSection
     | NcclSection
@@ -172,6 +250,12 @@ Section = (
     | ReasoningSection
     | CollectivesSection
     | StructuredOutputSection
+    | SloSection
+    | OpenLoopSection
+    | SoakSection
+    | PrefixCacheSection
+    | LongContextSection
+    | MetricsHealthSection
 )
 
 
@@ -192,6 +276,12 @@ class Profile:
     memory: MemorySection
     collectives: CollectivesSection = field(default_factory=CollectivesSection)
     structured_output: StructuredOutputSection = field(default_factory=StructuredOutputSection)
+    slo: SloSection = field(default_factory=SloSection)
+    open_loop: OpenLoopSection = field(default_factory=OpenLoopSection)
+    soak: SoakSection = field(default_factory=SoakSection)
+    prefix_cache: PrefixCacheSection = field(default_factory=PrefixCacheSection)
+    long_context: LongContextSection = field(default_factory=LongContextSection)
+    metrics_health: MetricsHealthSection = field(default_factory=MetricsHealthSection)
     overridden: frozenset[str] = field(default_factory=frozenset)
 
     def value(self, key: str) -> object:
@@ -418,4 +508,10 @@ def load_profile(ref: str) -> Profile:
         memory=MemorySection(**given("memory")),
         collectives=CollectivesSection(**given("collectives")),
         structured_output=StructuredOutputSection(**given("structured_output")),
+        slo=SloSection(**given("slo")),
+        open_loop=OpenLoopSection(**given("open_loop")),
+        soak=SoakSection(**given("soak")),
+        prefix_cache=PrefixCacheSection(**given("prefix_cache")),
+        long_context=LongContextSection(**given("long_context")),
+        metrics_health=MetricsHealthSection(**given("metrics_health")),
     )

@@ -79,6 +79,8 @@ class Settings:
     history: Path | None
     compare: str | None
     compare_fail: tuple[tuple[str, float], ...]
+    soak: float | None
+    open_loop: bool
     sources: Mapping[str, str] = field(repr=False)
 
     def __post_init__(self) -> None:
@@ -155,6 +157,14 @@ def _ini_name(config: pytest.Config) -> str:
     return inipath.name if inipath else "the ini file"
 
 
+def sim_profile(engine: str, nodes: int) -> str:
+    """The built-in profile of a ``--spark-sim`` cluster: real vLLM on CPU has its own;
+    more than two nodes stand behind the sim's switch (its default topology there)."""
+    if engine == "vllm-cpu":
+        return "sim-vllm-cpu"
+    return "sim-switch" if nodes > 2 else "sim"
+
+
 def resolve(config: pytest.Config, environ: Mapping[str, str] | None = None) -> Settings:
     """Resolve every option. Raises SettingsError naming the source of a bad value."""
     env = os.environ if environ is None else environ
@@ -197,8 +207,8 @@ def resolve(config: pytest.Config, environ: Mapping[str, str] | None = None) -> 
             values[option.attr], sources[option.attr] = option.default, "default"
 
     if values["sim"] and sources["profile"] == "default":
-        sim_profile = "sim-vllm-cpu" if values["sim_engine"] == "vllm-cpu" else "sim"
-        values["profile"], sources["profile"] = sim_profile, "default for --spark-sim"
+        values["profile"] = sim_profile(values["sim_engine"], values["sim_nodes"])
+        sources["profile"] = "default for --spark-sim"
     try:
         loaded = load_profile(values["profile"])
     except ProfileError as exc:

@@ -3,7 +3,7 @@
 ``serve MODEL [vllm serve flags]``  the API server + engine (head node); with
     ``--nnodes N --node-rank R --master-addr A --master-port P`` (no Ray) the ranks meet
     at A:P, and ``--headless`` runs a worker node's rank (no API server)
-``worker --head-addr IP --port P``  TP rank 1 on the second node (heartbeats to the head)
+``worker --head-addr IP --port P``  a rank on another node (heartbeats to the head)
 ``ray status``                      Ray's cluster status, from the head's status file
 """
 
@@ -62,6 +62,7 @@ def serve_main(argv: list[str]) -> int:
                     port,
                     knobs,
                     lambda cause: engine.die(cause) if engine.ready else None,
+                    peers=args.remote_ranks,
                 )
             except OSError as exc:
                 log.raw(f"{engine.api_prefix} OSError: [Errno {exc.errno}] {exc.strerror}")

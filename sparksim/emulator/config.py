@@ -190,6 +190,17 @@ class ServeArgs:
         return self.nnodes > 1 and not self.uses_ray
 
     @property
+    def remote_ranks(self) -> int:
+        """Ranks on the other nodes that join the head: one per other ``--nnodes`` process
+        without Ray; with Ray one per GPU of the group beyond the head's (one GPU a Spark)."""
+        return self.nnodes - 1 if self.multi_node else self.world_size - 1
+
+    def parallel_ranks(self, rank: int) -> tuple[int, int]:
+        """(PP rank, TP rank) of a global rank: vLLM lays the TP groups out inside each
+        pipeline stage (rank = PP rank x TP size + TP rank)."""
+        return rank // self.tp, rank % self.tp
+
+    @property
     def local_ranks(self) -> range:
         """The TP/PP ranks this process runs: all of them, or its node's share."""
         if not self.multi_node:
@@ -281,7 +292,10 @@ class Knobs:
     model_gib: float = 0.0  # whole checkpoint, split across TP ranks; 0: from the model name
     gpu_total_gib: float = 119.7
     free_mem_gib: float = 58.2  # what crash-free-memory reports as free
-    decode_tok_s: float = 40.0
+    decode_tok_s: float = 40.0  # 1 stream; batches follow generation.StepModel
+    step_expert_share: float = 0.39  # of the 1-stream step: routed experts (0 = linear)
+    step_expert_pick: float = 0.03125  # routed experts per token / per layer: 8 / 256
+    step_kv_s_per_token: float = 4.5e-8  # KV read per context token per step
     max_agg_tok_s: float = 0.0  # 0 = no aggregate cap
     ttft_s: float = 0.3
     prefill_tok_s: float = 4000.0

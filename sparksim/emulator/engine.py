@@ -17,14 +17,33 @@ from typing import TYPE_CHECKING
 
 from . import errors as err
 from .config import Knobs, ServeArgs, checkpoint_gib, reasoning_fields, version_tuple
-from .faults import FaultState
-from .generation import Pacer
+from .faults import BATCH_TTFT_S, FaultState
+from .generation import Pacer, StepModel
 from .logs import Log, frame
 from .metrics import Metrics
+from .prefixcache import PrefixCache
 from .raystatus import StatusWriter
+from .thermal import Heat
 
 if TYPE_CHECKING:
     from .tp import PeerLink, RankLink
+
+
+def step_model(knobs: Knobs, faults: FaultState, heat: float = 1.0) -> StepModel:
+    """The decode step model in force (knobs, control-file overrides, faults). slow-decode
+    adds a per-step cost independent of the batch, nine 1-stream steps (a slow fabric's
+    all-reduces, paid once a step): one stream decodes at a tenth of its rate, a batch
+    loses less of its aggregate. heat-throttle scales the step by ``heat`` (the GPU's
+    slowdown now, :class:`.thermal.Heat`)."""
+    rate = max(faults.override("decode_tok_s", knobs.decode_tok_s), 1e-3)
+    return StepModel(
+        rate=rate,
+        expert_share=faults.override("step_expert_share", knobs.step_expert_share),
+        expert_pick=knobs.step_expert_pick,
+        kv_s_per_token=knobs.step_kv_s_per_token,
+        extra_s=9.0 / rate if faults.active("slow-decode") else 0.0,
+        scale=heat if faults.active("heat-throttle") else 1.0,
+    )
 
 
 class Engine:
@@ -41,7 +60,7 @@ class Engine:
         self.dead = False
         self.ready = False
         self.dead_reason = ""
-        self.peer: PeerLink | None = None  # the head's link to its TP peer rank
+        self.peer: PeerLink | None = None  # the head's link to its ranks on other nodes
         self.rank_link: RankLink | None = None  # a headless rank's link to the head
         self.placement_group = "none"  # none | pending | created | removed
         self.kv_cache_tokens = 1
@@ -54,7 +73,10 @@ class Engine:
         self.metrics = Metrics(
             args.served_names[0], args.max_model_len, {}, 1, bool(args.tool_call_parser)
         )
-        self.pacer = Pacer(self._rate, self._cap, self._ttft)
+        self.prefix_caching = args.non_default.get("enable_prefix_caching") is not False
+        self.prefix_cache = PrefixCache(self.prefix_caching)
+        self.pacer = Pacer(self._step, self._cap, self._ttft)
+        self.heat = Heat()  # tracked always, felt only under the heat-throttle fault
         self._slots = threading.BoundedSemaphore(args.max_num_seqs)
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -75,16 +97,17 @@ class Engine:
         pid = self.worker_pids[rank]
         if self.args.world_size == 1:
             return f"(Worker pid={pid})"
-        if not self.args.uses_ray:
-            return f"(Worker_TP{rank} pid={pid})"
+        if not self.args.uses_ray:  # vLLM's worker title: Worker[_PP<p>][_TP<t>]
+            pp, tp = self.args.parallel_ranks(rank)
+            name = "Worker" + (f"_PP{pp}" if self.args.pp > 1 else "")
+            return f"({name}{f'_TP{tp}' if self.args.tp > 1 else ''} pid={pid})"
         if rank == 0:
             return f"(RayWorkerWrapper pid={pid})"
         return f"(RayWorkerWrapper pid={pid}, ip={self.worker_ips[rank]})"
 
     # --- pacing knobs (control-file overrides win) ---------------------------------------
-    def _rate(self) -> float:
-        rate = self.faults.override("decode_tok_s", self.knobs.decode_tok_s)
-        return rate / 10.0 if self.faults.active("slow-decode") else rate
+    def _step(self) -> StepModel:
+        return step_model(self.knobs, self.faults, self.heat.factor(self.pacer.running))
 
     def _cap(self) -> float:
         return self.faults.override("max_agg_tok_s", self.knobs.max_agg_tok_s)
@@ -92,7 +115,11 @@ class Engine:
     def _ttft(self, prompt_tokens: int) -> float:
         base = self.faults.override("ttft_s", self.knobs.ttft_s)
         prefill = self.faults.override("prefill_tok_s", self.knobs.prefill_tok_s)
-        return base + (prompt_tokens / prefill if prefill > 0 else 0.0)
+        if self.faults.active("ttft-grows-with-batch"):
+            base += BATCH_TTFT_S * max(0, self.metrics.running - 1)
+        ttft = base + (prompt_tokens / prefill if prefill > 0 else 0.0)
+        heat = self.heat.factor(self.pacer.running)  # a throttled GPU prefills slower too
+        return ttft * heat if self.faults.active("heat-throttle") else ttft
 
     # --- request admission ----------------------------------------------------------------
     def check_serving(self) -> None:
@@ -110,6 +137,8 @@ class Engine:
             with self._lock:
                 self.metrics.waiting -= 1
         self.metrics.admit(prompt_tokens)
+        if self.faults.active("preempt-under-load") and self.metrics.running > 1:
+            self.metrics.preempted()  # KV cache short under a batch: vLLM recomputes it
         return time.monotonic() - start
 
     def release(self, prompt_tokens: int, done: int, aborted: bool) -> None:
@@ -119,7 +148,7 @@ class Engine:
 
     # --- death ----------------------------------------------------------------------------
     def die(self, cause: str) -> None:
-        """A TP worker is gone: vLLM's failure lines, then /health 503 and requests 500.
+        """A rank is gone: vLLM's failure lines, then /health 503 and requests 500.
 
         ``cause``: "worker-death" (fault), "eof" (peer process gone), "timeout" (link down).
         """
@@ -129,9 +158,7 @@ class Engine:
             self.dead = True
             self.dead_reason = cause
         log, knobs = self.log, self.knobs
-        rank = min(1, self.args.world_size - 1)
-        w_ip = self.worker_ips[rank]
-        w_pid = self.peer.peer_pid if self.peer and self.peer.peer_pid else self.worker_pids[rank]
+        rank, w_ip, w_pid = self.lost_rank()
         stamp = time.strftime("%m%d %H:%M:%S", time.localtime())
         micros = f"{time.time() % 1:.6f}"[2:]
         r0 = self.worker_prefix(0)
@@ -177,6 +204,16 @@ class Engine:
         self.placement_group = "removed"
         if knobs.exit_on_death_s >= 0:
             threading.Timer(knobs.exit_on_death_s, self._exit_dead).start()
+
+    def lost_rank(self) -> tuple[int, str, int]:
+        """(rank, address, pid) of the rank whose loss kills the engine: the one the link
+        lost, else rank 1 (the worker-death fault)."""
+        lost = self.peer.lost if self.peer is not None else None
+        if lost is not None:
+            return lost.rank, lost.ip, lost.pid or self.worker_pids[lost.rank]
+        rank = min(1, self.args.world_size - 1)
+        pid = self.peer.peer_pid if self.peer and self.peer.peer_pid else self.worker_pids[rank]
+        return rank, self.worker_ips[rank], pid
 
     def _ray_death(self, cause: str, w_ip: str, w_pid: int) -> list[str]:
         node_id = zlib.crc32(w_ip.encode()).to_bytes(4, "big").hex() * 7
@@ -255,7 +292,7 @@ class Engine:
                         f"Running: {self.metrics.running} reqs, "
                         f"Waiting: {self.metrics.waiting} reqs, "
                         f"GPU KV cache usage: {100 * self.metrics.kv_usage():.1f}%, "
-                        "Prefix cache hit rate: 0.0%",
+                        f"Prefix cache hit rate: {100 * self.metrics.prefix_hit_rate():.1f}%",
                     )
                 last_logged_busy = busy
                 next_stats = now + knobs.stats_interval_s

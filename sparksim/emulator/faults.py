@@ -24,12 +24,13 @@ LOAD_FAULTS = {
     "hang-placement-group": "placement-group wait line forever, never ready",
     "hang-silent": "logging stops mid-load, never ready",
     "slow-load": "every startup phase x10",
+    "crawl-load": "every startup phase x100: a load no test's node-loss window outlasts",
 }
 
 # Faults that act while serving (environment or control file).
 RUN_FAULTS = {
     "worker-death": "RayActorError + EngineDeadError in the log, /health 503, requests 500",
-    "slow-decode": "per-stream decode rate / 10",
+    "slow-decode": "1-stream decode rate / 10 (a per-step cost the batch shares)",
     "http-5xx": "chat and text completions answer HTTP 500",
     "malformed-sse": "one SSE data line carries invalid JSON",
     "truncated-stream": "connection closed mid-stream, no [DONE]",
@@ -38,17 +39,42 @@ RUN_FAULTS = {
     "tool-args-unstreamed": "streamed tool call: header only, arguments never sent",
     "tool-param-leak": "</parameter> leaks into content next to the tool call",
     "tool-args-strings": "every tool argument typed as a string",
+    "tool-delta-no-type": "streamed named tool_choice call: the header delta has no "
+    '"type": "function" (vLLM #16340; the SDK\'s stream helper then leaves the call untyped)',
     "think-in-content": "the </think> tag leaks into content",
     "reasoning-in-content": "reasoning lands in content, reasoning field null",
     "answer-in-reasoning": "with enable_thinking false the answer lands in reasoning",
     # structured output (issue #16)
     "response-format-ignored": "response_format (json_schema, json_object) is ignored: "
     "the answer is plain text",
+    # load: SLOs and goodput (issue #16 section 3)
+    "ttft-grows-with-batch": "TTFT + 1 s for each other request running when one is "
+    "admitted (prefill stalled behind the decodes): the SLOs break only under load",
+    # long context (issue #16 section 6)
+    "context-beyond-native": "the model's native context is a quarter of --max-model-len "
+    "(served past it without the rope scaling its card prescribes): an answer reads only "
+    "the prompt's last max_model_len/4 tokens, so a fact further back is lost and a needle "
+    "question gets a made-up answer",
+    # /metrics health under load (issue #16 section 7)
+    "preempt-under-load": "every request admitted beside another is preempted once "
+    "(vllm:num_preemptions grows under a batch)",
+    # the soak (issue #16 section 5)
+    "heat-throttle": "the GPU heats under a sustained batch and clocks down: steps slow "
+    "by up to 3x as the heat builds (thermal.py), back to full speed once idle; a short "
+    "sweep stays cool, a soak's tok/s drifts down",
 }
+BATCH_TTFT_S = 1.0  # ttft-grows-with-batch: seconds added per other running request
+NATIVE_SHARE = 4  # context-beyond-native: max_model_len / native context (YaRN factor 4)
 
 ALL_FAULTS = {**LOAD_FAULTS, **RUN_FAULTS}
 
-NUMERIC_OVERRIDES = ("decode_tok_s", "max_agg_tok_s", "ttft_s", "prefill_tok_s")
+NUMERIC_OVERRIDES = (
+    "decode_tok_s",
+    "max_agg_tok_s",
+    "ttft_s",
+    "prefill_tok_s",
+    "step_expert_share",  # the decode step model (issue #16 section 9); 0: linear batches
+)
 
 
 def parse_faults(text: str | Iterable[str]) -> set[str]:

@@ -3,8 +3,9 @@
 A response is a ``Plan``: one ``Step`` per generated token, each with the streaming delta
 it produces (``None`` when a parser holds the token back) and what it adds to the
 non-streaming message. Pacing: the first token after a TTFT (prefill) delay, then one
-token per ``1/decode_tok_s`` on an absolute schedule per stream; an optional aggregate cap
-hands out engine slots at most ``max_agg_tok_s`` per second across all streams (batching).
+token per decode step on an absolute schedule per stream, the step's length set by how many
+sequences are decoding (``StepModel``: a memory-bound MoE engine); an optional aggregate cap
+hands out engine slots at most ``max_agg_tok_s`` per second across all streams.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import tokens as tok
+from .needle import needle_answer
 
 EOS = "<|im_end|>"
 CATCH_UP_LIMIT_S = 1.0
@@ -122,6 +124,9 @@ def seed_of(text: str) -> int:
 def answer_text(prompt: str, after_tool: bool = False) -> str:
     if after_tool:
         return "Based on the tool result, here is the answer you asked for."
+    found = needle_answer(prompt)
+    if found is not None:
+        return found
     for pattern, text in _CANNED:
         if pattern.search(prompt):
             return text
@@ -148,22 +153,105 @@ def reasoning_text(prompt: str, n_tokens: int, plan_hint: str) -> str:
     return exact_tokens(base, n_tokens, " I will double-check the details once more.")
 
 
+@dataclass(frozen=True)
+class StepModel:
+    """How long one decode step takes on a memory-bound MoE engine, by batch.
+
+    Decode on a DGX Spark is memory-bound: a step reads the weights it needs once for the
+    whole batch, plus each sequence's KV cache. For a mixture-of-experts model the weights
+    a step needs grow with the batch, because each token routes to its own experts:
+
+        t_step(n) = t_1 * ((1 - f) + f * u(n)) + kv_s * sum(context) + extra_s
+        u(n) = (1 - (1 - p)**n) / p     (experts read, in units of one token's experts)
+
+    - ``t_1 = 1 / rate``: the 1-stream step (``SPARKSIM_EMU_DECODE_TOK_S``, unchanged).
+    - ``f`` (``STEP_EXPERT_SHARE``): the share of the 1-stream step that grows with the
+      distinct routed experts the batch touches; the rest (attention and DeltaNet layers,
+      the shared expert, embeddings, the TP all-reduces, launch overhead) is read or paid
+      once per step whatever the batch.
+    - ``p`` (``STEP_EXPERT_PICK``): routed experts per token over experts per layer. A
+      token picks k of E experts, so n tokens touch E * (1 - (1 - k/E)**n) distinct ones
+      (uniform routing): u grows almost linearly at small n and saturates at E/k once the
+      batch reads every expert; the aggregate then bends (1.9x at 4 streams, 2.9x at 16).
+    - ``kv_s`` (``STEP_KV_S_PER_TOKEN``): one context token's KV read per step.
+    - ``extra_s``: a per-step cost independent of the batch (the slow-decode fault: a slow
+      fabric's all-reduces, paid once per layer per step).
+    - ``scale``: the GPU's slowdown (the heat-throttle fault, :mod:`.thermal`): the weight
+      and KV reads take that many times as long.
+
+    Defaults model Qwen3.5-122B-A10B-FP8 at TP=2 on two Sparks: p = 8/256 (8 routed
+    experts of 256 per layer, plus one shared); f = 0.39 fits the published 4-stream to
+    1-stream ratio (31.5 -> 59.7 tok/s, 1.90x: the bjk110 vllm-spark README, REFERENCE.md);
+    kv_s = 4.5e-8 s: 12 full-attention layers of 48 (the others are DeltaNet, no KV),
+    2 KV heads x 256 dims x K and V in bf16, half a token's KV per node (12 KiB) at
+    273 GB/s. The model has no compute-bound regime: at the batches the suite drives
+    (<= 64) the GB10's tensor throughput is far from the limit.
+    """
+
+    rate: float  # 1-stream decode tok/s
+    expert_share: float = 0.0
+    expert_pick: float = 1.0
+    kv_s_per_token: float = 0.0
+    extra_s: float = 0.0
+    scale: float = 1.0
+
+    def experts(self, running: int) -> float:
+        """Distinct routed experts a batch of ``running`` reads, in one token's experts."""
+        n, p = max(1, running), self.expert_pick
+        return (1.0 - (1.0 - p) ** n) / p if 0.0 < p < 1.0 else float(n)
+
+    def step_s(self, running: int, context_tokens: int = 0) -> float:
+        """One decode step with ``running`` sequences holding ``context_tokens`` in all."""
+        f = min(max(self.expert_share, 0.0), 1.0)
+        t1 = 1.0 / max(self.rate, 1e-3)
+        weights = t1 * ((1.0 - f) + f * self.experts(running))
+        reads = weights + self.kv_s_per_token * max(0, context_tokens)
+        return reads * self.scale + self.extra_s
+
+    def aggregate_tok_s(self, running: int, context_each: int = 0) -> float:
+        """Output tok/s of ``running`` sequences decoding together."""
+        return running / self.step_s(running, running * context_each) if running > 0 else 0.0
+
+
 class Pacer:
-    """Token clock shared by all streams: per-stream rate plus an optional aggregate cap."""
+    """Token clock shared by all streams: the decode step at the current batch plus an
+    optional aggregate cap. ``step`` gives the model in force (knobs and overrides)."""
 
     def __init__(
         self,
-        rate: Callable[[], float],
+        step: Callable[[], StepModel],
         cap: Callable[[], float],
         ttft: Callable[[int], float],
         clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        self._rate = rate
+        self._step = step
         self._cap = cap
         self._ttft = ttft
         self._clock = clock
+        self._sleep = sleep
         self._lock = threading.Lock()
         self._next_slot = 0.0
+        self.running = 0  # sequences decoding (first token out, not finished)
+        self.context_tokens = 0  # their prompt and generated tokens, in all
+
+    def join(self, context: int) -> None:
+        with self._lock:
+            self.running += 1
+            self.context_tokens += context
+
+    def leave(self, context: int) -> None:
+        with self._lock:
+            self.running -= 1
+            self.context_tokens -= context
+
+    def grow(self) -> None:
+        with self._lock:
+            self.context_tokens += 1
+
+    def step_s(self) -> float:
+        """The decode step at the batch decoding now."""
+        return self._step().step_s(self.running, self.context_tokens)
 
     def _slot(self, earliest: float) -> float:
         cap = self._cap()
@@ -183,25 +271,37 @@ class StreamClock:
     pacer: Pacer
     target: float = 0.0
     times: list[float] = field(default_factory=list)
+    context: int = 0  # this sequence's tokens while it is in the batch; 0: not in it
 
     def _sleep_until(self, when: float) -> None:
         while True:
             left = when - self.pacer._clock()
             if left <= 0:
                 return
-            time.sleep(left)
+            self.pacer._sleep(left)
 
     def first(self, prompt_tokens: int) -> None:
         self._sleep_until(self.pacer._slot(self.pacer._clock() + self.pacer._ttft(prompt_tokens)))
         self.target = self.pacer._clock()  # decode runs on a schedule from the first token
         self.times.append(self.target)
+        self.context = max(1, prompt_tokens + 1)
+        self.pacer.join(self.context)
+
+    def done(self) -> None:
+        """The sequence leaves the batch (finished, aborted or failed); idempotent."""
+        if self.context:
+            self.pacer.leave(self.context)
+            self.context = 0
 
     def next(self) -> None:
-        """Next token on the stream's absolute schedule. A thread woken late (CPU
-        contention) catches up, so the average rate holds; a slot pushed back by the
-        aggregate cap moves the schedule instead (no burst after batching delays)."""
-        rate = max(self.pacer._rate(), 1e-3)
-        target = self.target + 1.0 / rate
+        """Next token on the stream's absolute schedule, one decode step at the batch
+        decoding now after the last. A thread woken late (CPU contention) catches up, so
+        the average rate holds; a slot pushed back by the aggregate cap moves the schedule
+        instead (no burst after batching delays)."""
+        target = self.target + self.pacer.step_s()
+        if self.context:
+            self.context += 1
+            self.pacer.grow()
         now = self.pacer._clock()
         if now - target > CATCH_UP_LIMIT_S:  # stalled (slow client, long pause): no burst
             target = now

@@ -42,7 +42,13 @@ class Job:
     """One request on the engine: admission, pacing, metrics, death checks."""
 
     def __init__(
-        self, engine: Engine, rid: str, model: str, prompt_tokens: int, max_tokens: int | None
+        self,
+        engine: Engine,
+        rid: str,
+        model: str,
+        prompt_tokens: int,
+        max_tokens: int | None,
+        prompt_ids: list[int] | None = None,
     ):
         self.engine = engine
         self.rid = rid
@@ -54,15 +60,19 @@ class Job:
         self.queue_s = 0.0
         self.clock = engine.pacer.stream()
         self.done = 0
+        self.prompt_ids = prompt_ids or []
+        self.cached_tokens = 0  # served from the prefix cache: not prefilled again
 
     def _tokens(self, n: int) -> Generator[int, None, None]:
         """Yield token indexes at their pacing times; raise EngineDead if the engine dies."""
         engine = self.engine
         self.queue_s = engine.admit(self.prompt_tokens)
+        self.cached_tokens = engine.prefix_cache.lookup_and_store(self.prompt_ids)
+        engine.metrics.prefix(self.prompt_tokens, self.cached_tokens)
         try:
             for i in range(n):
                 if i == 0:
-                    self.clock.first(self.prompt_tokens)
+                    self.clock.first(self.prompt_tokens - self.cached_tokens)
                 else:
                     self.clock.next()
                 if engine.dead:
@@ -71,8 +81,10 @@ class Job:
                 self.done = i + 1
                 yield i
         except BaseException:
+            self.clock.done()
             engine.release(self.prompt_tokens, self.done, aborted=True)
             raise
+        self.clock.done()
 
     def run_silent(self, steps: list[Step]) -> None:
         gen = self._tokens(len(steps))
@@ -92,6 +104,7 @@ class Job:
             queue_s=self.queue_s,
             token_times=list(self.clock.times),
             start=self.start,
+            cached_tokens=self.cached_tokens,
         )
 
     def run_stream(

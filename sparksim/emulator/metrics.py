@@ -235,6 +235,9 @@ class Metrics:
         self.kv_tokens_in_use = 0
         self.prompt_tokens = 0.0
         self.generation_tokens = 0.0
+        self.prefix_queries = 0.0  # prompt tokens looked up in the prefix cache
+        self.prefix_hits = 0.0  # of those, served from it
+        self.preemptions = 0.0
         self.success = dict.fromkeys(FINISH_REASONS, 0.0)
         self.tool_invocations: dict[tuple[str, str], float] = {}
         tok_buckets = buckets_1_2_5(max_model_len)
@@ -271,6 +274,20 @@ class Metrics:
             self.running += 1
             self.kv_tokens_in_use += prompt_tokens
 
+    def prefix(self, prompt_tokens: int, cached_tokens: int) -> None:
+        """One prompt's prefix-cache lookup (counted at admission, as vLLM's scheduler)."""
+        with self._lock:
+            self.prefix_queries += prompt_tokens
+            self.prefix_hits += cached_tokens
+
+    def preempted(self) -> None:
+        with self._lock:
+            self.preemptions += 1
+
+    def prefix_hit_rate(self) -> float:
+        with self._lock:
+            return self.prefix_hits / self.prefix_queries if self.prefix_queries else 0.0
+
     def token(self, n: int = 1) -> None:
         with self._lock:
             self.kv_tokens_in_use += n
@@ -288,6 +305,7 @@ class Metrics:
         queue_s: float,
         token_times: list[float],
         start: float,
+        cached_tokens: int = 0,
     ) -> None:
         with self._lock:
             self.running = max(0, self.running - 1)
@@ -305,7 +323,7 @@ class Metrics:
             if max_tokens is not None:
                 h["vllm:request_params_max_tokens"].observe(max_tokens)
             h["vllm:request_num_preemptions"].observe(0)
-            h["vllm:request_prefill_kv_computed_tokens"].observe(prompt_tokens)
+            h["vllm:request_prefill_kv_computed_tokens"].observe(prompt_tokens - cached_tokens)
             h["vllm:iteration_tokens_total"].observe(float(prompt_tokens))
             h["vllm:request_queue_time_seconds"].observe(queue_s)
             if token_times:
@@ -394,29 +412,31 @@ class Metrics:
             ],
         )
         w.gauge("vllm:kv_cache_usage_perc", [(m, self.kv_usage())])
-        w.counter("vllm:prefix_cache_queries", [(m, self.prompt_tokens, t0)])
+        w.counter("vllm:prefix_cache_queries", [(m, self.prefix_queries, t0)])
+        w.counter("vllm:prefix_cache_hits", [(m, self.prefix_hits, t0)])
         for base in (
-            "vllm:prefix_cache_hits",
             "vllm:external_prefix_cache_queries",
             "vllm:external_prefix_cache_hits",
             "vllm:mm_cache_queries",
             "vllm:mm_cache_hits",
-            "vllm:num_preemptions",
         ):
             w.counter(base, [(m, 0.0, t0)])
+        w.counter("vllm:num_preemptions", [(m, self.preemptions, t0)])
         w.counter("vllm:prompt_tokens", [(m, self.prompt_tokens, t0)])
+        cached = min(self.prefix_hits, self.prompt_tokens)
+        by_source = {"local_compute": self.prompt_tokens - cached, "local_cache_hit": cached}
         w.counter(
             "vllm:prompt_tokens_by_source",
             [
-                ((*m, ("source", s)), self.prompt_tokens if s == "local_compute" else 0.0, t0)
+                ((*m, ("source", s)), by_source.get(s, 0.0), t0)
                 for s in ("local_compute", "local_cache_hit", "external_kv_transfer")
             ],
         )
-        w.counter("vllm:prompt_tokens_cached", [(m, 0.0, t0)])
+        w.counter("vllm:prompt_tokens_cached", [(m, cached, t0)])
         w.counter(
             "vllm:prompt_tokens_cached_by_source",
             [
-                ((*m, ("source", s)), 0.0, t0)
+                ((*m, ("source", s)), cached if s == "device" else 0.0, t0)
                 for s in ("device", "host", "p2p", "disk", "external_unspecified")
             ],
         )

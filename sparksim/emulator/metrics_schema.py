@@ -74,7 +74,7 @@ FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
 
 
 def cache_config_info(
-    util: float, tokens: int, max_model_len: int, kv_bytes: int
+    util: float, tokens: int, max_model_len: int, kv_bytes: int, prefix_caching: bool = True
 ) -> dict[str, str]:
     """The ``vllm:cache_config_info`` labels (engine label added at render time)."""
     block = 16
@@ -85,7 +85,7 @@ def cache_config_info(
         "cache_hit_alignment_tokens": "None",
         "effective_attention_block_size": str(block),
         "enable_mamba_shared_prefix_checkpoint": "False",
-        "enable_prefix_caching": "True",
+        "enable_prefix_caching": str(prefix_caching),
         "gpu_memory_utilization": str(util),
         "hash_block_size": "None",
         "is_attention_free": "False",

@@ -187,7 +187,7 @@ def chat_completions(engine: Engine, raw: bytes, headers: dict[str, str], out: R
         messages, body.get("tools"), rsn.think_prefix(engine.reasoning_on, thinking)
     )
     prompt_tokens = tok.count(rendered)
-    err.context_errors(prompt_tokens, max_tokens, engine.args.max_model_len)
+    budget = err.context_errors(prompt_tokens, max_tokens, engine.args.max_model_len)
     prompt = ""
     for msg in reversed(messages):
         if isinstance(msg, dict) and msg.get("role") == "user":
@@ -195,10 +195,16 @@ def chat_completions(engine: Engine, raw: bytes, headers: dict[str, str], out: R
             break
     engine.check_serving()
     plan = build_chat_plan(engine, body, prompt)
-    limit = max_tokens if max_tokens is not None else engine.args.max_model_len - prompt_tokens
-    finish = plan.fit(limit, ignore_eos)
+    finish = plan.fit(budget, ignore_eos)
     auto_parser = bool(functions) and choice == "auto" and engine.args.tool_call_parser is not None
-    job = Job(engine, request_id(engine, headers, "chatcmpl"), model, prompt_tokens, max_tokens)
+    job = Job(
+        engine,
+        request_id(engine, headers, "chatcmpl"),
+        model,
+        prompt_tokens,
+        max_tokens,
+        tok.ids(rendered),
+    )
     if not stream:
         job.run_silent(plan.steps)
         reasoning, content, calls = plan.message_parts()
@@ -328,12 +334,19 @@ def completions(engine: Engine, raw: bytes, headers: dict[str, str], out: Respon
             else " ".join(map(str, prompt))
         )
     prompt_tokens = tok.count(str(prompt))
-    err.context_errors(prompt_tokens, max_tokens, engine.args.max_model_len)
+    budget = err.context_errors(prompt_tokens, max_tokens, engine.args.max_model_len)
     engine.check_serving()
     text = " " + answer_text(str(prompt))
     plan = Plan(steps=[*content_steps(text), eos_step()], pad_text=text)
-    finish = plan.fit(max_tokens, ignore_eos)
-    job = Job(engine, request_id(engine, headers, "cmpl"), model, prompt_tokens, max_tokens)
+    finish = plan.fit(budget, ignore_eos)
+    job = Job(
+        engine,
+        request_id(engine, headers, "cmpl"),
+        model,
+        prompt_tokens,
+        max_tokens,
+        tok.ids(str(prompt)),
+    )
     if not stream:
         job.run_silent(plan.steps)
         response = {

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from . import reasoning as rsn
 from . import structured as so
 from . import toolcalls as tc
+from .faults import NATIVE_SHARE
 from .generation import (
     Plan,
     Step,
@@ -18,6 +19,7 @@ from .generation import (
     exact_tokens,
     reasoning_text,
 )
+from .needle import beyond_native
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -63,6 +65,8 @@ def build_chat_plan(engine: Engine, body: dict[str, Any], prompt: str) -> Plan:
     elif calls and isinstance(choice, dict):
         name, args = calls[0]
         steps += tc.named_steps(name, args)
+        if "tool-delta-no-type" in faults:
+            tc.drop_header_type(steps)
         steps.append(eos_step({"tool_calls": [{"index": 0, "function": {"arguments": ""}}]}))
         plan.empty_content = ""
     elif calls and choice == "required":
@@ -78,7 +82,10 @@ def build_chat_plan(engine: Engine, body: dict[str, Any], prompt: str) -> Plan:
         steps.append(eos_step())
         plan.finish = "tool_calls"
     else:
-        text = answer_text(prompt, after_tool)
+        lost = None
+        if "context-beyond-native" in faults and not after_tool:
+            lost = beyond_native(prompt, engine.args.max_model_len // NATIVE_SHARE)
+        text = lost or answer_text(prompt, after_tool)
         fmt = so.requested(body)
         if fmt is not None and "response-format-ignored" not in faults:
             text = so.answer(fmt, prompt, text)  # guided decoding: JSON the format allows

@@ -1,7 +1,8 @@
 """``ray status`` shim: the head ``serve`` process writes which nodes are alive to a small
 JSON file (``SPARKSIM_EMU_RAY_STATUS_FILE``); ``python -m ... ray status`` prints it in
-Ray's autoscaler format. Two live nodes and ``0.0/2.0 GPU`` when healthy and idle; the
-placement group vLLM holds shows as ``2.0/2.0 GPU``; a dead worker leaves one node.
+Ray's autoscaler format. At TP=2 two live nodes and ``0.0/2.0 GPU`` when healthy and idle;
+the placement group vLLM holds shows as ``2.0/2.0 GPU``; a dead worker leaves one node.
+N ranks on N nodes (TP x PP) list every worker node whose rank is on the head's link.
 """
 
 from __future__ import annotations
@@ -38,15 +39,10 @@ class StatusWriter:
     def snapshot(self) -> dict[str, Any]:
         e = self.engine
         nodes = [{"ip": e.knobs.head_ip, "role": "head"}]
-        if e.args.world_size > 1:
-            if e.peer is not None:
-                worker_alive = e.peer.state == "connected"
-                worker_ip = e.peer.peer_ip or e.knobs.worker_ip
-            else:
-                worker_alive = not (e.dead and e.dead_reason == "worker-death")
-                worker_ip = e.knobs.worker_ip
-            if worker_alive:
-                nodes.append({"ip": worker_ip, "role": "worker"})
+        if e.peer is not None:  # every worker node whose rank is on the link
+            nodes += [{"ip": p.ip, "role": "worker"} for p in e.peer.live()]
+        elif e.args.world_size > 1 and not (e.dead and e.dead_reason == "worker-death"):
+            nodes.append({"ip": e.knobs.worker_ip, "role": "worker"})
         bundles = [{"GPU": 1.0, f"node:{e.knobs.head_ip}": 0.001}]
         bundles += [{"GPU": 1.0}] * (e.args.world_size - 1)
         return {

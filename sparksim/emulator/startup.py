@@ -52,6 +52,8 @@ ROUTES = [
     ("/v1/completions", "POST"),
 ]
 
+# Load faults that stretch every startup phase, the strongest first.
+LOAD_PACE = (("crawl-load", 100.0), ("slow-load", 10.0))
 ACTIVATION_GIB = 3.1
 GRAPH_GIB = 0.95
 TOKENS_PER_GIB = 47663
@@ -75,7 +77,8 @@ class Startup:
         self.e = engine
         self.go_live = go_live
         knobs = engine.knobs
-        self.scale = knobs.time_scale * (10.0 if engine.faults.active("slow-load") else 1.0)
+        slowed = next((x for f, x in LOAD_PACE if engine.faults.active(f)), 1.0)
+        self.scale = knobs.time_scale * slowed
         self.new_style = version_tuple(knobs.version) >= (0, 30, 0)
         self.t0 = time.monotonic()
 
@@ -188,7 +191,8 @@ class Startup:
             f"load_format=auto, tensor_parallel_size={a.tp}, pipeline_parallel_size={a.pp}, "
             "data_parallel_size=1, disable_custom_all_reduce=False, quantization=fp8, "
             "enforce_eager=False, kv_cache_dtype=auto, device_config=cuda, "
-            f"served_model_name={a.served_names[0]}, enable_prefix_caching=True, "
+            f"served_model_name={a.served_names[0]}, "
+            f"enable_prefix_caching={self.e.prefix_caching}, "
             "enable_chunked_prefill=True",
         )
         self.sleep(self.e.knobs.engine_seconds * 0.3)
@@ -273,12 +277,22 @@ class Startup:
         e.placement_group = "created"
 
     def peer_joined(self, peer: PeerLink) -> None:
-        """Rank 1 is in the group: its address and PID in the log lines from now on."""
-        e = self.e
+        """Every other node's rank is in the group: their addresses and PIDs in the log lines
+        from now on. Without Ray each headless rank said its rank; Ray's workers are ranked
+        as vLLM's Ray executor sorts them (the driver's node first, then by IP as text),
+        each node's GPU one rank (``--nnodes`` ranks may hold several: their first)."""
+        e, a = self.e, self.e.args
         peer.formed = True
-        e.worker_ips[1:] = [peer.peer_ip or e.knobs.worker_ip] * (e.args.world_size - 1)
-        if peer.peer_pid:
-            e.worker_pids[1] = peer.peer_pid
+        joined = [p for p in peer.peers if p.state == "connected"]
+        if a.uses_ray or not a.multi_node:
+            for rank, p in enumerate(sorted(joined, key=lambda p: p.ip), start=1):
+                p.rank = rank
+        for p in joined:
+            per = max(1, a.world_size // a.nnodes) if a.multi_node else 1
+            for rank in range(p.rank, min(a.world_size, p.rank + per)):
+                e.worker_ips[rank] = p.ip or e.knobs.worker_ip
+                if p.pid:
+                    e.worker_pids[rank] = p.pid + 2 * (rank - p.rank)
 
     def rendezvous(self) -> None:
         """No Ray: every ``--nnodes`` rank meets at ``--master-addr:--master-port``
@@ -327,20 +341,20 @@ class Startup:
         raise SystemExit(1)
 
     def worker_lost_during_load(self) -> NoReturn:
-        ip = self.e.worker_ips[-1]
+        rank, ip, pid = self.e.lost_rank()
         if self.e.args.multi_node:
             self.crash(
                 "core.py:866",
                 [frame("v1/executor/multiproc_executor.py", 134, "_init_executor")],
                 "RuntimeError: NCCL error: remote process exited or there was a network "
-                f"error (rank 1 on {ip}), NCCL version 2.27.3",
+                f"error (rank {rank} on {ip}), NCCL version 2.27.3",
             )
         self.crash(
             "core.py:866",
             [frame("v1/executor/ray_executor.py", 101, "_init_executor")],
             "ray.exceptions.RayActorError: The actor died unexpectedly before finishing this "
             "task.\n"
-            f"\tclass_name: RayWorkerWrapper\n\tpid: {self.e.worker_pids[-1]}\n\tip: {ip}",
+            f"\tclass_name: RayWorkerWrapper\n\tpid: {pid}\n\tip: {ip}",
         )
 
     def check_peer(self) -> None:
@@ -366,17 +380,19 @@ class Startup:
             if e.faults.active("crash-nccl"):
                 self.sleep(e.knobs.engine_seconds * 0.3)
                 self.nccl_crash()
-            self.ranks(
-                "custom_all_reduce.py:153",
-                "Custom allreduce is disabled because this process group spans across nodes.",
-                "WARNING",
-            )
+            if a.tp > 1:  # the TP group's custom all-reduce (a pipeline stage has none)
+                self.ranks(
+                    "custom_all_reduce.py:153",
+                    "Custom allreduce is disabled because this process group spans across nodes.",
+                    "WARNING",
+                )
         for rank in a.local_ranks:
+            pp, tp = a.parallel_ranks(rank)
             self.e.log.info(
                 e.worker_prefix(rank),
                 "parallel_state.py:2350",
-                f"rank {rank} in world size {a.world_size} is assigned as DP rank 0, PP rank 0, "
-                f"PCP rank 0, TP rank {rank}, ETP rank {rank}, EP rank N/A, EPLB rank N/A",
+                f"rank {rank} in world size {a.world_size} is assigned as DP rank 0, PP rank "
+                f"{pp}, PCP rank 0, TP rank {tp}, ETP rank {tp}, EP rank N/A, EPLB rank N/A",
             )
         if e.faults.active("crash-free-memory"):
             util = a.gpu_mem_util
@@ -520,8 +536,9 @@ class Startup:
             )
         e.metrics.kv_cache_tokens = max(1, tokens)
         e.metrics.cache_info = cache_config_info(
-            a.gpu_mem_util, tokens, a.max_model_len, int(avail * 2**30)
+            a.gpu_mem_util, tokens, a.max_model_len, int(avail * 2**30), e.prefix_caching
         )
+        e.prefix_cache.capacity = max(1, tokens // e.prefix_cache.block_size)
 
     def graphs(self) -> None:
         knobs = self.e.knobs

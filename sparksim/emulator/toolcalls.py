@@ -400,3 +400,27 @@ def drop_argument_fragments(steps: list[Step]) -> None:
                 function["arguments"] = ""
         else:
             step.delta = None
+
+
+def drop_header_type(steps: list[Step]) -> None:
+    """Fault tool-delta-no-type: the streamed header delta of a call carries no ``type``.
+
+    vLLM's named tool_choice streaming path built its first ``DeltaToolCall`` without
+    ``type="function"``, and chunks are serialised with ``exclude_unset=True``, so the key
+    never reached the wire (vllm-project/vllm#16340, "Missing "type":"function" in
+    OpenAI-Compatible Streaming Tool Calls with specific tool_choice", vLLM 0.8.x, Qwen2.5
+    with --tool-call-parser hermes)::
+
+        data: {..."delta":{"tool_calls":[{"id":"chatcmpl-tool-...","index":0,
+               "function":{"name":"get_weather","arguments":"{\\""}}]}...}
+
+    OpenAI's chunk schema makes ``type`` optional (only ``index`` is required), so the
+    bytes are valid; but the openai SDK's stream helper (``ChatCompletionStreamState``,
+    behind ``client.chat.completions.stream()``) types a call from its first delta's
+    ``type``: the call stays untyped, no ``tool_calls.function.arguments.*`` event is
+    emitted, and ``get_final_completion()`` gives ``type=None``. The non-streaming
+    message keeps its ``type`` (that path was right)."""
+    for step in steps:
+        for call in (step.delta or {}).get("tool_calls") or ():
+            if "name" in (call.get("function") or {}):
+                call.pop("type", None)

@@ -1,5 +1,6 @@
-"""The TP rank-1 link between nodes: ``worker`` on the second node dials the head
-``serve`` over the fabric and both sides exchange heartbeats.
+"""The links between the head's engine and its ranks on the other nodes: ``worker`` on each
+other node dials the head ``serve`` over the fabric (through the Ray head's relay, or as a
+headless rank without Ray) and both sides exchange heartbeats.
 
 Line protocol over TCP: the worker sends ``HELLO {"rank":1,"pid":..,"ip":..}``, the head
 answers ``WELCOME {...}``, then both send ``HB <n>`` every ``SPARKSIM_EMU_HEARTBEAT_S``.
@@ -19,34 +20,78 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from .config import Knobs
 
 
-class PeerLink:
-    """Head side: accepts one rank-1 worker and watches its heartbeat."""
+@dataclass
+class Peer:
+    """A remote rank on the head's link: as its HELLO said (``rank``: a headless rank's own;
+    every Ray worker says 1 and the engine numbers them when the group forms)."""
 
-    def __init__(self, host: str, port: int, knobs: Knobs, on_lost: Callable[[str], None]):
+    rank: int
+    ip: str
+    pid: int
+    state: str = "connected"  # connected | lost
+    cause: str = ""  # why it was lost: "eof" (its process gone) or "timeout" (silent)
+
+
+class PeerLink:
+    """Head side: accepts the ``peers`` remote ranks (one per other node: a Ray worker
+    node's relay, or a headless rank) and watches each one's heartbeat. ``connected`` is
+    set while all of them are joined; ``on_lost`` runs for each one that goes."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        knobs: Knobs,
+        on_lost: Callable[[str], None],
+        peers: int = 1,
+    ) -> None:
         self.knobs = knobs
         self.on_lost = on_lost
+        self.expected = max(1, peers)
+        self.peers: list[Peer] = []  # joined, in join order (the lost ones stay once formed)
+        self.lost: Peer | None = None  # the first rank lost after the group formed
         self.state = "waiting"  # waiting | connected | lost
-        self.peer_ip = ""
-        self.peer_pid = 0
         self.connected = threading.Event()
-        self.formed = False  # set once the placement group includes the worker
+        self.formed = False  # set once the placement group / rendezvous includes them all
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._sock = socket.socket(family, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind((host, port))
-        self._sock.listen(4)
+        self._sock.listen(max(4, self.expected + 2))
         self._sock.settimeout(0.2)
         threading.Thread(target=self._accept_loop, name="tp-accept", daemon=True).start()
+
+    @property
+    def peer_ip(self) -> str:
+        """The first joined rank's address ("" before any): the one peer of two nodes."""
+        return self.peers[0].ip if self.peers else ""
+
+    @property
+    def peer_pid(self) -> int:
+        return self.peers[0].pid if self.peers else 0
+
+    def live(self) -> list[Peer]:
+        with self._lock:
+            return [p for p in self.peers if p.state == "connected"]
 
     def close(self) -> None:
         self._stop.set()
         self._sock.close()
+
+    def _full(self) -> bool:
+        """No room for another rank: all joined, or a formed group lost one (a dead engine
+        is not revived)."""
+        with self._lock:
+            live = sum(p.state == "connected" for p in self.peers)
+            return live >= self.expected or (self.state == "lost" and self.formed)
 
     def _accept_loop(self) -> None:
         while not self._stop.is_set():
@@ -56,17 +101,44 @@ class PeerLink:
                 continue
             except OSError:
                 return
-            if self.state == "connected" or (self.state == "lost" and self.formed):
-                conn.close()  # one rank 1 at a time; a dead engine is not revived
+            if self._full():
+                conn.close()
                 continue
             threading.Thread(target=self._serve, args=(conn, addr), daemon=True).start()
+
+    def _join(self, hello: dict[str, Any], addr: Any) -> Peer | None:
+        """A rank's HELLO: it joins unless the group is full by now."""
+        with self._lock:
+            live = [p for p in self.peers if p.state == "connected"]
+            if len(live) >= self.expected or (self.state == "lost" and self.formed):
+                return None
+            peer = Peer(
+                rank=int(hello.get("rank") or len(live) + 1),
+                ip=str(hello.get("ip") or addr[0]),
+                pid=int(hello.get("pid") or 0),
+            )
+            # Before the group forms, a rank that left makes room for its return.
+            self.peers = [*(self.peers if self.formed else live), peer]
+            if len(live) + 1 >= self.expected:
+                self.state = "connected"
+                self.connected.set()
+            return peer
+
+    def _leave(self, peer: Peer, cause: str) -> None:
+        with self._lock:
+            peer.state, peer.cause = "lost", cause
+            self.connected.clear()
+            self.state = "lost"
+            if self.formed and self.lost is None:
+                self.lost = peer
+        self.on_lost(cause)
 
     def _serve(self, conn: socket.socket, addr: Any) -> None:
         knobs = self.knobs
         conn.settimeout(min(knobs.heartbeat_s, 0.25))
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         buf = b""
-        hello: dict[str, Any] | None = None
+        peer: Peer | None = None
         last_rx = time.monotonic()
         next_tx = 0.0
         seq = 0
@@ -74,7 +146,7 @@ class PeerLink:
         try:
             while not self._stop.is_set():
                 now = time.monotonic()
-                if now >= next_tx and hello is not None:
+                if now >= next_tx and peer is not None:
                     seq += 1
                     conn.sendall(f"HB {seq}\n".encode())
                     next_tx = now + knobs.heartbeat_s
@@ -92,23 +164,19 @@ class PeerLink:
                 buf += data
                 while b"\n" in buf:
                     line, buf = buf.split(b"\n", 1)
-                    if line.startswith(b"HELLO ") and hello is None:
-                        hello = json.loads(line[6:].decode())
-                        self.peer_ip = str(hello.get("ip") or addr[0])
-                        self.peer_pid = int(hello.get("pid") or 0)
+                    if line.startswith(b"HELLO ") and peer is None:
+                        peer = self._join(json.loads(line[6:].decode()), addr)
+                        if peer is None:
+                            return  # the group is full: refused, as at accept
                         welcome = {"pid": os.getpid(), "rank": 0}
                         conn.sendall(f"WELCOME {json.dumps(welcome)}\n".encode())
-                        self.state = "connected"
-                        self.connected.set()
         except (OSError, ValueError):
             cause = cause or "eof"
         finally:
             conn.close()
-        if self._stop.is_set() or hello is None:
+        if self._stop.is_set() or peer is None:
             return
-        self.connected.clear()
-        self.state = "lost"
-        self.on_lost(cause)
+        self._leave(peer, cause)
 
 
 class RankLink:

@@ -144,6 +144,21 @@ def test_tool_args_strings(faulty: Any) -> None:
     }
 
 
+def test_tool_delta_no_type(faulty: Any) -> None:
+    """vLLM #16340: a named tool_choice stream's header delta has no "type"; the
+    non-streaming message and the auto stream keep theirs."""
+    emu = faulty("tool-delta-no-type")
+    named = {**TOOL_ASK, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}
+    calls = [tc for d in deltas(emu, named) for tc in d.get("tool_calls") or []]
+    assert calls[0]["function"]["name"] == "get_weather" and calls[0]["index"] == 0
+    assert calls[0]["id"].startswith("chatcmpl-tool-") and "type" not in calls[0]
+    assert json.loads("".join(c["function"].get("arguments", "") for c in calls))["city"]
+    msg = emu.chat(named).json()["choices"][0]["message"]
+    assert msg["tool_calls"][0]["type"] == "function"
+    auto = [tc for d in deltas(emu, TOOL_ASK) for tc in d.get("tool_calls") or []]
+    assert auto[0]["type"] == "function"
+
+
 def test_think_in_content(faulty: Any) -> None:
     emu = faulty("think-in-content")
     msg = emu.chat(SAY).json()["choices"][0]["message"]
@@ -295,7 +310,34 @@ def test_slow_load_and_combined_faults(emu_factory: Any) -> None:
     assert json.loads(msg["tool_calls"][0]["function"]["arguments"])["days"] == "2"
 
 
+def test_crawl_load_is_ten_times_slow_load(emu_factory: Any) -> None:
+    env = {"SPARKSIM_EMU_FAULT": "crawl-load", "SPARKSIM_EMU_SHARDS": "1"}
+    emu = emu_factory(["--served-model-name", "qwen"], env, wait=False)
+    line = emu.lines[emu.wait_for(r"Loading weights took [\d.]+ seconds", 30)]
+    took = float(re.search(r"Loading weights took ([\d.]+) seconds", line).group(1))  # type: ignore[union-attr]
+    assert took >= 18 * 0.0005 * 100 * 0.9  # 1 shard x 18 s x time scale x 100
+
+
 def test_unknown_fault_is_rejected(emu_factory: Any) -> None:
     emu = emu_factory(["--served-model-name", "qwen"], {"SPARKSIM_EMU_FAULT": "nope"}, wait=False)
     assert emu.wait_exit(10) == 2
     assert "unknown fault(s) nope" in emu.text()
+
+
+def test_ttft_grows_with_batch(faulty: Any) -> None:
+    """Alone a request is as fast as without the fault; three at once, the last admitted
+    waits 1 s more for each other running request (the goodput fault's load-only TTFT)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    emu = faulty("ttft-grows-with-batch", decode_tok_s=400)
+    body = {**SAY, **NO_THINK, "max_tokens": 4, "ignore_eos": True}
+
+    def timed(_: int) -> float:
+        t = time.monotonic()
+        assert emu.chat(body).status == 200
+        return time.monotonic() - t
+
+    assert timed(0) < 0.9  # alone: no other request running
+    with ThreadPoolExecutor(3) as pool:
+        took = sorted(pool.map(timed, range(3)))
+    assert took[-1] >= 2 * 0.95  # admitted third: 2 others running

@@ -1,5 +1,7 @@
-"""Token pacing: per-stream decode rate from 1 to 32 concurrent streams (uncapped), and
-the aggregate cap shares a fixed budget across streams.
+"""Token pacing: per-stream decode rate from 1 to 32 concurrent streams (uncapped, the
+step model's batch growth off: step_expert_share 0), a batch's slower step with it on
+(tests/emulator/test_emu_step_model.py holds the model itself), and the aggregate cap
+shares a fixed budget across streams.
 
 Held to what a loaded 2-core machine cannot fake: the emulator sends on an absolute
 schedule, so a stream is never faster than its rate (late wake-ups only delay tokens), and
@@ -20,6 +22,8 @@ from typing import Any
 import pytest
 
 from conftest import Emu, set_faults
+from sparksim.emulator.config import Knobs
+from sparksim.emulator.generation import StepModel
 
 RATE = 40.0
 TOKENS = 81  # 80 gaps at 40 tok/s: ~2 s per stream
@@ -88,7 +92,7 @@ def run(emu: Emu, streams: int, tokens: int = TOKENS) -> tuple[list[dict[str, fl
 
 @pytest.fixture
 def paced(qwen: Emu) -> Any:
-    set_faults(qwen, [], decode_tok_s=RATE, ttft_s=TTFT)
+    set_faults(qwen, [], decode_tok_s=RATE, ttft_s=TTFT, step_expert_share=0)
     yield qwen
     set_faults(qwen, [])
 
@@ -113,9 +117,23 @@ def test_per_stream_rate_is_accurate(paced: Emu, streams: int) -> None:
     assert all(gap <= 1.05 / RATE for gap in gaps), (gaps, 1 / RATE)
 
 
+def test_a_batch_steps_slower(paced: Emu) -> None:
+    """4 streams with the default step model: each stream's median gap is the 4-sequence
+    step, not the 1-stream one (never faster; the median not slower)."""
+    k = Knobs()
+    share, streams, tokens = k.step_expert_share, 4, 41
+    set_faults(paced, [], decode_tok_s=RATE, ttft_s=TTFT, step_expert_share=share)
+    step = StepModel(RATE, share, k.step_expert_pick, k.step_kv_s_per_token).step_s(streams)
+    results, _ = run(paced, streams, tokens)
+    gaps = [r["median_gap"] for r in results]
+    print(f"\n4 streams @ {RATE:.0f} tok/s: median gaps {gaps}, step {step:.4f} s")
+    assert all(r["tokens"] == tokens for r in results)
+    assert all(0.95 * step <= gap <= 1.05 * step for gap in gaps), (gaps, step, 1 / RATE)
+
+
 def test_aggregate_cap_shares_the_budget(paced: Emu) -> None:
     cap, streams, tokens = 160.0, 8, 41
-    set_faults(paced, [], decode_tok_s=RATE, ttft_s=0.05, max_agg_tok_s=cap)
+    set_faults(paced, [], decode_tok_s=RATE, ttft_s=0.05, max_agg_tok_s=cap, step_expert_share=0)
     results, wall = run(paced, streams, tokens)
     rates = [r["rate"] for r in results]
     mean = sum(rates) / len(rates)

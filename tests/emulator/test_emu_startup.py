@@ -66,8 +66,13 @@ def test_port_refused_while_loading_then_open(emu_factory: Any) -> None:
         if done:
             break
         time.sleep(0.05)
-    assert outcomes[:-1] == ["refused"] * (len(outcomes) - 1) and len(outcomes) > 5
-    assert outcomes[-1] == "open"
+    # Refused while loading, then open for good. The startup line is read from the
+    # emulator's output by a thread, so the port may be seen open a poll or two before
+    # the line is: the order, not the poll it changed at, is what is held.
+    assert "open" in outcomes, outcomes
+    first_open = outcomes.index("open")
+    assert first_open > 5 and set(outcomes[:first_open]) == {"refused"}, outcomes
+    assert set(outcomes[first_open:]) == {"open"}, outcomes
     assert emu.request("GET", "/health").status == 200
 
 

@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -132,3 +133,125 @@ def test_worker_waits_for_head_and_ray_status_without_cluster(
     worker.wait_for(r"Failed to connect to GCS at address 127\.0\.0\.1:\d+", 30)
     r = ray_status(tmp_path / "missing.json")
     assert r.returncode == 1 and "Could not find any running Ray instance" in r.stderr
+
+
+PP3 = [
+    "--served-model-name",
+    "qwen",
+    "--tensor-parallel-size",
+    "1",
+    "--pipeline-parallel-size",
+    "3",
+    "--distributed-executor-backend",
+    "ray",
+]
+
+
+def test_pp3_over_three_nodes_waits_for_every_rank_and_names_the_one_lost(
+    emu_factory: Any, proc_factory: Any, tmp_path: Path
+) -> None:
+    """TP 1 x PP 3 with Ray, one GPU a node: the placement group needs both other nodes'
+    GPUs (one worker joined is not enough), the ranks follow vLLM's Ray executor (the
+    driver's node, then the workers by IP), `ray status` lists three nodes and 3.0/3.0 GPU,
+    and the rank that goes is the one the engine's death names."""
+    peer_port = free_port()
+    status = tmp_path / "ray_status.json"
+    env = {"SPARKSIM_EMU_TP_PEER_PORT": str(peer_port), "SPARKSIM_EMU_RAY_STATUS_FILE": str(status)}
+    head = emu_factory(PP3, env, wait=False)
+    workers = {}
+    for ip in ("198.19.0.3", "198.19.0.2"):  # the third node joins first
+        workers[ip] = proc_factory(
+            emulator_cmd(
+                "worker", "--head-addr", "127.0.0.1", "--port", str(peer_port), "--node-ip", ip
+            )
+        )
+        if ip == "198.19.0.3":
+            pg = r"Waiting for creating a placement group of specs for \d+ seconds"
+            at = head.wait_for(pg, 30)
+            head.wait_for(pg, 5, at + 1)  # one of two workers: still waiting
+            assert refused(head.port)
+            wait_status(status, "pending placement groups")
+    head.ready(15)
+    text = head.text()
+    for rank, ip in ((1, "198.19.0.2"), (2, "198.19.0.3")):
+        assert re.search(
+            rf"^\(RayWorkerWrapper pid=\d+, ip={re.escape(ip)}\) INFO .*rank {rank} in world "
+            rf"size 3 is assigned as DP rank 0, PP rank {rank}, PCP rank 0, TP rank 0,",
+            text,
+            re.M,
+        ), text[-3000:]
+    assert "Custom allreduce is disabled" not in text  # no TP group spans nodes at TP 1
+    out = wait_status(status, "3.0/3.0 GPU")
+    assert len(re.findall(r"^ 1 node_[0-9a-f]{56}$", out, re.M)) == 3
+    assert head.request("GET", "/health").status == 200
+
+    workers["198.19.0.3"].proc.kill()  # the last stage's node
+    head.wait_for(r"vllm\.v1\.engine\.exceptions\.EngineDeadError", 30)
+    assert "\tip: 198.19.0.3" in head.text() and "\tip: 198.19.0.2" not in head.text()
+    out = wait_status(status, " 0.0/2.0 GPU")
+    assert len(re.findall(r"^ 1 node_[0-9a-f]{56}$", out, re.M)) == 2
+
+
+def test_pp3_without_ray_one_stage_per_node_and_a_lost_stage_named(tmp_path: Path) -> None:
+    """``--nnodes 3`` at TP 1 x PP 3: each node runs its own pipeline stage (vLLM's worker
+    title Worker_PP<p>), the head serves once both other ranks joined, and the death of
+    rank 2 names rank 2 and its address."""
+    port, master = free_port(), free_port()
+    env = base_env({"SPARKSIM_EMU_RENDEZVOUS_TIMEOUT_S": "30"})
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
+    ranks = ["--nnodes", "3", "--master-addr", "127.0.0.1", "--master-port", str(master)]
+    serve = [
+        *("-m", "sparksim.emulator", "serve", "/models/m", "-tp", "1", "-pp", "3"),
+        *("--host", "127.0.0.1", *ranks),
+    ]
+    procs: dict[int, subprocess.Popen[str]] = {}
+    logs = {rank: tmp_path / f"rank{rank}.log" for rank in range(3)}
+
+    def start(rank: int, *extra: str) -> None:
+        with logs[rank].open("w") as log:
+            procs[rank] = subprocess.Popen(
+                [sys.executable, *serve, "--node-rank", str(rank), *extra],
+                stdout=log, stderr=subprocess.STDOUT, text=True,
+                env={**env, "VLLM_HOST_IP": f"127.0.0.{rank + 1}"},
+            )  # fmt: skip
+
+    try:
+        start(0, "--port", str(port))
+        start(1, "--headless")
+        time.sleep(1.0)
+        assert refused(port), "two of three ranks: the head still waits at the rendezvous"
+        start(2, "--headless")
+        deadline = time.monotonic() + 30
+        while not _answers(port) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _answers(port), logs[0].read_text()[-2000:]
+        for rank in (1, 2):
+            text = logs[rank].read_text()
+            assert re.search(rf"^\(Worker_PP{rank} pid=\d+\) INFO ", text, re.M), text[-2000:]
+            assert f"world_size=3 rank={rank} " in text
+            assert f"assigned as DP rank 0, PP rank {rank}, PCP rank 0, TP rank 0," in text
+        assert "(Worker_PP1 " not in logs[0].read_text(), "each node prints only its own rank"
+        procs[2].kill()
+        procs[2].wait()
+        deadline = time.monotonic() + 15
+        while "EngineDeadError" not in logs[0].read_text() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert "Worker proc rank 2 (127.0.0.3, pid " in logs[0].read_text()
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def _answers(port: int) -> bool:
+    import http.client
+
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+        conn.request("GET", "/health")
+        ok = conn.getresponse().status == 200
+        conn.close()
+        return ok
+    except OSError:
+        return False

@@ -111,9 +111,9 @@ def test_three_nodes_share_a_switched_fabric(own_state_dir: Path, start_sim: Any
     rates = subprocess.run(
         ["tc", "-n", switch, "qdisc", "show", "dev", "n3f0"], capture_output=True, text=True
     ).stdout
-    assert "rate 500Mbit" in rates
-    assert "rate 500Mbit" in sim3.out("spark-3", "tc qdisc show dev enp1s0f1np1")
-    assert "rate 2Gbit" in sim3.out("spark-1", "tc qdisc show dev enp1s0f1np1")
+    assert "rate 250Mbit" in rates
+    assert "rate 250Mbit" in sim3.out("spark-3", "tc qdisc show dev enp1s0f1np1")
+    assert "rate 1Gbit" in sim3.out("spark-1", "tc qdisc show dev enp1s0f1np1")
     sim3.cli("down")
     assert leftovers(own_state_dir, k) == []
 

@@ -11,7 +11,9 @@ import os
 import re
 import subprocess
 import sys
+import sysconfig
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -109,3 +111,91 @@ def test_a_switch_port_at_1500_is_one_failure_naming_the_node_and_its_pairs(
         assert f"{name} has the evidence" in other["message"]
     assert checks[f"test_ping_peer_at_full_mtu[spark-worker-3-{twin}]"]["outcome"] == "passed"
     assert checks[f"test_mtu_consistent[{twin}]"]["outcome"] == "passed"  # nodes agree
+
+
+class _RankNode:
+    """A rank's node over the sim's SSH config, as the collective runner drives one
+    (``pytest_spark.collective.runner.RankNode``: a name and ``run``)."""
+
+    def __init__(self, sim: Sim, node: dict[str, Any]) -> None:
+        self.name, self.mgmt, self.config = node["name"], node["mgmt"], sim.cluster["ssh_config"]
+
+    def run(self, command: str, *, timeout: float | None = None) -> Any:
+        from pytest_spark.access.base import CommandResult
+
+        proc = subprocess.run(
+            ["ssh", "-F", self.config, self.mgmt, command],
+            capture_output=True, text=True, timeout=(timeout or 300) + 30, check=False,
+        )  # fmt: skip
+        return CommandResult(self.name, command, proc.returncode, proc.stdout, proc.stderr)
+
+
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+def _algbw(row: Any, timing: Any) -> float:
+    """algbw in GB/s from the row's size and time (the table prints both bandwidths
+    rounded to two decimals: 0.17 for 0.165)."""
+    return float(row.size_bytes / timing.time_us / 1e3)
+
+
+@pytest.mark.skipif(
+    not os.access(SYSTEM_PYTHON, os.X_OK)
+    or subprocess.run(
+        [
+            SYSTEM_PYTHON,
+            "-c",
+            f"import sys; sys.exit(sys.version_info[:2] != {sys.version_info[:2]})",
+        ],
+        check=False,
+    ).returncode
+    != 0,
+    reason=f"{SYSTEM_PYTHON} is not this interpreter's version: it cannot load this venv's torch",
+)
+def test_all_reduce_and_all_gather_span_all_four_nodes_behind_the_switch(switch4: Sim) -> None:
+    """The NCCL checks' collective across N = 4 ranks over the switched fabric (one rank per
+    node, bootstrapping over twin 1, as launch-cluster.sh sets NCCL_SOCKET_IFNAME): every
+    rank joins, the values are right, and busbw is algbw x nccl-tests' factor for 4 ranks,
+    2(n-1)/n = 1.5 for the all-reduce and (n-1)/n = 0.75 for the all-gather. Light nodes
+    have no engine: the ranks run the system python3 with this venv's site-packages (its
+    torch; a node sees /usr and the checkout, its /root and /tmp are its own), on gloo."""
+    from pytest_spark.checks.collectives import check_all_gather
+    from pytest_spark.checks.nccl import check_wrong_values
+    from pytest_spark.collective.runner import run_allreduce
+    from pytest_spark.settings.profiles import load_profile
+
+    nodes = switch4.cluster["nodes"]
+    twin = nodes[0]["fabric"][-1]["if"]
+    site = sysconfig.get_paths()["purelib"]
+    env = {"NCCL_SOCKET_IFNAME": twin, "GLOO_SOCKET_IFNAME": twin, "PYTHONPATH": site}
+    ranks = [_RankNode(switch4, n) for n in nodes]
+    run = run_allreduce(
+        ranks,
+        master_addr=nodes[0]["fabric"][-1]["addr"],
+        rank_env={n["name"]: env for n in nodes},
+        launcher="python",
+        python=SYSTEM_PYTHON,
+        min_bytes=1 << 20,
+        max_bytes=4 << 20,
+        iters=3,
+        warmup=1,
+        timeout=240,
+        collectives=("all_reduce", "all_gather"),
+    )
+    assert run.ok, run.evidence()
+    assert run.world_size == 4 and [r.rank for r in run.ranks] == [0, 1, 2, 3]
+    assert run.result is not None and run.result.rows, run.evidence()
+    assert check_wrong_values(run.result, where="4 ranks").level == "pass"
+    for row in run.result.rows:
+        for t in row.timings:
+            assert t.busbw_gbps == pytest.approx(_algbw(row, t) * 1.5, abs=0.006), row
+    gather = run.section("all_gather")
+    assert gather is not None and gather.parsed is not None, run.evidence()
+    assert gather.parsed.rows and (gather.parsed.collective or "").startswith("all_gather")
+    for row in gather.parsed.rows:
+        for t in row.timings:
+            assert t.busbw_gbps == pytest.approx(_algbw(row, t) * 0.75, abs=0.006), row
+    profile = load_profile("dgx-spark-switch")
+    floor = replace(profile, nccl=replace(profile.nccl, min_busbw_gbps=0.0))
+    found = check_all_gather(gather.parsed, floor, where="4 ranks")
+    assert found.level in ("pass", "warn"), found.message  # the sim's gloo: no floor held here

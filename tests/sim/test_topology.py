@@ -95,9 +95,9 @@ def test_resolve_twins(topology: ModuleType) -> None:
         topology.resolve_twins("enp1s0f0np0")  # the unplugged port is not a fabric twin
 
 
-def test_shaped_rate_is_one_hundredth(topology: ModuleType) -> None:
-    assert topology.tbf_mbit(200_000) == 2000
-    assert topology.tbf_mbit(100_000) == 1000
+def test_shaped_rate_is_one_two_hundredth(topology: ModuleType) -> None:
+    assert topology.tbf_mbit(200_000) == 1000
+    assert topology.tbf_mbit(100_000) == 500
     assert topology.tbf_mbit(50) == 1
 
 

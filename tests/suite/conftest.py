@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from pytest_spark.access.simcontrol import SimCluster, sim_up
+from pytest_spark.access.simcontrol import SimCluster, sim_up, spawn_env
 
 REPO = Path(__file__).resolve().parents[2]
 # The suite tier's sims decode 4x faster than the real 122B at TP=2 (the emulator's default
@@ -27,8 +27,11 @@ REPO = Path(__file__).resolve().parents[2]
 # downs the twin the ranks' heartbeat crosses while serving, and with the suite's
 # infra checks grown past 10 s (GPU health, memory, GID) the engine died before the
 # serving checks ran (a killed rank is still seen at once: its connection closes).
+# Prefill runs at 20000 tok/s (the default 4000): the long-context check's ~29.5k-token
+# prompt took 7.8 s of every whole-suite run, 1.5 s now.
 SUITE_SIM_ARGS = (
     "--emu", "decode_tok_s=160", "--emu", "ttft_s=0.1", "--emu", "heartbeat_timeout_s=600",
+    "--emu", "prefill_tok_s=20000",
 )  # fmt: skip
 
 
@@ -60,6 +63,9 @@ class SuiteRun:
     ret: int
     output: str
     results: dict[str, Any]
+    # What changed on the nodes across the run, beyond what it may leave (an audited
+    # matrix row, tests/suite/nodeaudit.py); None: not audited.
+    audit: list[str] | None = None
 
     def checks(self, **match: str) -> list[dict[str, Any]]:
         return [c for c in self.results["checks"] if all(c.get(k) == v for k, v in match.items())]
@@ -76,9 +82,14 @@ class SuiteRun:
 
 
 def run_suite(
-    tmp_path: Path, *args: str, sim: SimCluster | None = None, timeout: float = 600
+    tmp_path: Path,
+    *args: str,
+    sim: SimCluster | None = None,
+    timeout: float = 600,
+    profile: str = "sim",
 ) -> SuiteRun:
-    """``pytest tests_infra ...`` in a subprocess; returns exit code, output and JSON."""
+    """``pytest tests_infra ...`` in a subprocess; returns exit code, output and JSON. On a
+    ``sim``, held to the threshold ``profile`` (sparksim's own, scaled 1/200)."""
     results = tmp_path / "results.json"
     argv = [str(REPO / ".venv" / "bin" / "pytest") if (REPO / ".venv").exists() else "pytest"]
     argv += [
@@ -97,10 +108,10 @@ def run_suite(
             f"--spark-head={sim.head}",
             f"--spark-workers={','.join(sim.workers)}",
             f"--spark-ssh-config={sim.ssh_config}",
-            "--spark-profile=sim",
+            f"--spark-profile={profile}",
         ]
     argv += list(args)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SPARK_", "PYTEST_"))}
+    env = {k: v for k, v in spawn_env().items() if not k.startswith(("SPARK_", "PYTEST_"))}
     proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env)
     output = proc.stdout + proc.stderr
     data = json.loads(results.read_text()) if results.exists() else {"checks": []}
@@ -114,6 +125,7 @@ def node_ssh(sim: SimCluster, node: str, command: str, timeout: float = 60) -> s
         capture_output=True,
         text=True,
         timeout=timeout,
+        env=spawn_env(),  # the matrix's lanes call this off the main thread
     )
     return proc.stdout
 

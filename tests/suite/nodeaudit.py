@@ -32,10 +32,14 @@ from __future__ import annotations
 import re
 import shlex
 import subprocess
+import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
+
+from pytest_spark.access.simcontrol import spawn_env
 
 Snapshot = dict[str, dict[str, str]]
 ROOTS = ("/tmp", "/var/tmp", "/root", "/etc", "/dev/shm")
@@ -193,6 +197,7 @@ def snapshot(ssh_config: Path, nodes: Mapping[str, str], state_dir: Path) -> dic
             text=True,
             timeout=120,
             check=False,
+            env=spawn_env(),  # spawned off the main thread (this pool, the matrix's lanes)
         )
         if proc.returncode != 0 or "@mounts" not in proc.stdout:
             raise RuntimeError(f"{name}: snapshot failed ({proc.returncode}): {proc.stderr}")
@@ -232,3 +237,62 @@ def diff(
 def describe(changes: list[str], limit: int = 60) -> str:
     more = f"\n... and {len(changes) - limit} more" if len(changes) > limit else ""
     return "\n".join(changes[:limit]) + more
+
+
+# ------------------------------------------------------------------ around a run on a sim
+
+# What --spark-launch may leave behind (README): launch-cluster.sh bind-mounts
+# $HF_HOME (default ~/.cache/huggingface) and, unless --no-cache-dirs, the compile caches
+# ~/.cache/vllm, ~/.cache/flashinfer, ~/.triton and ~/.tilelang into the containers, and
+# makes each on every node where it is missing (five mounts in real deployments of
+# eugr/spark-vllm-docker). The containers themselves are stopped and removed.
+LAUNCH_LEAVES = (
+    r"^\S+ files: \+ /root/(\.cache/(huggingface|vllm|flashinfer)|\.triton|\.tilelang) d \d+$",
+)
+# A cluster someone else launched keeps writing its launcher log while it serves.
+KEPT_LAUNCHER_LOG = (r"^spark-1 files: ~ /tmp/pytest-spark-launch-[0-9a-f]+\.log: ",)
+# launch-cluster.sh without Ray follows the head's vLLM, checking every 5 s whether it has
+# exited; after `stop` it notices the container is gone at its next check.
+ORPHAN_LAUNCHER = (
+    "for i in $(seq 60); do pgrep -f 'launch-cluster.sh .* exec ' >/dev/null || exit 0; "
+    '[ -n "$(docker ps -q --filter name=^vllm_node$)" ] && exit 0; sleep 0.5; done; exit 1'
+)
+SETTLE_S = 30.0  # a container still stopping, an SSH session still closing, on a busy machine
+
+
+def sim_nodes(sim: Any) -> dict[str, str]:
+    """A sparksim's nodes (``SimCluster``): name -> management address."""
+    return {n["name"]: n["mgmt"] for n in sim.info["nodes"]}
+
+
+def sim_snapshot(sim: Any) -> dict[str, Snapshot]:
+    return snapshot(sim.ssh_config, sim_nodes(sim), sim.state_dir)
+
+
+def sim_ssh(sim: Any, address: str, command: str) -> None:
+    subprocess.run(
+        ["ssh", "-F", str(sim.ssh_config), address, command],
+        capture_output=True,
+        timeout=120,
+        check=False,
+        env=spawn_env(),  # the fault matrix's lanes call this off the main thread
+    )
+
+
+def before_run(sim: Any) -> dict[str, Snapshot]:
+    """The snapshot to compare against, once a launcher that was stopped before has
+    noticed its container is gone (at most 30 s; else its exit would count as a change)."""
+    sim_ssh(sim, sim.head, ORPHAN_LAUNCHER)
+    return sim_snapshot(sim)
+
+
+def changes_after(
+    sim: Any, before: dict[str, Snapshot], allowed: tuple[str, ...] = ()
+) -> list[str]:
+    """The differences once the nodes have settled: snapshots are taken until one shows
+    nothing changed (what a stopping container or a closing SSH session was still doing
+    has ended) or SETTLE_S has passed; then the last one's differences stand."""
+    deadline = time.monotonic() + SETTLE_S
+    while (changes := diff(before, sim_snapshot(sim), allowed)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return changes

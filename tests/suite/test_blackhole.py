@@ -131,15 +131,28 @@ def stop_serving(sim: SimCluster) -> None:
     )  # fmt: skip
 
 
-@pytest.fixture
-def slow_sim(sim: SimCluster) -> Iterator[SimCluster]:
+def _loading_sim(sim: SimCluster, fault: str) -> Iterator[SimCluster]:
     if not sim.info.get("launch"):
         pytest.skip("sparksim has no serving stack here (docker missing)")
     sim_fault(sim, "clear")
-    sim_fault(sim, "engine", "slow-load")  # a load long enough to cut a node in
+    sim_fault(sim, "engine", fault)
     yield sim
     sim_fault(sim, "clear")
     stop_serving(sim)
+
+
+@pytest.fixture
+def slow_sim(sim: SimCluster) -> Iterator[SimCluster]:
+    """A load long enough to cut a node in and heal it (~25 s), short enough to end."""
+    yield from _loading_sim(sim, "slow-load")
+
+
+@pytest.fixture
+def crawling_sim(sim: SimCluster) -> Iterator[SimCluster]:
+    """A load (~150 s) that cannot end before the watch gives a cut node up: with
+    slow-load's ~25 s, a loaded machine let the load finish first (the session then went
+    ready without the worker, and its checks met the cut node one by one)."""
+    yield from _loading_sim(sim, "crawl-load")
 
 
 def test_transient_drop_during_readiness_heals(slow_sim: SimCluster, tmp_path: Path) -> None:
@@ -164,11 +177,13 @@ def test_transient_drop_during_readiness_heals(slow_sim: SimCluster, tmp_path: P
     [("worker-1", "spark-worker-1", "spark-head"), ("head", "spark-head", "spark-worker-1")],
 )
 def test_blackholed_node_ends_the_session_within_budget(
-    slow_sim: SimCluster, tmp_path: Path, node: str, name: str, other: str
+    crawling_sim: SimCluster, tmp_path: Path, node: str, name: str, other: str
 ) -> None:
-    run = start_suite(slow_sim, tmp_path, INFRA, READINESS, "-m", "link or preflight or readiness")
+    run = start_suite(
+        crawling_sim, tmp_path, INFRA, READINESS, "-m", "link or preflight or readiness"
+    )
     assert run.wait_for(loading, 300), run.output
-    sim_fault(slow_sim, "unreachable", node)
+    sim_fault(crawling_sim, "unreachable", node)
     cut_at = time.monotonic()
     budget = session_budget()
     rc, output, results = run.finish(timeout=budget)
@@ -204,6 +219,6 @@ def test_blackholed_node_ends_the_session_within_budget(
         assert "could not stop the cluster" in output and name in output, output
     else:
         assert serving.get("stopped") is True, serving
-    sim_fault(slow_sim, "clear")
-    stop_serving(slow_sim)  # the head could not be told while it was cut
-    assert serving_containers(slow_sim) == {n["name"]: "" for n in slow_sim.info["nodes"]}
+    sim_fault(crawling_sim, "clear")
+    stop_serving(crawling_sim)  # the head could not be told while it was cut
+    assert serving_containers(crawling_sim) == {n["name"]: "" for n in crawling_sim.info["nodes"]}

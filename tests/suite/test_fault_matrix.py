@@ -4,174 +4,40 @@ the JSON results. Generated from the table in docs/FAULT_MATRIX.md (the rules ar
 from __future__ import annotations
 
 import json
-import os
-import re
-import shlex
-import sys
-import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import replace
 from typing import Any
 
 import pytest
+from faultmatrix import (  # type: ignore[import-not-found]
+    AUDITS,
+    COLUMNS,
+    LANES,
+    MATRIX,
+    OBSERVED,
+    RUNS,
+    Matrix,
+    Row,
+    check_row,
+    load_failure_row,
+    parse_matrix,
+    readiness_launch_row,
+    summary,
+)
+from nodeaudit import describe  # type: ignore[import-not-found]
 
 from conftest import (  # type: ignore[import-not-found]
-    REPO,
-    SUITE_SIM_ARGS,
     SuiteRun,
     assert_one_failure_the_rest_point_at_it,
-    launch_args,
-    node_ssh,
-    run_suite,
-    sim_fault,
 )
-from pytest_spark.access.simcontrol import SimCluster, sim_up
-from pytest_spark.report.results import CATEGORIES  # the table names the report's categories
+from pytest_spark.access.simcontrol import SimCluster
 
 pytestmark = pytest.mark.sim
-MATRIX = REPO / "docs" / "FAULT_MATRIX.md"
-COLUMNS = ("fault", "inject", "run", "fails", "node", "says", "because")
-# Shorter sweeps keep CI time down; every check still runs. The matrix is about where a
-# fault is reported, not about bandwidth floors (tests/suite/test_nccl_suite.py holds those
-# at the full sweep): at 4 MiB the sim's healthy busbw straddles 0.18 GB/s on a loaded
-# machine, so the floor is lowered below it (a one-twin or 100G link then passes or fails
-# by load: those rows mark nccl as `nccl?`).
-TRIM = (
-    "--spark-threshold=nccl.max_bytes=4194304",
-    "--spark-threshold=nccl.min_busbw_gbps=0.02",
-    "--spark-threshold=throughput.concurrency=1;4",
-    "--spark-history=off",
-)
-# Where each run's per-category verdicts are written, to read when a row disagrees.
-# SPARK_FAULT_MATRIX_OBSERVED moves it (several matrix runs on one machine).
-OBSERVED = Path(os.environ.get("SPARK_FAULT_MATRIX_OBSERVED", "/tmp/pytest-spark-fault-matrix"))
-RUNS = ("launch", "serving", "restart")
-PHASES = ["start", "weights", "kv", "graphs", "api", "ready"]
-
-
-@dataclass(frozen=True)
-class Row:
-    fault: str
-    inject: tuple[tuple[str, ...], ...]  # spark-sim fault argv's
-    serve_args: str  # appended to the launch's serve args
-    drop_args: str  # removed from the launch's serve args (a flag and its value)
-    run: str  # launch | serving | restart
-    fails: tuple[str, ...]
-    may_fail: tuple[str, ...]  # a measured consequence that may or may not cross its floor
-    node: str | None
-    says: dict[str, str]  # category -> words one of its failures says ("*": every category)
-    because: str | None
-    causes: int = 1  # root causes: the failed + error checks outside may_fail, exactly
-    over: int = 0  # failures over the causes, known and not yet folded into one (see the doc)
-    mode: str = "ray"  # launch rows: --spark-ray=on (ray) or off (no-ray, issue #17)
-
-    @property
-    def id(self) -> str:
-        name = re.sub(r"[^a-z0-9]+", "-", self.fault.lower()).strip("-")
-        return name if self.mode == "ray" else f"{name}-{self.mode}"
-
-
-def _cell(text: str) -> str | None:
-    text = text.strip().strip("`").strip()
-    return None if text in ("", "-") else text
-
-
-def parse_matrix(text: str) -> list[Row]:
-    """The rows of the table under '## Matrix'; a malformed row is an error, not a skip."""
-    body = text.split("## Matrix", 1)[1]
-    lines = [line for line in body.splitlines() if line.startswith("|")]
-    header = [c.strip() for c in lines[0].strip("|").split("|")]
-    if tuple(header) != COLUMNS:
-        raise ValueError(f"{MATRIX}: columns {header}, expected {list(COLUMNS)}")
-    rows = []
-    for line in lines[2:]:
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) != len(COLUMNS):
-            raise ValueError(f"{MATRIX}: {len(cells)} cells in {line!r}")
-        values = dict(zip(COLUMNS, cells, strict=True))
-        inject, serve_args, drop_args = [], "", ""
-        for part in (_cell(values["inject"]) or "").split(";"):
-            part = part.strip()
-            if part.startswith("+serve-args "):
-                serve_args = part.removeprefix("+serve-args ").strip()
-            elif part.startswith("-serve-args "):
-                drop_args = part.removeprefix("-serve-args ").strip()
-            elif part:
-                inject.append(tuple(shlex.split(part)))
-        words = (_cell(values["fails"]) or "").split()
-        counts = {"causes": 1, "over": 0}
-        for word in [w for w in words if "=" in w]:
-            key, _, number = word.partition("=")
-            if key not in counts or not number.isdigit():
-                raise ValueError(f"{MATRIX}: bad count {word!r} in {line!r}")
-            counts[key] = int(number)
-            words.remove(word)
-        fails = tuple(w for w in words if not w.endswith("?"))
-        may_fail = tuple(w.removesuffix("?") for w in words if w.endswith("?"))
-        unknown = set(fails + may_fail) - set(CATEGORIES)
-        if unknown or values["run"] not in RUNS:
-            raise ValueError(f"{MATRIX}: bad row {line!r}")
-        if fails and counts["causes"] + counts["over"] < len(fails):
-            raise ValueError(f"{MATRIX}: fewer failures allowed than failing categories: {line!r}")
-        rows.append(
-            Row(
-                fault=values["fault"],
-                inject=tuple(inject),
-                serve_args=serve_args,
-                drop_args=drop_args,
-                run=values["run"],
-                fails=fails,
-                may_fail=may_fail,
-                node=_cell(values["node"]),
-                says=_says(_cell(values["says"]), fails + may_fail),
-                because=_cell(values["because"]),
-                causes=counts["causes"],
-                over=counts["over"],
-            )
-        )
-    return rows
-
-
-def _says(cell: str | None, fails: tuple[str, ...]) -> dict[str, str]:
-    """``words`` (every failing category) or ``cat: words / cat: words``."""
-    says: dict[str, str] = {}
-    for part in (cell or "").split(" / "):
-        category, sep, words = part.partition(": ")
-        if sep and category in CATEGORIES:
-            if category not in fails:
-                raise ValueError(f"{MATRIX}: says {category!r}, which is not in fails {fails}")
-            says[category] = words.strip()
-        elif part.strip():
-            says["*"] = part.strip()
-    return says
-
-
 ROWS = parse_matrix(MATRIX.read_text())
-
-
-def _readiness_launch_row(row: Row) -> bool:
-    """A launch row whose fault is the startup's (healthy, load crashes and hangs, the API
-    key): these run in both modes. A placement group exists only with Ray."""
-    return (
-        row.run == "launch"
-        and set(row.fails) <= {"readiness"}
-        and all(argv[0] == "engine" for argv in row.inject)
-        and "placement" not in row.fault
-    )
-
-
-def _load_failure_row(row: Row) -> bool:
-    """A launch row whose engine crashes or hangs while it loads."""
-    return row.run == "launch" and any(
-        argv[0] == "engine" and argv[1].startswith(("crash-", "hang-")) for argv in row.inject
-    )
-
 
 # Every row as the table says (launch rows with Ray), then the readiness launch rows
 # again without Ray (the real launcher's default: --nnodes ranks, no `ray status`).
-CASES = ROWS + [replace(row, mode="no-ray") for row in ROWS if _readiness_launch_row(row)]
+CASES = ROWS + [replace(row, mode="no-ray") for row in ROWS if readiness_launch_row(row)]
 
 
 def test_matrix_covers_every_fault_the_issue_lists() -> None:
@@ -201,6 +67,9 @@ def test_matrix_covers_every_fault_the_issue_lists() -> None:
     ):
         assert must in kinds, must
     assert any("--api-key" in r.serve_args for r in ROWS)
+    # the heavy modes run only by option: a row of each, with the fault only it catches
+    assert any(o.startswith("--spark-soak=") for r in ROWS if r.fails for o in r.options)
+    assert any("--spark-open-loop" in r.options for r in ROWS if r.fails)
     assert {r.run for r in ROWS if not r.fails and not r.inject} == set(RUNS)
 
 
@@ -222,6 +91,10 @@ def test_matrix_parser_rejects_what_it_cannot_hold_to() -> None:
     dropped = good.replace("engine http-5xx", "-serve-args --reasoning-parser qwen3", 1)
     (row,) = parse_matrix(head + dropped)
     assert row.drop_args == "--reasoning-parser qwen3" and not row.inject
+    soak = "engine heat-throttle; +opt --spark-soak=8s --spark-threshold=soak.window_s=2"
+    (row,) = parse_matrix(head + good.replace("engine http-5xx", soak, 1))
+    assert row.inject == (("engine", "heat-throttle"),)
+    assert row.options == ("--spark-soak=8s", "--spark-threshold=soak.window_s=2")
     for bad in (
         "| x | - | serving | - | - | - |\n",  # a cell missing
         "| x | - | somewhere | - | - | - | - |\n",  # unknown run
@@ -231,150 +104,10 @@ def test_matrix_parser_rejects_what_it_cannot_hold_to() -> None:
         "| x | - | launch | link causes=x | - | - | - |\n",  # a count that is no number
         "| x | - | launch | link roots=1 | - | - | - |\n",  # an unknown count
         "| x | - | launch | link nccl causes=1 | - | - | - |\n",  # two categories, one failure
+        "| x | +opt soak=8s | launch | link | - | - | - |\n",  # +opt takes suite options only
     ):
         with pytest.raises(ValueError):
             parse_matrix(head + bad)
-
-
-class Stack:
-    """A serving stack kept up across the `serving` rows, relaunched when a row killed it."""
-
-    def __init__(self, sim: SimCluster, tmp: Path) -> None:
-        self.sim, self.tmp, self.launches, self.up = sim, tmp, 0, False
-
-    def healthy(self) -> bool:
-        port = self.sim.info["launch"]["port"]
-        code = node_ssh(
-            self.sim,
-            self.sim.head,
-            f"curl -s -o /dev/null -w '%{{http_code}}' -m 5 http://127.0.0.1:{port}/health",
-            timeout=30,
-        )
-        return code.strip() == "200"
-
-    def ensure(self) -> None:
-        if self.healthy():
-            return
-        self.stop()
-        self.launches += 1
-        run = run_suite(
-            self.tmp / f"keep{self.launches}",
-            str(REPO / "tests_e2e" / "test_readiness.py"),
-            "-k",
-            "cluster_serving",
-            *launch_args(self.sim),
-            "--spark-keep",
-            "--spark-history=off",
-            sim=self.sim,
-        )
-        if run.ret != 0:  # --spark-keep left a failed launch running: the next row's
-            self.stop()  # launch would meet it ("already running"), one failure per row
-        assert run.ret == 0, run.output
-        self.up = True
-
-    def stop(self) -> None:
-        self.up = False
-        launch = self.sim.info["launch"]
-        fabric = ",".join(f"198.19.0.{i + 1}" for i in range(len(self.sim.info["nodes"])))
-        node_ssh(self.sim, self.sim.head, f"{launch['script']} -n {fabric} stop")
-
-
-# Rows run side by side, each lane on a sim of its own: a row mostly waits (on the
-# emulated load, the token pacing, the all-reduce), ~15 CPU-s in ~80 s of wall time
-# (suite, sshd, dockerd and containers together), so three lanes fit on 2 cores.
-LANES = int(os.environ.get("FAULT_MATRIX_LANES", "3"))
-# Rows that take several times a row's time (the suite's requests at a tenth of the decode
-# rate) start first, so that no lane is left running one long after the others are done.
-LONG_ROWS = (("engine", "slow-decode"),)
-
-
-class Lane:
-    """One sim and the serving stack kept up on it; runs one row at a time."""
-
-    def __init__(self, sim: SimCluster, tmp: Path, owned: bool) -> None:
-        self.sim, self.stack, self.owned = sim, Stack(sim, tmp), owned
-
-    def close(self) -> None:
-        try:
-            self.stack.stop()
-            sim_fault(self.sim, "clear")
-        finally:
-            if self.owned:
-                self.sim.down()
-
-
-class Matrix:
-    """Runs every selected row once, on ``lanes`` sims at once (the session's sim and
-    ``lanes - 1`` more, brought up here); a test waits for its own row's run.
-
-    Lane 0 takes the `serving` rows first, the other lanes the `launch` rows, each in
-    table order after LONG_ROWS; a lane out of its own kind takes the other's, so no
-    lane idles while rows wait. The tests still assert in table order (the healthy rows'
-    skips are the baseline of the rows after them). Every row still runs the whole suite
-    alone on its sim, injected, run and cleared as before (``run_row``)."""
-
-    def __init__(
-        self, sim: SimCluster, rows: list[Row], lanes: int, tmp: pytest.TempPathFactory
-    ) -> None:
-        self.tmp = tmp
-        self.futures: dict[str, Future[SuiteRun]] = {r.id: Future() for r in rows}
-        ordered = sorted(rows, key=lambda r: not any(a in LONG_ROWS for a in r.inject))
-        self.queues = {  # `launch` and `restart` rows stop the kept stack: one queue
-            "serving": [r for r in ordered if r.run == "serving"],
-            "launch": [r for r in ordered if r.run != "serving"],
-        }
-        self.lock = threading.Lock()
-        self.lanes: list[Lane] = []
-        count = max(1, min(lanes, len(rows)))
-        self.threads = [
-            threading.Thread(target=self._lane, args=(i, sim), name=f"matrix-lane-{i}")
-            for i in range(count)
-        ]
-        for thread in self.threads:
-            thread.start()
-
-    def _next(self, prefer: str) -> Row | None:
-        with self.lock:
-            for kind in (prefer, "launch" if prefer == "serving" else "serving"):
-                if self.queues[kind]:
-                    return self.queues[kind].pop(0)
-        return None
-
-    def _lane(self, index: int, session_sim: SimCluster) -> None:
-        try:
-            sim = session_sim if index == 0 else sim_up(2, SUITE_SIM_ARGS)
-        except BaseException as exc:  # no sim for this lane: the others take its rows
-            sys.stderr.write(f"fault matrix: lane {index} has no sim, runs nothing: {exc}\n")
-            return
-        lane = Lane(sim, self.tmp.mktemp(f"stack{index}"), owned=index != 0)
-        with self.lock:
-            self.lanes.append(lane)
-        prefer = "serving" if index == 0 else "launch"
-        try:
-            while (row := self._next(prefer)) is not None:
-                future = self.futures[row.id]
-                try:
-                    future.set_result(run_row(sim, lane.stack, row, self.tmp.mktemp(row.id)))
-                except BaseException as exc:  # a skip or failure belongs to the row's test
-                    future.set_exception(exc)
-        finally:
-            if index != 0:
-                lane.close()  # lane 0's sim is the session's: closed by the fixture
-
-    def result(self, row: Row) -> SuiteRun:
-        return self.futures[row.id].result()
-
-    def close(self) -> None:
-        with self.lock:
-            for queue in self.queues.values():
-                for row in queue:  # an interrupted session: rows never started
-                    self.futures[row.id].cancel()
-                queue.clear()
-        for thread in self.threads:
-            thread.join()
-        for lane in self.lanes:
-            if not lane.owned:
-                lane.close()
 
 
 @pytest.fixture(scope="module")
@@ -397,118 +130,7 @@ def matrix(
         runner.close()
 
 
-def _serve_args(sim: SimCluster, row: Row) -> str:
-    base: str = sim.info["launch"]["serve_args"]
-    drop = row.drop_args.split()
-    argv = base.split()
-    for i in range(len(argv) - len(drop) + 1):
-        if drop and argv[i : i + len(drop)] == drop:
-            argv = argv[:i] + argv[i + len(drop) :]
-            break
-    else:
-        assert not drop, f"{row.drop_args!r} is not in the launch's serve args {base!r}"
-    return " ".join([*argv, row.serve_args]).strip()
-
-
-def compose_serve_args(sim: SimCluster, rank: int = 0) -> list[str]:
-    """One engine rank per node without Ray (`--nnodes N --node-rank R`, `--headless` on
-    workers), as an operator's compose file on each Spark runs it."""
-    serve = shlex.split(sim.info["launch"]["serve_args"])
-    if "--distributed-executor-backend" in serve:
-        at = serve.index("--distributed-executor-backend")
-        del serve[at : at + 2]
-    head_ip = sim.info["nodes"][0]["fabric"][0]["addr"]
-    nodes = str(len(sim.info["nodes"]))
-    serve += ["--nnodes", nodes, "--node-rank", str(rank), "--master-addr", head_ip]
-    serve += ["--master-port", "29501", *(["--headless"] if rank else [])]
-    return serve
-
-
-def restart_compose(sim: SimCluster, container: str) -> None:
-    """Operator-run engine containers (`docker run --restart unless-stopped ... vllm serve`,
-    as with docker compose: the engine is the container's command, no --rm), one rank per
-    node, healthy once, then `docker restart`ed on every node as after a reboot: `docker
-    logs` keeps the first start's lines while the engines load again (~20 s)."""
-    port = sim.info["launch"]["port"]
-    for rank, node in reversed(list(enumerate(sim.info["nodes"]))):  # workers first
-        fabric = node["fabric"]
-        env = {
-            "VLLM_HOST_IP": fabric[0]["addr"],
-            **{k: fabric[0]["if"] for k in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")},
-            **{k: fabric[0]["if"] for k in ("TP_SOCKET_IFNAME", "UCX_NET_DEVICES")},
-            "NCCL_IB_HCA": ",".join(f["dev"] for f in fabric),
-            "NCCL_IB_DISABLE": "0",
-            "SPARKSIM_EMU_TIME_SCALE": "0.025",
-        }
-        docker = [
-            "docker", "run", "-d", "--restart", "unless-stopped", "--name", container,
-            "--network", "host", "--ipc=host", "--gpus", "all", "--privileged",
-            *(a for k, v in env.items() for a in ("-e", f"{k}={v}")),
-        ]  # fmt: skip
-        image = shlex.join(["vllm-node:latest", *compose_serve_args(sim, rank)])
-        node_ssh(sim, node["mgmt"], f"{shlex.join(docker)} $VLLM_SPARK_EXTRA_DOCKER_ARGS {image}")
-    health = f"curl -s -o /dev/null -w '%{{http_code}}' -m 2 http://127.0.0.1:{port}/health"
-    wait = f'for i in $(seq 240); do [ "$({health})" = 200 ] && break; sleep 0.5; done'
-    node_ssh(sim, sim.head, wait, timeout=180)
-    for node in reversed(sim.info["nodes"]):
-        node_ssh(sim, node["mgmt"], f"docker restart {container}", timeout=60)
-
-
-def run_row(sim: SimCluster, stack: Stack, row: Row, tmp_path: Path) -> SuiteRun:
-    sim_fault(sim, "clear")
-    if row.run == "serving":
-        stack.ensure()
-    elif stack.up:
-        stack.stop()
-    for argv in row.inject:
-        sim_fault(sim, *argv)
-    args = [str(REPO / "tests_infra"), str(REPO / "tests_e2e"), *TRIM]
-    if row.run == "restart":  # serving first, so that the watch attaches while it loads
-        args[:2] = reversed(args[:2])
-    container = sim.info["launch"]["container"]
-    args += [
-        f"--spark-model-dir={sim.info['launch']['model_dir']}",
-        f"--spark-image={sim.info['launch']['image']}",
-    ]
-    if row.run == "restart":
-        restart_compose(sim, container)
-        serve = shlex.join(compose_serve_args(sim))
-        args += [f"--spark-serve-args={serve}", f"--spark-container={container}"]
-    elif row.run == "launch":
-        args += [*launch_args(sim), f"--spark-serve-args={_serve_args(sim, row)}"]
-        args.append(f"--spark-ray={'on' if row.mode == 'ray' else 'off'}")  # the launcher's mode
-        if _load_failure_row(row):  # the watch must end it, long before this timeout
-            args.append(f"--spark-ready-timeout={LOAD_FAILURE_READY_TIMEOUT_S:g}")
-    else:
-        args += [f"--spark-serve-args={_serve_args(sim, row)}", f"--spark-container={container}"]
-    try:
-        return run_suite(tmp_path, *args, sim=sim, timeout=900)
-    finally:
-        sim_fault(sim, "clear")
-        if row.run == "restart":
-            for node in sim.info["nodes"]:
-                node_ssh(sim, node["mgmt"], f"docker rm -f {container}")
-
-
-def summary(run: SuiteRun) -> dict[str, Any]:
-    """Per category: outcome counts, failure messages, skip reasons (for the observer)."""
-    out: dict[str, Any] = {"exit": run.ret}
-    for check in run.results["checks"]:
-        cat = out.setdefault(check["category"], {"outcomes": {}, "failed": [], "skipped": []})
-        cat["outcomes"][check["outcome"]] = cat["outcomes"].get(check["outcome"], 0) + 1
-        name = check["nodeid"].split("::", 1)[1]
-        if check["outcome"] in ("failed", "error"):
-            cat["failed"].append(f"{name}: {check['message'][:300]}")
-        elif check["outcome"] == "skipped":
-            cat["skipped"].append(f"{name}: {check['message'][:200]}")
-    return out
-
-
 BASELINE_SKIPS: dict[str, set[str]] = {}
-
-
-def _names(check: dict[str, Any]) -> str:
-    return f"{check.get('node') or ''} {check['message']}"
 
 
 @pytest.mark.parametrize("row", CASES, ids=[r.id for r in CASES])
@@ -516,91 +138,24 @@ def test_fault(matrix: Matrix, row: Row) -> None:
     run = matrix.result(row)
     OBSERVED.mkdir(exist_ok=True)
     (OBSERVED / f"{row.id}.json").write_text(json.dumps(summary(run), indent=1))
-    checks = run.results["checks"]
-    assert checks, f"no JSON results:\n{run.output[-3000:]}"
-    assert len(checks) >= 60, f"the whole suite did not run:\n{run.output[-3000:]}"
-    crashed = [f"{c['nodeid']}: {c['crashed']}: {c['message']}" for c in checks if c["crashed"]]
-    assert not crashed, "checks died of an exception instead of a verdict:\n" + "\n".join(crashed)
-    if not row.fails:
-        # Recorded first: a healthy row failing on its own is one failure, not one per row.
-        skipped = {c["nodeid"] for c in checks if c["outcome"] == "skipped"}
-        BASELINE_SKIPS[f"{row.run}/{row.mode}"] = skipped
-        bad = {c["nodeid"]: c["message"] for c in checks if c["outcome"] in ("failed", "error")}
-        assert not bad, bad
-        assert run.ret == 0, run.output[-3000:]
-        if row.run == "restart":  # this start's load, watched: not the old ready line
-            serving = run.results["serving"]
-            assert [p["phase"] for p in serving["timeline"]] == PHASES, serving
-            assert serving["ready_s"] > 3, serving
-        prove(row, run)
-        return
-    assert run.ret == 1, run.output[-3000:]
-    for category in row.fails:
-        failed = [
-            c for c in checks if c["category"] == category and c["outcome"] in ("failed", "error")
-        ]
-        assert failed, f"{category}: nothing failed; {summary(run).get(category)}"
-        words = row.says.get(category) or row.says.get("*")
-        if words:
-            said = [c for c in failed if words.lower() in c["message"].lower()]
-            assert said, f"{category}: no failure says {words!r}: {[_names(c) for c in failed]}"
-    if row.node:
-        named = [
-            c
-            for c in checks
-            if c["category"] in row.fails and c["outcome"] in ("failed", "error")
-            if row.node in _names(c)
-        ]
-        assert named, f"no failure names {row.node}"
-    for category in row.may_fail:
-        words = row.says.get(category)
-        for check in checks:
-            if check["category"] == category and check["outcome"] in ("failed", "error"):
-                assert not words or words.lower() in check["message"].lower(), check
-    # One root cause, one failure: the failed + error checks (a `?` category's measured
-    # consequence aside) are exactly the row's root causes (plus its known `over`).
-    bad = [
-        c
-        for c in checks
-        if c["outcome"] in ("failed", "error") and c["category"] not in row.may_fail
-    ]
-    stray = [f"{c['nodeid']}: {c['message'][:300]}" for c in bad if c["category"] not in row.fails]
-    assert not stray, "failures outside the row's categories:\n" + "\n".join(stray)
-    counted = [f"{c['nodeid']} ({c['outcome']}): {c['message'][:200]}" for c in bad]
-    assert len(counted) == row.causes + row.over, (
-        f"{len(counted)} failures for {row.causes} root cause(s)"
-        + (f" + {row.over} known over" if row.over else "")
-        + ":\n"
-        + "\n".join(counted)
-    )
-    # Every other non-passing check is a skip citing the root cause (or skipped as in
-    # the healthy run of the same mode), whatever its category.
-    baseline = BASELINE_SKIPS.get(f"{row.run}/{row.mode}", set())
-    for check in checks:
-        if check["outcome"] in ("passed", "failed", "error"):
-            continue
-        where = f"{check['nodeid']} ({check['outcome']}): {check['message'][:400]}"
-        assert check["outcome"] == "skipped", f"not passing, failing or skipped: {where}"
-        if check["nodeid"] in baseline:
-            continue
-        assert row.because and row.because.lower() in check["message"].lower(), (
-            f"skip does not point at the root cause {row.because!r}: {where}"
-        )
+    check_row(row, run, BASELINE_SKIPS)
     prove(row, run)
 
 
 # Row proofs: what a fault's own suite run once asserted beside the table (the exact checks
 # that fail and skip, the figures, the evidence), asserted on the matrix's run of the same
 # fault: one whole-suite run per fault, not one more per proof.
-LOAD_FAILURE_READY_TIMEOUT_S = 300.0
 LOAD_FAILURE_BUDGET_S = 150.0  # the sim profile's crash, hang and placement budgets, well in
 LINK = "tests_infra/test_link.py::"
 
 
 def prove(row: Row, run: SuiteRun) -> None:
-    if _load_failure_row(row):
+    if run.audit is not None:  # an audited row (AUDITS): nothing left beyond what it may
+        assert not run.audit, describe(run.audit)
+        assert run.checks(nodeid=BUSBW), run.output  # the all-reduce ran in the containers
+    if load_failure_row(row):
         prove_fails_fast_with_evidence(row, run)
-    proof = LINK_PROOFS.get(row.id)
+    proof = ROW_PROOFS.get(row.id)
     if proof is not None:
         proof(run)
 
@@ -691,16 +246,54 @@ def prove_mtu_mismatch(run: SuiteRun) -> None:
     assert "SparkCheckWarning" in run.output, run.output[-3000:]
 
 
-LINK_PROOFS: dict[str, Callable[[SuiteRun], None]] = {
+BUSBW = "tests_infra/test_nccl.py::test_allreduce_busbw"
+SOAK = "tests_e2e/test_soak.py::"
+
+
+def prove_soak_drift(run: SuiteRun) -> None:
+    """The soak's one failure is its drift check, naming the first and the last window and
+    the fix; its other checks pass (no errors, no preemptions, no waiting queue); the
+    closed-loop checks that ran before and after it all passed (the row's count says so)."""
+    checks = {c["nodeid"].removeprefix(SOAK): c for c in run.results["checks"]}
+    drift = checks["test_soak_tok_s_steady"]
+    assert drift["outcome"] == "failed", drift
+    doc = drift["extra"]["soak"]
+    windows = doc["window_tok_s"]
+    assert len(windows) >= 3 and doc["drift_pct"] < -25, doc
+    message = drift["message"]
+    assert f"{windows[0]:.1f} -> {windows[-1]:.1f} tok/s" in message, message
+    assert "nvidia-smi" in message, message  # the fix: watch the clocks during the load
+    for name in (
+        "test_soak_no_errors",
+        "test_soak_no_preemptions",
+        "test_soak_waiting_queue_steady",
+    ):
+        assert checks[name]["outcome"] == "passed", checks[name]
+
+
+def prove_knee_cites_goodput(run: SuiteRun) -> None:
+    """The open loop ran and its knee fell under the profile's floor (recorded), and the
+    check skipped citing the goodput gate, which owns SLOs broken under load."""
+    knee = next(c for c in run.results["checks"] if c["nodeid"].endswith("test_open_loop_knee"))
+    assert knee["outcome"] == "skipped", knee
+    sweep = knee["extra"]["open_loop"]
+    assert sweep["knee_req_s"] is None or sweep["knee_req_s"] < 1.0, sweep  # sim: >= 1
+    assert "the SLOs already break in the closed loop" in knee["message"], knee
+
+
+ROW_PROOFS: dict[str, Callable[[SuiteRun], None]] = {
     "healthy-launch": prove_healthy_links,
     "fabric-link-down-twin-enp1s0f1np1": prove_link_down,
     "rate-degraded-100g": prove_degraded_rate,
     "mtu-mismatch": prove_mtu_mismatch,
+    "soak-the-gpu-throttles-as-it-heats-under-a-steady-load": prove_soak_drift,
+    "open-loop-ttft-grows-with-the-batch-knee-under-its-floor": prove_knee_cites_goodput,
 }
 
 
 def test_row_proofs_name_rows_of_the_table() -> None:
     """A proof keyed by a row id the table no longer has would never run."""
     ids = {row.id for row in CASES}
-    assert set(LINK_PROOFS) <= ids, set(LINK_PROOFS) - ids
-    assert sum(_load_failure_row(row) for row in CASES) >= 7  # crash x3, hang x2, no-Ray
+    assert set(ROW_PROOFS) <= ids, set(ROW_PROOFS) - ids
+    assert set(AUDITS) <= ids, set(AUDITS) - ids  # the node audits ride these rows
+    assert sum(load_failure_row(row) for row in CASES) >= 7  # crash x3, hang x2, no-Ray

@@ -2,7 +2,7 @@
 unreachable worker is an error naming it. That healthy passes and each link fault (a twin
 down, a degraded rate, an MTU mismatch) fails exactly its check with the node, the
 interface, the figures and a fix is proved on the fault matrix's rows of those faults
-(tests/suite/test_fault_matrix.py, ``LINK_PROOFS``): the same suite runs, run once."""
+(tests/suite/test_fault_matrix.py, ``ROW_PROOFS``): the same suite runs, run once."""
 
 from __future__ import annotations
 

@@ -93,6 +93,25 @@ def test_command_timeout_is_enforced(sim: SimCluster) -> None:
         conn.close()
 
 
+def test_output_is_handed_over_as_it_arrives(sim: SimCluster) -> None:
+    """``on_output`` sees stdout while the command runs (the NCCL sweep's progress reads
+    rank 0's rows so), in pieces that add up to the result's stdout."""
+    conn = connect(sim, sim.head)
+    pieces: list[tuple[float, str]] = []
+    try:
+        t0 = time.monotonic()
+        result = conn.run(
+            "for i in 1 2 3; do echo row $i; sleep 0.6; done; echo é",
+            on_output=lambda text: pieces.append((time.monotonic() - t0, text)),
+        )
+        end = time.monotonic() - t0
+    finally:
+        conn.close()
+    assert "".join(text for _, text in pieces) == result.stdout == "row 1\nrow 2\nrow 3\né\n"
+    first = next(t for t, text in pieces if "row 1" in text)
+    assert first < end - 1.0, (first, end)  # told of row 1 long before the command ended
+
+
 def test_unreachable_node_fails_within_the_connect_timeout(sim: SimCluster) -> None:
     nobody = sim.head.rsplit(".", 1)[0] + ".99"
     target = resolve_target(nobody, ssh_config=sim.ssh_config)

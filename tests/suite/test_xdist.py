@@ -48,14 +48,18 @@ def container_events(sim: SimCluster, name: str, since: int) -> list[list[str]]:
 
 
 MEASUREMENTS = ("collective-run", "throughput-sweep")
-# Trimmed for CI time: the NCCL sweep up to 4 MiB, the throughput sweep at 1 and 4 streams.
-# At 4 MiB the sim's healthy busbw (0.18-0.22 GB/s on a loaded machine) straddles the
-# profile's 0.18 floor, which would make the two verdicts differ by CPU load, not by -n.
+# Trimmed for CI time: the NCCL sweep up to 2 MiB, the throughput sweep at 1 and 4 streams.
+# At 2 MiB the sim's healthy busbw (~0.11 GB/s at 1 Gbit/s, less on a loaded machine) would
+# straddle the profile's 0.09 floor and make the two verdicts differ by CPU load, not by -n.
 TRIM = (
     "--spark-threshold",
-    "nccl.max_bytes=4194304",
+    "nccl.max_bytes=2097152",
     "--spark-threshold",
-    "nccl.min_busbw_gbps=0.1",
+    "nccl.iters=5",
+    "--spark-threshold",
+    "nccl.warmup=1",
+    "--spark-threshold",
+    "nccl.min_busbw_gbps=0.05",
     "--spark-threshold",
     "throughput.concurrency=1;4",
 )
