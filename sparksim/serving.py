@@ -158,10 +158,12 @@ def sshd_setenv(state_dir: Path, node: NodeSpec) -> str:
 
 def node_binds(state_dir: Path, node: NodeSpec) -> list[tuple[Path, str]]:
     """Bind mounts the node needs before the sim core's own (which land inside it): its
-    private /root, and inside it the engine's host folders that lie under the host's
-    /root (the node's dockerd resolves ``docker run -v`` sources in the node)."""
+    private /root, and inside it the containers' host folders (:func:`container_sources`:
+    torch, the engine's venv, model and cache) that lie under the host's /root, as a
+    checkout there puts them (the node's dockerd resolves ``docker run -v`` sources in
+    the node)."""
     h = prepare_home(state_dir, node)
-    under_root = [p for p in engines.host_dirs(state_dir) if p.is_relative_to("/root")]
+    under_root = [p for p in container_sources(state_dir) if p.is_relative_to("/root")]
     if not under_root:
         return [(h, "/root")]
     # The host's /root parked first: once the node's own /root covers it, the sources

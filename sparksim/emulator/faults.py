@@ -59,8 +59,8 @@ RUN_FAULTS = {
     "preempt-under-load": "every request admitted beside another is preempted once "
     "(vllm:num_preemptions grows under a batch)",
     # the soak (issue #16 section 5)
-    "heat-throttle": "the GPU heats under a sustained batch and clocks down: steps slow "
-    "by up to 3x as the heat builds (thermal.py), back to full speed once idle; a short "
+    "heat-throttle": "the GPU heats under a sustained batch and clocks down: past its "
+    "thermal target steps slow, up to 4x (thermal.py), back to full speed once idle; a short "
     "sweep stays cool, a soak's tok/s drifts down",
 }
 BATCH_TTFT_S = 1.0  # ttft-grows-with-batch: seconds added per other running request

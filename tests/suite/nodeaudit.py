@@ -21,7 +21,10 @@ Left out, and why:
   the node's /root, /tmp and /var/tmp backing dirs (``home``, ``tmp``, ``var-tmp``)
   and the cgroup parking point there, which are walked as /root, /tmp, /var/tmp;
 - in a container: Ray's session directory (/tmp/ray), which the running cluster rewrites
-  by itself, and (sparksim) the host paths its emulated container sees under /tmp;
+  by itself;
+- on the node and in a container, folders mounted below /tmp, /var/tmp or /root (but the
+  node's ~/.ssh): another's files bound in (sparksim: the host's venv and torch, when they
+  lie there, as a CI clone's may; the host may rewrite them while a row runs);
 - the snapshot's own SSH session (sshd's per-session processes and what runs under them);
 - kernel counters in ``sysctl -a`` that move by themselves (:data:`VOLATILE_SYSCTLS`);
 - the neighbour (ARP) cache: pinging a peer fills it, the kernel ages it out.
@@ -67,23 +70,38 @@ def snapshot_script(state_dir: str, node_dir: str) -> str:
     fmt = r"%p\t%y\t%s\t%m\t%T@\t%l\n"
     roots = " ".join(q(r) for r in (*ROOTS, node_dir))
     croots = " ".join(CONTAINER_ROOTS)
+    # Folders mounted below /tmp, /var/tmp or /root (not those themselves, nor the node's
+    # ~/.ssh) are another's, bound in: on sparksim the host's venv and torch when they lie
+    # there (a CI clone), which the node and its containers mount at the host's path, and
+    # which the host may rewrite while a row runs (a sandbox appending its CA to the venv's
+    # certifi bundle did).
+    bound = (
+        r"""awk '$2 ~ "^/((var/)?tmp|root)/." && $2 != "/root/.ssh" {print $2}' """
+        "/proc/self/mounts"
+    )
+    container = (
+        f"set -- -path {q(state_dir)} -o -path /tmp/ray; "
+        f'for m in $({bound}); do [ -d "$m" ] && set -- "$@" -o -path "$m"; done; '
+        f'find {croots} \\( "$@" \\) -prune -o -printf "{fmt}" 2>/dev/null || '
+        f"ls -ladR --time-style=+%s {croots} 2>/dev/null"
+    )
     return f"""
 echo @self $$
 echo @files
+set -- -path {q(state_dir)}
+for m in $({bound}); do [ -d "$m" ] && set -- "$@" -o -path "$m"; done
 for r in {roots}; do
   [ -e "$r" ] || continue
   if [ "$r" = {q(node_dir)} ]; then
     find "$r" \\( {prune_expr} \\) -prune -o -printf '{fmt}' 2>/dev/null
   else
-    find "$r" -path {q(state_dir)} -prune -o -printf '{fmt}' 2>/dev/null
+    find "$r" \\( "$@" \\) -prune -o -printf '{fmt}' 2>/dev/null
   fi
 done
 if command -v docker >/dev/null 2>&1; then
   for c in $(docker ps -q 2>/dev/null); do
     name=$(docker inspect -f '{{{{.Name}}}}' "$c" 2>/dev/null)
-    docker exec "$c" sh -c 'find {croots} \\( -path {q(state_dir)} -o -path /tmp/ray \\) -prune \\
-      -o -printf "{fmt}" 2>/dev/null ||
-      ls -ladR --time-style=+%s {croots} 2>/dev/null' | sed "s|^|container$name:|"
+    docker exec "$c" sh -c {q(container)} | sed "s|^|container$name:|"
   done
 fi
 echo @procs

@@ -98,16 +98,28 @@ def test_snapshot_leaves_out_its_own_session_and_volatile_counters() -> None:
 
 @pytest.mark.sim
 def test_planted_file_on_a_node_is_found(sim: SimCluster) -> None:
-    """The audit sees what the node sees: a file made in the worker's own /tmp over SSH."""
+    """The audit sees what the node sees: a file made in the worker's own /tmp over SSH;
+    and not what another writes into a folder bound in below /tmp (sparksim binds the
+    host's venv there when the checkout lies in /tmp: the host rewrote its certifi bundle
+    during a CI row)."""
     sim_fault(sim, "clear")
     worker = sim.workers[0]
-    before = before_run(sim)
-    sim_ssh(sim, worker, "echo x > /tmp/pytest-spark-audit-planted")
+    host = sim.state_dir / "audit-host"  # the state dir is seen in the node at its path
+    host.mkdir(exist_ok=True)
+    bound = "/tmp/pytest-spark-audit-bound"
+    sim_ssh(sim, worker, f"mkdir -p {bound} && mount --bind {host} {bound}")
     try:
-        changes = diff(before, sim_snapshot(sim))
+        before = before_run(sim)
+        sim_ssh(sim, worker, "echo x > /tmp/pytest-spark-audit-planted")
+        (host / "rewritten-by-the-host").write_text("x")
+        try:
+            changes = diff(before, sim_snapshot(sim))
+        finally:
+            sim_ssh(sim, worker, "rm -f /tmp/pytest-spark-audit-planted")
+            (host / "rewritten-by-the-host").unlink()
+        assert [c.split(" f ")[0] for c in changes] == [
+            "spark-2 files: + /tmp/pytest-spark-audit-planted"
+        ], changes
+        assert diff(before, sim_snapshot(sim)) == []
     finally:
-        sim_ssh(sim, worker, "rm -f /tmp/pytest-spark-audit-planted")
-    assert [c.split(" f ")[0] for c in changes] == [
-        "spark-2 files: + /tmp/pytest-spark-audit-planted"
-    ], changes
-    assert diff(before, sim_snapshot(sim)) == []
+        sim_ssh(sim, worker, f"umount {bound}; rmdir {bound}")
