@@ -159,12 +159,14 @@ case "$*" in
   *enP7s7*) echo "2: enP7s7    inet 10.0.0.1/24 scope global enP7s7";;
 esac
 """,
-    # Every docker and ssh call is logged, one line per call, arguments NUL-separated.
+    # Every docker and ssh call is logged, one line per call, arguments NUL-separated,
+    # under a lock: the launcher's background `docker logs -f` and its `docker exec` polls
+    # run at once, and their fields interleaved into one line (a flake in CI).
     # `docker run` exits $STUB_RUN_RC (0: the container is then listed by `docker ps`); the
     # head's exit sentinel holds $STUB_HEAD_EXIT once
     # the launcher follows the head's log (so that the follower is not killed unseen).
     "docker": """#!/bin/bash
-printf '%s\\0' docker "$@" >> "$STUB_LOG"; echo >> "$STUB_LOG"
+{ flock 9; printf '%s\\0' docker "$@" >> "$STUB_LOG"; echo >> "$STUB_LOG"; } 9>>"$STUB_LOG.lock"
 if [ "$1" = ps ] && [ -f "$STUB_RUNNING" ]; then cat "$STUB_RUNNING"; fi
 if [ "$1" = exec ] && [ "$3" = ray ]; then echo "RAY STATUS"; fi
 if [ "$1" = exec ] && [ "$3" = cat ] && [ -f "$STUB_LOG.followed" ]; then echo "$STUB_HEAD_EXIT"; fi
@@ -176,7 +178,7 @@ fi
 exit 0
 """,
     "ssh": """#!/bin/bash
-printf '%s\\0' ssh "$@" >> "$STUB_LOG"; echo >> "$STUB_LOG"
+{ flock 9; printf '%s\\0' ssh "$@" >> "$STUB_LOG"; echo >> "$STUB_LOG"; } 9>>"$STUB_LOG.lock"
 exit 0
 """,
     "sleep": "#!/bin/sh\nexit 0\n",
