@@ -25,7 +25,10 @@ Per size it prints:
 - machine busy: how much of this machine's cores the run kept busy (all processes,
   /proc/stat): near 100 % the run is bound by the cores (here shared by every simulated
   node's sshd and tools), not by the suite's waits;
-- the slowest tests (pytest's ``--durations``), which say what bounds the wall time.
+- the slowest tests (pytest's ``--durations``), which say what bounds the wall time;
+- the failed and errored checks, by test function with their counts: light nodes have no
+  Docker engine, so the checks that need it fail on every node (expected, one per node);
+  more than that says the machine lost the run (pings lost at full CPU).
 
     sudo .venv/bin/python benchmarks/scale.py [--nodes 2 8 16 32] [--repeat K] [-- pytest args]
 """
@@ -61,6 +64,7 @@ class Run:
     nodes_cpu_s: float
     summary: str
     slowest: list[str]
+    failures: list[str]
 
     @property
     def trips_per_node(self) -> float:
@@ -136,6 +140,18 @@ def _delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
     return {k: v - before.get(k, 0) for k, v in after.items()}
 
 
+def _failures(stdout: str) -> list[str]:
+    """``FAILED``/``ERROR`` summary lines counted by outcome and test function (parameters
+    dropped): ``"32 x FAILED tests_infra/test_link.py::test_ping_peer_at_full_mtu"``."""
+    counts: dict[str, int] = {}
+    for line in stdout.splitlines():
+        m = re.match(r"^(FAILED|ERROR) (\S+?)(\[|\s|$)", line)
+        if m:
+            key = f"{m.group(1)} {m.group(2)}"
+            counts[key] = counts.get(key, 0) + 1
+    return [f"{n} x {key}" for key, n in sorted(counts.items())]
+
+
 def _slowest(stdout: str, count: int = 3) -> list[str]:
     lines = [ln for ln in stdout.splitlines() if re.match(r"^\d+\.\d+s (setup|call|teardown)", ln)]
     return lines[:count]
@@ -155,6 +171,7 @@ def timed_run(sim: SimCluster, extra: list[str]) -> Run:
         "--spark-profile=sim",
         "--spark-history=off",
         "--durations=5",
+        "-rfE",
         "-m",
         SELECT,
         str(REPO / "tests_infra"),
@@ -186,6 +203,7 @@ def timed_run(sim: SimCluster, extra: list[str]) -> Run:
         nodes_cpu_s=nodes,
         summary=summary,
         slowest=_slowest(proc.stdout),
+        failures=_failures(proc.stdout),
     )
 
 
@@ -216,6 +234,8 @@ def measure(n: int, repeat: int, extra: list[str]) -> Run:
                 flush=True,
             )
             for line in run.slowest:
+                print(f"      {line}")
+            for line in run.failures:
                 print(f"      {line}")
             runs.append(run)
         return min(runs, key=lambda r: r.wall_s)
