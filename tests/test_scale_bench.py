@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-
 SCALE = Path(__file__).resolve().parents[1] / "benchmarks" / "scale.py"
 
 
