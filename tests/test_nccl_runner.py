@@ -463,7 +463,22 @@ def test_real_two_rank_run_through_the_runner(nodes: list[LocalNode]) -> None:
     # both ranks run on this one host: the pid tells them apart
     assert sorted(t.host for t in run.transports) == sorted(n.name for n in nodes)
     assert all("GLOO_SOCKET_IFNAME=lo" in r.command for r in run.ranks)
+    ports = {
+        shlex.split(r.command)[shlex.split(r.command).index("--master-port") + 1] for r in run.ranks
+    }
+    assert len(ports) == 1 and collective.PORT_LO <= int(ports.pop()) < collective.PORT_HI
     assert dirs_with(run.token) == [] and processes_with(run.token) == []
+
+
+def test_rendezvous_port_lies_below_the_ephemeral_range() -> None:
+    """Rank 0's store port is drawn where the head's own outgoing connections do not hold
+    ports (Linux's ip_local_port_range): one drawn inside it was in use once, and the store
+    failed to listen."""
+    lo, _hi = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    drawn = {collective.free_range_port() for _ in range(2000)}
+    assert max(drawn) < min(lo, 29500), (max(drawn), lo)  # and below torch's 29500
+    assert min(drawn) >= 20000  # above Ray's worker ports (10002-19999)
+    assert len(drawn) > 1000  # spread: two jobs rarely meet
 
 
 def test_progress_is_told_while_the_ranks_run(nodes: list[LocalNode], tmp_path: Path) -> None:

@@ -577,6 +577,19 @@ def _rank_output(
     )  # fmt: skip
 
 
+# The rendezvous port (rank 0's TCPStore), drawn below Linux's ephemeral range (32768-60999
+# by default), where the head's own outgoing connections (SSH, Ray, the engine's clients)
+# hold ports: one drawn from 31000-38999 was once in use there and rank 0's store "failed
+# to listen" (a switch row in CI). Above Ray's worker ports (10002-19999) and below
+# torch's and the launcher's 29500/29501.
+PORT_LO, PORT_HI = 20000, 29000
+
+
+def free_range_port() -> int:
+    """A random port in [PORT_LO, PORT_HI): outside the ephemeral range and Ray's ports."""
+    return PORT_LO + secrets.randbelow(PORT_HI - PORT_LO)
+
+
 def run_allreduce(
     nodes: Sequence[RankNode],
     *,
@@ -632,7 +645,7 @@ def run_allreduce(
         init_timeout = min(60.0, max(10.0, timeout / 3))
     job = _Job(
         token=TOKEN_PREFIX + secrets.token_hex(6), master_addr=master_addr,
-        port=master_port or 31000 + secrets.randbelow(8000), min_bytes=min_bytes,
+        port=master_port or free_range_port(), min_bytes=min_bytes,
         max_bytes=max_bytes, iters=iters, warmup=warmup, backend=backend,
         init_timeout=init_timeout, timeout=timeout, collectives=wanted,
         latency_max_bytes=latency_max_bytes, progress=progress,
