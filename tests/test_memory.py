@@ -4,6 +4,7 @@ facts, and the check's verdicts before a launch and while the engine serves."""
 from __future__ import annotations
 
 import re
+import subprocess
 from dataclasses import replace
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pytest
 
 from pytest_spark.checks.memory import VLLM_DEFAULT_UTILIZATION, Claim, check_memory_headroom
 from pytest_spark.checks.preflight import Skip
-from pytest_spark.facts.memory import NodeMemory, parse_memory_probe
+from pytest_spark.facts.memory import NodeMemory, memory_probe_command, parse_memory_probe
 from pytest_spark.parsers.links import ParseError
 from pytest_spark.parsers.memory import (
     GIB,
@@ -288,3 +289,33 @@ def test_kv_cache_memory_bytes_is_the_claim_not_the_utilization() -> None:
 def test_profiles_carry_the_os_headroom(name: str) -> None:
     memory = load_profile(name).memory
     assert memory.os_headroom_gib == 4.0 and memory.top_holders == 3
+
+
+def test_probe_lists_past_a_process_that_exits_while_it_reads(tmp_path: Path) -> None:
+    """A process that exits between the glob and the read (its status gone: here a dangling
+    link) is skipped, and the processes listed after it are kept: mawk, given the files,
+    stopped at the first it could not open (the holder was lost, a flake of the sim tier)."""
+
+    def proc(pid: str, name: str, rss_kb: int | None, args: str) -> None:
+        (tmp_path / pid).mkdir()
+        rss = f"VmRSS:\t{rss_kb} kB\n" if rss_kb is not None else ""
+        status = f"Name:\t{name}\nUmask:\t0022\nState:\tS (sleeping)\nPid:\t{pid}\n{rss}"
+        (tmp_path / pid / "status").write_text(status + "Threads:\t1\n")
+        (tmp_path / pid / "cmdline").write_bytes(args.replace(" ", "\0").encode() + b"\0")
+
+    proc("1", "init", 1200, "/sbin/init")
+    (tmp_path / "12").mkdir()  # exited: its files gone as the probe reads them
+    (tmp_path / "12" / "status").symlink_to(tmp_path / "12" / "gone")
+    proc("1428", "python3", 60 * 1024 * 1024, "python3 -c import signal; signal.pause()")
+    proc("2", "kthreadd", None, "")  # a kernel thread: no VmRSS
+    proc("310", "sshd", 5200, "sshd: root@notty")
+    command = memory_probe_command(proc=str(tmp_path))
+    out = subprocess.run(command, shell=True, capture_output=True, text=True, timeout=60)
+    listed = [(p.pid, p.name, p.rss) for p in parse_memory_probe(out.stdout).processes]
+    assert listed == [
+        (1428, "python3", 60 * GIB),
+        (310, "sshd", 5200 * 1024),
+        (1, "init", 1200 * 1024),
+    ], out.stdout
+    holder = parse_memory_probe(out.stdout).processes[0]
+    assert holder.args.startswith("python3 -c import signal")

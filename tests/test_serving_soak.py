@@ -3,6 +3,10 @@ drift between the first and last window, preemptions and the waiting queue's gro
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from pytest_spark.serving.load import RequestRecord
@@ -48,3 +52,33 @@ def test_preemptions_and_waiting_queue_from_samples() -> None:
     assert waiting_growth([sample_of(0.0, {})], 5.0) is None
     # an older vLLM's counter without the _total suffix reads the same
     assert sample_of(0.0, {"vllm:num_preemptions": 4.0}).preemptions == 4.0
+
+
+def test_the_soak_runs_after_every_other_check_even_when_named_first() -> None:
+    """Its heat would reach the closed-loop levels measured after it (the heat-throttle
+    row's throughput ran after the soak, throttled, before the soak was moved last)."""
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--co",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--spark-head=198.18.0.1",
+            "tests_e2e/test_soak.py",
+            "tests_e2e/test_throughput.py",
+        ],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    ids = [line for line in out.stdout.splitlines() if "::" in line]
+    soak = [i for i in ids if i.startswith("tests_e2e/test_soak.py::")]
+    rest = [i for i in ids if i not in soak]
+    assert soak and rest, out.stdout + out.stderr
+    assert ids == rest + soak, ids

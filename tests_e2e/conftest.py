@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +20,18 @@ from pytest_spark.serving.formatturns import FormatTurns
 from pytest_spark.serving.specs import load_spec
 from pytest_spark.serving.toolturns import ToolTurns
 from pytest_spark.settings.resolve import Settings
+
+# The soak runs last in the session: it holds the GPUs under a steady batch for its whole
+# duration (minutes on a Spark), heating them and filling the KV cache, and the checks
+# measured after it (the closed-loop levels, TTFT, the prefix cache) would see that state,
+# not the cluster's. A stable sort: everything else keeps its order.
+RUNS_LAST = "test_soak.py"
+
+
+@pytest.hookimpl(trylast=True)  # after the plugin's own ordering of named checks
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    items.sort(key=lambda item: item.path.name == RUNS_LAST and item.path.parent == here)
 
 
 @pytest.fixture(scope="session")

@@ -5,8 +5,12 @@ link probe's framing, :func:`pytest_spark.facts.links.probe_script`)::
 
     meminfo   cat /proc/meminfo
     procs     the largest processes by resident size: PID, VmRSS (kB), Name and the
-              command line, read from /proc/PID/status and /proc/PID/cmdline (one awk
-              over every status file, then the command line of the largest only)
+              command line, read from /proc/PID/status and /proc/PID/cmdline (one cat
+              of every status file into one awk, then the command line of the largest
+              only). A process that exits between the glob and the read is skipped:
+              ``cat`` goes on past a file gone, where ``mawk`` (Debian's and Ubuntu's
+              awk) given the files stops at the first it cannot open, and the listing
+              lost every process after it, the holder too (a flake of the sim tier)
     gpu_mem   nvidia-smi --query-compute-apps=pid,process_name,used_memory (GB10 may
               print [N/A] for used_memory: unified memory)
 
@@ -16,6 +20,7 @@ device memory fields: on GB10 they are ``[N/A]``, the pool is ``/proc/meminfo``'
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 
 from pytest_spark.facts.links import ProbeSection, probe_script, split_probe
@@ -37,25 +42,27 @@ TOP_PROCESSES = 12  # listed with their command lines; the check names the few i
 _BODY = r"""
 s meminfo cat /proc/meminfo
 s procs sh -c 'tab=$(printf "\t")
-  awk -v OFS="$tab" "FNR == 1 { n = \"\" }
-    /^Name:/ { n = substr(\$0, 7); gsub(/^[ \t]+/, \"\", n) }
-    /^VmRSS:/ { p = FILENAME; sub(/^\/proc\//, \"\", p); sub(/\/status\$/, \"\", p);
-                print p, \$2, n }" /proc/[0-9]*/status 2>/dev/null |
+  cat "$2"/[0-9]*/status 2>/dev/null |
+  awk -v OFS="$tab" "/^Name:/ { n = substr(\$0, 7); gsub(/^[ \t]+/, \"\", n); p = \"\" }
+    /^Pid:/ { p = \$2 }
+    /^VmRSS:/ && p != \"\" { print p, \$2, n }" |
   sort -t "$tab" -k2,2nr | head -n "$1" |
   while IFS="$tab" read -r pid rss name; do
-    args=$(tr "\000\t\n" "   " <"/proc/$pid/cmdline" 2>/dev/null)
+    args=$(tr "\000\t\n" "   " <"$2/$pid/cmdline" 2>/dev/null)
     printf "%s\t%s\t%s\t%s\n" "$pid" "$rss" "$name" "$args"
-  done' _ @TOP@
+  done' _ @TOP@ @PROC@
 s gpu_mem nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader
 rm -f "$t"
 """
 
 
-def memory_probe_command(top: int = TOP_PROCESSES, timeout_s: int = 20) -> str:
-    """The node probe as one ``sh -c`` command (run it once per node)."""
+def memory_probe_command(top: int = TOP_PROCESSES, timeout_s: int = 20, proc: str = "/proc") -> str:
+    """The node probe as one ``sh -c`` command (run it once per node); ``proc``: where the
+    proc filesystem is mounted."""
     if top <= 0:
         raise ValueError(f"top must be positive, got {top}")
-    return probe_script(MARKER, "memory", timeout_s, _BODY.replace("@TOP@", str(int(top))))
+    body = _BODY.replace("@TOP@", str(int(top))).replace("@PROC@", shlex.quote(proc))
+    return probe_script(MARKER, "memory", timeout_s, body)
 
 
 @dataclass(frozen=True)
