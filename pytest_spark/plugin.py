@@ -40,6 +40,8 @@ MARKERS = {
     "link": "fabric link state per node and twin (NIC, RoCE, rate, MTU, reachability)",
     "nccl": "collective (all-reduce) bandwidth and transport over the fabric",
     "readiness": "the served model is up, complete and answering",
+    "accuracy": "the model answers correctly: exact canaries alone and under load, a logprob "
+    "fingerprint against a baseline, the math set by option (--spark-accuracy=math)",
     "tool_calls": "tool-call parsing end to end",
     "reasoning": "reasoning separation end to end",
     "throughput": "tokens/sec and latency against the profile",

@@ -13,6 +13,13 @@ from pytest_spark.facts.server import ServerCommand
 from pytest_spark.fixtures import Sweep, progress_line_writer, verdict_in_session
 from pytest_spark.gathering.measure import measure_once
 from pytest_spark.serving import ServingClient
+from pytest_spark.serving.accuracy import ALONE_VERDICT
+from pytest_spark.serving.accuracyprobe import (
+    AccuracyProbe,
+    BaselineKey,
+    BaselineStore,
+    computing_args,
+)
 from pytest_spark.serving.canary import WireProbe
 from pytest_spark.serving.causes import STREAM_VERDICT, wire_cause, wire_verdict
 from pytest_spark.serving.closedloop import decode_sweep, encode_sweep, measure_sweep
@@ -26,12 +33,69 @@ from pytest_spark.settings.resolve import Settings
 # measured after it (the closed-loop levels, TTFT, the prefix cache) would see that state,
 # not the cluster's. A stable sort: everything else keeps its order.
 RUNS_LAST = "test_soak.py"
+# The accuracy checks run before every other serving check: a model that answers wrong is
+# their one failure, and the checks whose answers break because of it (tool-call arguments,
+# structured output, the needle) skip citing it, so they must find its verdict made.
+RUNS_FIRST = "test_accuracy.py"
 
 
 @pytest.hookimpl(trylast=True)  # after the plugin's own ordering of named checks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     here = Path(__file__).parent
-    items.sort(key=lambda item: item.path.name == RUNS_LAST and item.path.parent == here)
+
+    def rank(item: pytest.Item) -> int:
+        if item.path.parent != here:
+            return 1
+        return {RUNS_FIRST: 0, RUNS_LAST: 2}.get(item.path.name, 1)
+
+    items.sort(key=rank)
+
+
+@pytest.fixture(scope="session")
+def accuracy_probe(
+    spark_api: ApiEndpoint, spark_settings: Settings, spark_server_command: ServerCommand | None
+) -> AccuracyProbe:
+    """The accuracy requests (tests_e2e/test_accuracy.py), each sent once per session."""
+    section = spark_settings.profile.accuracy
+    seqs = spark_server_command.args.max_num_seqs if spark_server_command else None
+    try:
+        return AccuracyProbe(spark_api, section, max_num_seqs=seqs)
+    except ValueError as exc:  # a canary name the profile got wrong
+        raise pytest.UsageError(f"profile {spark_settings.profile.name}: {exc}") from None
+
+
+@pytest.fixture(scope="session")
+def accuracy_baselines(spark_settings: Settings) -> BaselineStore:
+    return BaselineStore(spark_settings.accuracy_baseline, spark_settings.history)
+
+
+@pytest.fixture(scope="session")
+def accuracy_key(spark_api: ApiEndpoint, spark_server_command: ServerCommand | None) -> BaselineKey:
+    """What the fingerprint baseline is kept for: model, serve args, vLLM version."""
+    line = computing_args(spark_server_command.line) if spark_server_command else ""
+    return BaselineKey(spark_api.model, line, spark_api.version or "")
+
+
+@pytest.fixture
+def accuracy_cited(request: pytest.FixtureRequest) -> Callable[[], str | None]:
+    """``accuracy_cited()``: the skip reason of a check whose answer broke (tool-call
+    arguments off their schema, structured output cut, a needle missed) when the model
+    answers the canaries wrong and that verdict runs in this session; None otherwise."""
+
+    def cited() -> str | None:
+        if not verdict_in_session(request.session, ALONE_VERDICT):
+            return None
+        probe: AccuracyProbe = request.getfixturevalue("accuracy_probe")
+        answers = probe.alone()
+        wrong = [a for a in answers if not a.right]
+        if probe.error is not None or not wrong:
+            return None
+        return (
+            f"the model answers wrong ({len(wrong)} of {len(answers)} canaries, e.g. "
+            f"{wrong[0].quoted()}): {ALONE_VERDICT} has the evidence"
+        )
+
+    return cited
 
 
 @pytest.fixture(scope="session")

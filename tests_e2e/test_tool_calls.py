@@ -189,6 +189,16 @@ def test_parallel_tool_calls(
     _require(request, tool_turns, spark_check, turn, req)
 
 
+def cited_wrong_model(request: pytest.FixtureRequest, label: str, finding: Finding) -> str | None:
+    """A call whose arguments break their schema, or an answer in content instead of a
+    call, from a model that answers the canaries wrong: the accuracy verdict's failure."""
+    cited = request.getfixturevalue("accuracy_cited")()
+    if cited is None:
+        return None
+    headline = finding.message.splitlines()[0][:300]
+    return f"{label}: {headline}; {cited}"
+
+
 def _require(
     request: pytest.FixtureRequest,
     turns: ToolTurns,
@@ -198,8 +208,10 @@ def _require(
 ) -> None:
     finding = check_tool_calls(turn, req, server=turns.client.server, parser=turns.parser)
     if not finding.ok:
-        cited = cited_calls_in_content(request, turns, turn, req) or cited_unstreamed_arguments(
-            request, turns, turn
+        cited = (
+            cited_calls_in_content(request, turns, turn, req)
+            or cited_unstreamed_arguments(request, turns, turn)
+            or cited_wrong_model(request, req.label, finding)
         )
         if cited is not None:
             pytest.skip(cited)

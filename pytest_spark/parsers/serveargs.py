@@ -25,6 +25,7 @@ class ServeArgs:
     gpu_memory_utilization: float | None = None  # None: not on the line (vLLM's default)
     kv_cache_memory_bytes: int | None = None  # --kv-cache-memory-bytes, per GPU
     parallelism_given: bool = False  # any of TP/PP/DP on the line (the launcher trims then)
+    max_num_seqs: int | None = None  # --max-num-seqs (None: vLLM's default for the platform)
 
     @property
     def mode(self) -> str | None:
@@ -157,6 +158,7 @@ def parse_serve_args(command: str) -> ServeArgs:
             {"tensor-parallel-size", "tp", "pipeline-parallel-size", "data-parallel-size"}
             & values.keys()
         ),
+        max_num_seqs=int(values["max-num-seqs"]) if "max-num-seqs" in values else None,
     )
 
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from pytest_spark.report.accuracy import accuracy_html
 from pytest_spark.report.figures import key_figures
 from pytest_spark.report.results import CATEGORY_PROP, FINDING_PROP, NODE_PROP, category_of
 from pytest_spark.report.summary import measured_expected, remediation
@@ -266,6 +267,7 @@ def summary_html(state: ReportState) -> str:
     parts.append(
         f'<h3>Key figures</h3><table id="spark-figures" class="spark-table">{figures}</table>'
     )
+    parts.append(accuracy_html(state.doc.get("accuracy"), esc))
     parts.append(_deltas_html(state))
     parts.append(_plots_html(state))
     parts.append("</div>")

@@ -13,12 +13,14 @@ import pytest
 
 from pytest_spark.access.files import write_json
 from pytest_spark.checks.base import Finding
+from pytest_spark.report.accuracy import accuracy_block
 
 CATEGORIES = (
     "preflight",
     "link",
     "nccl",
     "readiness",
+    "accuracy",
     "tool_calls",
     "reasoning",
     "throughput",
@@ -162,6 +164,9 @@ class ResultsRecorder:
         doc = {**self.document(), "cluster": cluster, "checks": checks, "exitstatus": exitstatus}
         if serving is not None:
             doc["serving"] = serving
+        accuracy = accuracy_block(checks)
+        if accuracy is not None:
+            doc["accuracy"] = accuracy
         return doc
 
     @pytest.hookimpl(trylast=True)

@@ -103,6 +103,8 @@ RayMode = Literal["auto", "on", "off"]
 RAY_MODES: tuple[RayMode, ...] = ("auto", "on", "off")
 ModelHash = Literal["sampled", "full"]
 MODEL_HASHES: tuple[ModelHash, ...] = ("sampled", "full")
+AccuracyMode = Literal["quick", "math"]
+ACCURACY_MODES: tuple[AccuracyMode, ...] = ("quick", "math")
 
 
 def _sim_engine(raw: str) -> SimEngine:
@@ -123,6 +125,17 @@ def _model_hash(raw: str) -> ModelHash:
     raise ValueError(
         "must be sampled (16 blocks of 64 KiB of each shard, in the preflight round trip) "
         "or full (every byte: reads the whole checkpoint, 119 GB on a Spark)"
+    )
+
+
+def _accuracy_mode(raw: str) -> AccuracyMode:
+    value = raw.strip().lower()
+    for mode in ACCURACY_MODES:
+        if value == mode:
+            return mode
+    raise ValueError(
+        "must be quick (the canaries alone and under load, and the logprob fingerprint: "
+        "the default) or math (those, and the seeded math set of [accuracy] math_problems)"
     )
 
 
@@ -484,6 +497,23 @@ OPTIONS: tuple[Option, ...] = (
         "hold a steady load this long (e.g. 90s, 30m; the profile's [soak] says how many "
         "streams and what fails it) in tests_e2e/test_soak.py; without it the soak is skipped",
         "DURATION",
+    ),
+    Option(
+        "accuracy",
+        _accuracy_mode,
+        "quick",
+        "the accuracy checks (tests_e2e/test_accuracy.py): quick, the exact canaries alone and "
+        "under load and the logprob fingerprint; math adds the seeded math word problems",
+        "quick|math",
+    ),
+    Option(
+        "accuracy-baseline",
+        _path,
+        None,
+        "a fingerprint baseline file (JSON): compared with when it exists, written by this "
+        "run when it does not (carry a TP=1 or another cluster's fingerprint over); without "
+        "it the run history keeps one per model, serve args and vLLM version",
+        "PATH",
     ),
     Option(
         "open-loop",

@@ -238,6 +238,39 @@ class MetricsHealthSection:
     max_drain_s: float = 5.0  # vllm:num_requests_waiting back to 0 after a level
 
 
+@dataclass(frozen=True)
+class AccuracySection:
+    """``[accuracy]``: does the model answer correctly (tests_e2e/test_accuracy.py, issue
+    #24). ``canaries``: the built-in canaries this model is expected to answer
+    (pytest_spark.serving.accuracy.CANARY_KINDS; an empty list: none, the fingerprint alone
+    then reads the model's numbers). The fingerprint tolerances are set from the spread of
+    healthy runs (the profile says where it was measured); the math floor is
+    ``math_expected - math_tolerance`` (vLLM's tests/evals/gsm8k: 0.08)."""
+
+    canaries: tuple[str, ...] = (
+        "add",
+        "multiply",
+        "arithmetic",
+        "count",
+        "copy",
+        "reverse",
+        "sort",
+        "json_sum",
+    )
+    concurrency: int = 8  # canary requests in flight under load (at least --max-num-seqs)
+    max_concurrency: int = 256  # the cap on that (the serve args' --max-num-seqs can be 1024)
+    budget_tokens: int = 1800  # generated tokens the quick checks may take (60 s at 31 tok/s)
+    disable_thinking: bool = True  # chat_template_kwargs enable_thinking false (Qwen3 and kin)
+    fingerprint: bool = True  # the logprob fingerprint (needs prompt logprobs or echo)
+    max_logprob_delta: float = 0.05  # nats/token from the baseline's mean logprob
+    max_top1_delta: float = 0.03  # top-1 agreement from the baseline's
+    math_problems: int = 50
+    math_expected: float = 0.9  # the model's expected accuracy on the math set
+    math_tolerance: float = 0.08
+    math_max_tokens: int = 256
+    request_timeout_s: float = 120.0
+
+
 Section = (
     LinkSection
     | NcclSection
@@ -256,6 +289,7 @@ Section = (
     | PrefixCacheSection
     | LongContextSection
     | MetricsHealthSection
+    | AccuracySection
 )
 
 
@@ -282,6 +316,7 @@ class Profile:
     prefix_cache: PrefixCacheSection = field(default_factory=PrefixCacheSection)
     long_context: LongContextSection = field(default_factory=LongContextSection)
     metrics_health: MetricsHealthSection = field(default_factory=MetricsHealthSection)
+    accuracy: AccuracySection = field(default_factory=AccuracySection)
     overridden: frozenset[str] = field(default_factory=frozenset)
 
     def value(self, key: str) -> object:
@@ -356,6 +391,8 @@ def _describe(hint: object) -> str:
         return "an integer"
     if hint is float:
         return "a number"
+    if hint == tuple[str, ...]:
+        return 'a list of names (e.g. ["add", "count"]; on the command line add;count)'
     if typing.get_origin(hint) is tuple:
         return "a list of positive integers (e.g. [1, 4, 16]; on the command line 1;4;16)"
     return str(hint)
@@ -369,6 +406,13 @@ def _positive_ints(value: object) -> TypeGuard[list[int]]:
     )
 
 
+def _names(value: object) -> TypeGuard[list[str]]:
+    """A list of names (possibly empty: "none of them")."""
+    return isinstance(value, list) and all(
+        isinstance(v, str) and v.strip() and v == v.strip() for v in value
+    )
+
+
 def _from_toml(value: object, hint: object) -> object:
     """A TOML value as the type ``hint`` says, or ValueError (a boolean is no number)."""
     hint = _inner(hint)
@@ -379,6 +423,9 @@ def _from_toml(value: object, hint: object) -> object:
         return value
     elif hint is float and isinstance(value, int | float):
         return float(value)
+    elif hint == tuple[str, ...]:
+        if _names(value):
+            return tuple(value)
     elif typing.get_origin(hint) is tuple and _positive_ints(value):
         return tuple(value)
     raise ValueError(hint)
@@ -397,6 +444,9 @@ def _from_text(raw: str, hint: object) -> object:
         return int(text)
     if hint is float:
         return float(text)
+    if hint == tuple[str, ...]:
+        names = [item.strip() for item in text.replace(";", ",").split(",") if item.strip()]
+        return _from_toml(names, hint)
     if typing.get_origin(hint) is tuple:
         items = [int(item) for item in text.replace(";", ",").split(",") if item.strip()]
         return _from_toml(items, hint)
@@ -514,4 +564,5 @@ def load_profile(ref: str) -> Profile:
         prefix_cache=PrefixCacheSection(**given("prefix_cache")),
         long_context=LongContextSection(**given("long_context")),
         metrics_health=MetricsHealthSection(**given("metrics_health")),
+        accuracy=AccuracySection(**given("accuracy")),
     )

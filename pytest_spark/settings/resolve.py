@@ -24,6 +24,7 @@ import pytest
 from pytest_spark.settings.options import (
     OPTIONS,
     OPTIONS_BY_ATTR,
+    AccuracyMode,
     HostkeyCheck,
     ModelHash,
     RayMode,
@@ -80,6 +81,8 @@ class Settings:
     compare: str | None
     compare_fail: tuple[tuple[str, float], ...]
     soak: float | None
+    accuracy: AccuracyMode
+    accuracy_baseline: Path | None
     open_loop: bool
     sources: Mapping[str, str] = field(repr=False)
 

@@ -13,11 +13,13 @@ import secrets
 import threading
 import time
 import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from . import errors as err
 from .config import Knobs, ServeArgs, checkpoint_gib, reasoning_fields, version_tuple
-from .faults import BATCH_TTFT_S, FaultState
+from .faults import BATCH_TTFT_S, GARBLE_BATCH, FaultState
 from .generation import Pacer, StepModel
 from .logs import Log, frame
 from .metrics import Metrics
@@ -79,6 +81,7 @@ class Engine:
         self.heat = Heat()  # tracked always, felt only under the heat-throttle fault
         self._slots = threading.BoundedSemaphore(args.max_num_seqs)
         self._lock = threading.Lock()
+        self.requests = 0  # completion requests in flight (in_flight)
         self._stop = threading.Event()
         # `ray status` reads what the engine writes; ranks without Ray have no Ray to report.
         writes = bool(knobs.ray_status_file) and not args.multi_node
@@ -120,6 +123,26 @@ class Engine:
         ttft = base + (prompt_tokens / prefill if prefill > 0 else 0.0)
         heat = self.heat.factor(self.pacer.running)  # a throttled GPU prefills slower too
         return ttft * heat if self.faults.active("heat-throttle") else ttft
+
+    # --- what the model computes ----------------------------------------------------------
+    @contextmanager
+    def in_flight(self) -> Iterator[None]:
+        """A completion request from its arrival to its last byte (``requests``)."""
+        with self._lock:
+            self.requests += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.requests -= 1
+
+    def garbles(self, faults: set[str]) -> bool:
+        """Whether the model computes garbage for a request arriving now: always under
+        ``garble``, with GARBLE_BATCH or more requests in flight under
+        ``garble-under-batch`` (a batch-dependent path: CUDA graphs, batched kernels)."""
+        if "garble" in faults:
+            return True
+        return "garble-under-batch" in faults and self.requests >= GARBLE_BATCH
 
     # --- request admission ----------------------------------------------------------------
     def check_serving(self) -> None:

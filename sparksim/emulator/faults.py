@@ -62,7 +62,17 @@ RUN_FAULTS = {
     "heat-throttle": "the GPU heats under a sustained batch and clocks down: past its "
     "thermal target steps slow, up to 4x (thermal.py), back to full speed once idle; a short "
     "sweep stays cool, a soak's tok/s drifts down",
+    # accuracy (issue #24): a cluster that serves wrong answers
+    "garble": 'the model computes garbage: wrong answers to what it is asked ("12 + 7" -> '
+    '"12 + 7 = 12"), numbers in tool arguments under auto written as strings, the prompt '
+    "logprobs far off: a corrupt all-reduce or a broken kernel, at any batch size",
+    "garble-under-batch": "wrong answers only with GARBLE_BATCH (4) or more completion requests "
+    "in flight: a batch-dependent path (CUDA graphs captured per batch size, speculative "
+    "decoding's batched verification)",
+    "logprob-drift": "the answers stay right, the prompt logprobs move (mean -0.15 nats/token, "
+    "a tenth of the top-1 tokens lose their rank): precision or quantization drift",
 }
+GARBLE_BATCH = 4  # garble-under-batch: requests in flight from which answers go wrong
 BATCH_TTFT_S = 1.0  # ttft-grows-with-batch: seconds added per other running request
 NATIVE_SHARE = 4  # context-beyond-native: max_model_len / native context (YaRN factor 4)
 

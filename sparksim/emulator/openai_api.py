@@ -16,6 +16,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from . import errors as err
+from . import logprobs as lp
 from . import reasoning as rsn
 from . import structured as so
 from . import tokens as tok
@@ -318,6 +319,16 @@ def chat_completions(engine: Engine, raw: bytes, headers: dict[str, str], out: R
     job.run_stream(out, plan.steps, first, step_chunk, usage_chunk, finish)
 
 
+def _k(body: dict[str, Any], key: str) -> bool:
+    """A logprobs count asked for (an integer >= 0; vLLM refuses other values with a 400)."""
+    value = body.get(key)
+    if value is None:
+        return False
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise err.validation("int_type", f"body.{key}", "Input should be a valid integer", value)
+    return True
+
+
 def completions(engine: Engine, raw: bytes, headers: dict[str, str], out: Responder) -> None:
     body = parse_body(raw)
     if "prompt" not in body:
@@ -336,8 +347,14 @@ def completions(engine: Engine, raw: bytes, headers: dict[str, str], out: Respon
     prompt_tokens = tok.count(str(prompt))
     budget = err.context_errors(prompt_tokens, max_tokens, engine.args.max_model_len)
     engine.check_serving()
-    text = " " + answer_text(str(prompt))
+    faults = engine.faults.names()
+    garble = engine.garbles(faults)
+    text = " " + answer_text(str(prompt), garble=garble)
     plan = Plan(steps=[*content_steps(text), eos_step()], pad_text=text)
+    scored_prompt = (
+        lp.prompt_logprobs(str(prompt), faults, garble) if _k(body, "prompt_logprobs") else None
+    )
+    echo = bool(body.get("echo")) and _k(body, "logprobs")
     finish = plan.fit(budget, ignore_eos)
     job = Job(
         engine,
@@ -357,12 +374,12 @@ def completions(engine: Engine, raw: bytes, headers: dict[str, str], out: Respon
             "choices": [
                 {
                     "index": 0,
-                    "text": "".join(s.content for s in plan.steps),
-                    "logprobs": None,
+                    "text": (str(prompt) if echo else "") + "".join(s.content for s in plan.steps),
+                    "logprobs": lp.echo_logprobs(str(prompt), faults, garble) if echo else None,
                     "finish_reason": finish,
                     "stop_reason": None,
                     "token_ids": None,
-                    "prompt_logprobs": None,
+                    "prompt_logprobs": scored_prompt,
                     "prompt_token_ids": None,
                 }
             ],

@@ -41,9 +41,12 @@ def build_chat_plan(engine: Engine, body: dict[str, Any], prompt: str) -> Plan:
     functions = tc.tool_functions(body.get("tools") or [])
     choice = body.get("tool_choice", "auto" if functions else "none")
     calls = tc.choose_calls(prompt, functions, choice, after_tool)
-    if "tool-args-strings" in faults:
-        calls = [(n, tc.as_strings(a)) for n, a in calls]
     guided = bool(calls) and (isinstance(choice, dict) or choice == "required")
+    garble = engine.garbles(faults)
+    # A broken model under auto writes its numbers as strings (the perturbed real model:
+    # "$.days: "2" is a string"); guided decoding (required, named) keeps the schema's types.
+    if "tool-args-strings" in faults or (garble and not guided):
+        calls = [(n, tc.as_strings(a)) for n, a in calls]
     thinking = engine.reasoning_on and thinking_enabled(engine, body)
     fields = engine.reasoning_fields
     steps: list[Step] = []
@@ -85,7 +88,7 @@ def build_chat_plan(engine: Engine, body: dict[str, Any], prompt: str) -> Plan:
         lost = None
         if "context-beyond-native" in faults and not after_tool:
             lost = beyond_native(prompt, engine.args.max_model_len // NATIVE_SHARE)
-        text = lost or answer_text(prompt, after_tool)
+        text = lost or answer_text(prompt, after_tool, garble)
         fmt = so.requested(body)
         if fmt is not None and "response-format-ignored" not in faults:
             text = so.answer(fmt, prompt, text)  # guided decoding: JSON the format allows

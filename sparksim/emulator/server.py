@@ -257,6 +257,8 @@ class Handler(BaseHTTPRequestHandler):
         elif path == "/detokenize":
             self.json(200, api.detokenize(engine, body))
         elif path == "/v1/chat/completions":
-            api.chat_completions(engine, body, headers, self)
+            with engine.in_flight():
+                api.chat_completions(engine, body, headers, self)
         elif path == "/v1/completions":
-            api.completions(engine, body, headers, self)
+            with engine.in_flight():
+                api.completions(engine, body, headers, self)

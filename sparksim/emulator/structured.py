@@ -104,6 +104,8 @@ def answer(fmt: dict[str, Any], prompt: str, text: str) -> str:
     if fmt.get("type") == "json_object":
         return json.dumps({"answer": text}, ensure_ascii=False)
     schema = (fmt.get("json_schema") or {}).get("schema", {})
+    if re.fullmatch(r"-?\d+", text.strip()):  # a computed number: the model writes it first
+        prompt = f"{text.strip()} {prompt}"
     return json.dumps(instance(schema, prompt, text), ensure_ascii=False)
 
 

@@ -403,9 +403,15 @@ def run_row(
         stack.ensure()
     elif stack.up:
         stack.stop()
+    options = list(row.options)
+    for i, option in enumerate(options):  # a baseline the healthy stack records first
+        if option.endswith(HEALTHY_BASELINE):
+            path = tmp_path / "healthy-baseline.json"
+            record_baseline(sim, stack, path, tmp_path / "baseline", profile)
+            options[i] = option.removesuffix(HEALTHY_BASELINE) + str(path)
     for argv in row.inject:
         sim_fault(sim, *argv)
-    args = [str(REPO / "tests_infra"), str(REPO / "tests_e2e"), *TRIM, *row.options]
+    args = [str(REPO / "tests_infra"), str(REPO / "tests_e2e"), *TRIM, *options]
     if row.run == "restart":  # serving first, so that the watch attaches while it loads
         args[:2] = reversed(args[:2])
     container = sim.info["launch"]["container"]
@@ -436,6 +442,30 @@ def run_row(
         if row.run == "restart":
             for node in sim.info["nodes"]:
                 node_ssh(sim, node["mgmt"], f"docker rm -f {container}")
+
+
+# `+opt --spark-accuracy-baseline=@healthy`: the row compares with a fingerprint baseline
+# its own sim recorded healthy, just before the fault (as an operator records one on a
+# healthy cluster, then checks against it).
+HEALTHY_BASELINE = "=@healthy"
+
+
+def record_baseline(sim: SimCluster, stack: Stack, path: Path, tmp: Path, profile: str) -> None:
+    stack.ensure()
+    container = sim.info["launch"]["container"]
+    run = run_suite(
+        tmp,
+        str(REPO / "tests_e2e" / "test_accuracy.py"),
+        "-k",
+        "fingerprint",
+        f"--spark-accuracy-baseline={path}",
+        f"--spark-serve-args={sim.info['launch']['serve_args']}",
+        f"--spark-container={container}",
+        "--spark-history=off",
+        sim=sim,
+        profile=profile,
+    )
+    assert run.ret == 0 and path.exists(), run.output[-3000:]
 
 
 def summary(run: SuiteRun) -> dict[str, Any]:
