@@ -86,12 +86,11 @@ def accuracy_cited(request: pytest.FixtureRequest) -> Callable[[], str | None]:
         if not verdict_in_session(request.session, ALONE_VERDICT):
             return None
         probe: AccuracyProbe = request.getfixturevalue("accuracy_probe")
-        answers = probe.alone()
-        wrong = [a for a in answers if not a.right]
-        if probe.error is not None or not wrong:
+        wrong = probe.wrong_alone(lambda name: verdict_in_session(request.session, name))
+        if not wrong:
             return None
         return (
-            f"the model answers wrong ({len(wrong)} of {len(answers)} canaries, e.g. "
+            f"the model answers wrong ({len(wrong)} of {len(probe.alone())} canaries, e.g. "
             f"{wrong[0].quoted()}): {ALONE_VERDICT} has the evidence"
         )
 

@@ -10,6 +10,9 @@ needle checks whose answers break because of it skip citing ``test_canaries_alon
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import replace
+
 import pytest
 
 from pytest_spark.checks.base import Finding
@@ -43,11 +46,14 @@ def _require_requests(
     check.require(error.finding(f"{probe.server}: accuracy canary"))
 
 
+def _in_session(request: pytest.FixtureRequest) -> Callable[[str], bool]:
+    return lambda name: verdict_in_session(request.session, name)
+
+
 def _skip_if_wrong_alone(request: pytest.FixtureRequest, probe: AccuracyProbe, what: str) -> None:
     if not verdict_in_session(request.session, ALONE_VERDICT):
         return
-    alone = probe.alone()
-    if probe.error is None and any(not a.right for a in alone):
+    if probe.wrong_alone(_in_session(request)):
         pytest.skip(f"{what}: the model answers wrong alone ({ALONE_VERDICT} has the evidence)")
 
 
@@ -66,7 +72,15 @@ def test_canaries_alone(
     spark_check.attach("accuracy_canaries", [a.row() for a in answers])
     spark_check.attach("accuracy_tokens", accuracy_probe.tokens)
     _require_requests(request, accuracy_probe, spark_check)
-    spark_check.require(check_alone(answers, accuracy_probe.server))
+    own, cited = accuracy_probe.judged(_in_session(request))
+    if not own:
+        pytest.skip("; ".join(cited))  # every answer is another behaviour's failure
+    finding = check_alone(own, accuracy_probe.server)
+    if cited and finding.ok:
+        finding = replace(
+            finding, message=f"{finding.message}; judged elsewhere: {'; '.join(cited)}"
+        )
+    spark_check.require(finding)
 
 
 def test_canaries_under_load(

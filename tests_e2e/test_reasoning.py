@@ -43,7 +43,9 @@ from pytest_spark.serving import (
     check_truncated,
     compare_stream,
 )
+from pytest_spark.serving.accuracyprobe import cited_wrong_model
 from pytest_spark.serving.causes import cited_verdict
+from pytest_spark.serving.formatturns import DISABLED_VERDICT
 from pytest_spark.serving.toolturns import cited_calls_in_content, cited_unstreamed_arguments
 from pytest_spark.settings.resolve import Settings
 
@@ -208,7 +210,6 @@ def test_server_has_reasoning_parser(
 # checks that fail on the same parser (its streamed twin, the truncation and the
 # reasoning-then-tool checks on separation) skip citing it: one broken parser, one failure.
 SEPARATION_VERDICT = "test_reasoning_separated[plain]"
-DISABLED_VERDICT = "test_thinking_disabled[plain]"
 TRUNCATED_VERDICT = "test_truncated_inside_thinking[plain]"
 
 
@@ -346,11 +347,13 @@ def test_reasoning_then_tool_call(
         for part in (check_reasoning(turn), *([check_order(turn)] if streamed else [])):
             if not part.ok:
                 reasons.append(_cited_verdict(request, turns, part, here, SEPARATION_VERDICT))
-        if not check_tool_calls(turn, req).ok:
+        tools = check_tool_calls(turn, req)
+        if not tools.ok:
             tool_turns = request.getfixturevalue("tool_turns")
             reasons.append(
                 cited_calls_in_content(request, tool_turns, turn, req)
                 or cited_unstreamed_arguments(request, tool_turns, turn)
+                or cited_wrong_model(request, here, tools)
             )
         if reasons and all(reasons):
             pytest.skip("; ".join(dict.fromkeys(r for r in reasons if r)))

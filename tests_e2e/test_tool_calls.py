@@ -25,6 +25,7 @@ from pytest_spark.serving import (
     check_tool_calls,
     compare_arguments,
 )
+from pytest_spark.serving.accuracyprobe import cited_wrong_model
 from pytest_spark.serving.tools import Mode
 from pytest_spark.serving.toolturns import (
     ToolTurns,
@@ -187,16 +188,6 @@ def test_parallel_tool_calls(
     turn = _ask(request, tool_turns, spark_check, "auto", streamed, parallel=True)
     _skip_if_model_declined(tool_turns, turn, req)
     _require(request, tool_turns, spark_check, turn, req)
-
-
-def cited_wrong_model(request: pytest.FixtureRequest, label: str, finding: Finding) -> str | None:
-    """A call whose arguments break their schema, or an answer in content instead of a
-    call, from a model that answers the canaries wrong: the accuracy verdict's failure."""
-    cited = request.getfixturevalue("accuracy_cited")()
-    if cited is None:
-        return None
-    headline = finding.message.splitlines()[0][:300]
-    return f"{label}: {headline}; {cited}"
 
 
 def _require(

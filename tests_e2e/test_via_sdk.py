@@ -39,6 +39,7 @@ from pytest_spark.serving import (
     check_reasoning,
     check_tool_calls,
 )
+from pytest_spark.serving.accuracyprobe import cited_wrong_model
 from pytest_spark.serving.causes import cited_verdict
 from pytest_spark.serving.formatturns import (
     SEPARATION_VERDICT,
@@ -178,6 +179,7 @@ def test_sdk_tool_call(
             cited = (
                 cited_calls_in_content(request, tool_turns, raw, req)
                 or cited_unstreamed_arguments(request, tool_turns, raw)
+                or cited_wrong_model(request, label, raw_finding)
                 or cited_verdict(raw_name, label, raw_finding)
             )
             pytest.skip(cited)
@@ -274,7 +276,9 @@ def test_sdk_structured_output(
         if cited is None and isinstance(raw, Turn):
             raw_finding = check_structured(raw, req)
             if not raw_finding.ok and verdict_in_session(request.session, raw_name):
-                cited = cited_verdict(raw_name, label, raw_finding)
+                cited = cited_wrong_model(request, label, raw_finding) or cited_verdict(
+                    raw_name, label, raw_finding
+                )
         if cited is not None:
             pytest.skip(cited)
     spark_check.require(finding)

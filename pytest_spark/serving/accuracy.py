@@ -186,6 +186,20 @@ class Answer:
     read: str | None
     tokens: int = 0  # completion tokens (usage)
     error: str | None = None  # the request failed (a ServingError's message)
+    reasoning: str | None = None  # what the server separated as reasoning
+
+    def elsewhere(self) -> str | None:
+        """Why a wrong answer is another behaviour's failure, not the model's: the answer
+        landed in reasoning (thinking was off: the reasoning parser), or the JSON canary
+        came back as plain text (response_format ignored: structured output). None when the
+        answer is the model's own."""
+        if self.right or self.error:
+            return None
+        if not (self.content or "").strip() and self.canary.grade(self.reasoning)[0]:
+            return "reasoning"
+        if self.canary.structured is not None and "{" not in (self.content or ""):
+            return "structured_output"
+        return None
 
     def quoted(self) -> str:
         got = "no answer" if self.error else repr(_clip(self.content or ""))

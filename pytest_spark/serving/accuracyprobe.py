@@ -21,6 +21,7 @@ import hashlib
 import json
 import shlex
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -31,6 +32,7 @@ import httpx
 
 from pytest_spark.access.api import ApiEndpoint
 from pytest_spark.access.files import write_json
+from pytest_spark.checks.base import Finding
 from pytest_spark.serving.accuracy import (
     CANARY_KINDS,
     ECHO_BODY,
@@ -47,7 +49,9 @@ from pytest_spark.serving.accuracy import (
     math_problems,
 )
 from pytest_spark.serving.client import CHAT_PATH
+from pytest_spark.serving.formatturns import DISABLED_VERDICT, IGNORED_VERDICT
 from pytest_spark.serving.stream import ServingError, post_json
+from pytest_spark.serving.wire import reasoning_of
 from pytest_spark.settings.profiles import AccuracySection
 
 COMPLETIONS_PATH = "/v1/completions"
@@ -69,6 +73,19 @@ def load_concurrency(section: AccuracySection, max_num_seqs: int | None) -> int:
     """Requests in flight under load: the profile's, at least --max-num-seqs, capped."""
     wanted = max(section.concurrency, max_num_seqs or 0)
     return max(1, min(wanted, section.max_concurrency))
+
+
+@dataclass(frozen=True)
+class Said:
+    """One chat answer: content, what the server separated as reasoning, tokens."""
+
+    content: str | None
+    reasoning: str | None
+    tokens: int
+
+
+# Another verdict owns a wrong answer that Answer.elsewhere() explains.
+ELSEWHERE = {"reasoning": DISABLED_VERDICT, "structured_output": IGNORED_VERDICT}
 
 
 class AccuracyProbe:
@@ -118,8 +135,8 @@ class AccuracyProbe:
             body["response_format"] = response_format
         return body
 
-    def _chat(self, client: httpx.Client, body: dict[str, Any]) -> tuple[str | None, int]:
-        """(content, completion tokens); a ServingError is kept (the first) and raised."""
+    def _chat(self, client: httpx.Client, body: dict[str, Any]) -> Said:
+        """What came back; a ServingError is kept (the first) and raised."""
         try:
             reply = post_json(client, CHAT_PATH, body, timeout=self.timeout)
         except ServingError as exc:
@@ -128,21 +145,24 @@ class AccuracyProbe:
             raise
         choices = reply.data.get("choices") or [{}]
         message = (choices[0] if isinstance(choices[0], dict) else {}).get("message") or {}
-        content = message.get("content") if isinstance(message, dict) else None
+        message = message if isinstance(message, dict) else {}
+        content = message.get("content")
         usage = reply.data.get("usage") or {}
         tokens = int(usage.get("completion_tokens") or 0)
         with self._lock:
             self.tokens += tokens
-        return content if isinstance(content, str) else None, tokens
+        return Said(
+            content if isinstance(content, str) else None, reasoning_of(message).text, tokens
+        )
 
     def _ask(self, client: httpx.Client, canary: Canary) -> Answer:
         body = self._chat_body(canary.prompt, canary.max_tokens, canary.structured)
         try:
-            content, tokens = self._chat(client, body)
+            said = self._chat(client, body)
         except ServingError as exc:
             return Answer(canary, None, False, None, error=exc.message)
-        right, read = canary.grade(content)
-        return Answer(canary, content, right, read, tokens)
+        right, read = canary.grade(said.content)
+        return Answer(canary, said.content, right, read, said.tokens, reasoning=said.reasoning)
 
     def alone(self) -> list[Answer]:
         """Each expected canary, one request at a time."""
@@ -150,6 +170,28 @@ class AccuracyProbe:
             with self._client() as client:
                 self._alone = [self._ask(client, canary) for canary in self.canaries]
         return self._alone
+
+    def judged(self, in_session: Callable[[str], bool]) -> tuple[list[Answer], list[str]]:
+        """(the answers alone that are the model's own, the skip reasons of the wrong ones
+        another verdict of this session owns: an answer left in reasoning, a JSON canary
+        answered in plain text)."""
+        own: list[Answer] = []
+        cited: list[str] = []
+        for answer in self.alone():
+            where = answer.elsewhere()
+            verdict = ELSEWHERE.get(where) if where else None
+            if verdict is not None and in_session(verdict):
+                cited.append(f"{answer.quoted()}: {where} ({verdict} has the evidence)")
+            else:
+                own.append(answer)
+        return own, cited
+
+    def wrong_alone(self, in_session: Callable[[str], bool]) -> list[Answer]:
+        """The model's own wrong answers alone (none when a request broke: that is the
+        request's failure, not a wrong answer)."""
+        if self.error is not None:
+            return []
+        return [a for a in self.judged(in_session)[0] if not a.right]
 
     def under_load(self) -> list[list[Answer]]:
         """``concurrency`` requests at once, cycling over the canaries right alone;
@@ -216,7 +258,7 @@ class AccuracyProbe:
             def solve(client: httpx.Client, index: int) -> str | None:
                 body = self._chat_body(problems[index].question, self.section.math_max_tokens)
                 try:
-                    return self._chat(client, body)[0]
+                    return self._chat(client, body).content
                 except ServingError:
                     return None
 
@@ -233,6 +275,17 @@ class AccuracyProbe:
                     score.wrong.append((problem, content))
             self._math = score
         return self._math
+
+
+def cited_wrong_model(request: Any, label: str, finding: Finding) -> str | None:
+    """The skip reason of a check whose answer broke (a tool call whose arguments break
+    their schema, an answer in content instead of a call) when the model answers the
+    canaries wrong: the accuracy verdict's failure (the e2e ``accuracy_cited`` fixture)."""
+    cited = request.getfixturevalue("accuracy_cited")()
+    if cited is None:
+        return None
+    headline = finding.message.splitlines()[0][:300] if finding.message else label
+    return f"{label}: {headline}; {cited}"
 
 
 # ---- the baseline ------------------------------------------------------------------

@@ -58,6 +58,7 @@ class FormatTurns:
 
 # The one verdict on a reasoning parser that leaves the thinking in content.
 SEPARATION_VERDICT = "test_reasoning_separated[plain]"
+DISABLED_VERDICT = "test_thinking_disabled[plain]"  # an answer in reasoning with thinking off
 
 
 def cited_reasoning_leak(request: pytest.FixtureRequest, turn: Turn, label: str) -> str | None:

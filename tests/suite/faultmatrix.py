@@ -408,7 +408,7 @@ def run_row(
         if option.endswith(HEALTHY_BASELINE):
             path = tmp_path / "healthy-baseline.json"
             record_baseline(sim, stack, path, tmp_path / "baseline", profile)
-            options[i] = option.removesuffix(HEALTHY_BASELINE) + str(path)
+            options[i] = option.removesuffix(HEALTHY_BASELINE) + f"={path}"
     for argv in row.inject:
         sim_fault(sim, *argv)
     args = [str(REPO / "tests_infra"), str(REPO / "tests_e2e"), *TRIM, *options]
