@@ -55,6 +55,9 @@ def _skip_if_wrong_alone(request: pytest.FixtureRequest, probe: AccuracyProbe, w
         return
     if probe.wrong_alone(_in_session(request)):
         pytest.skip(f"{what}: the model answers wrong alone ({ALONE_VERDICT} has the evidence)")
+    own, cited = probe.judged(_in_session(request))
+    if cited and not any(a.right for a in own):  # no answer of the model's own to go on
+        pytest.skip(f"{what}: " + "; ".join(cited))
 
 
 def test_canaries_alone(

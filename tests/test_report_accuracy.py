@@ -1,0 +1,68 @@
+"""The JSON accuracy block and the report's Accuracy section, from what the checks attach."""
+
+from __future__ import annotations
+
+from pytest_spark.report.accuracy import accuracy_block, accuracy_html
+from pytest_spark.report.html import esc
+
+
+def checks() -> list[dict]:  # type: ignore[type-arg]
+    canary = {
+        "kind": "add",
+        "prompt": "What is 19 + 13? <b>",
+        "expected": "32",
+        "answer": "19 + 13 = 19",
+        "read": "19",
+        "right": False,
+        "tokens": 7,
+        "error": None,
+    }
+    right = {**canary, "kind": "copy", "answer": "x", "read": "x", "right": True}
+    return [
+        {"extra": {"accuracy_canaries": [canary, right], "accuracy_tokens": 14}},
+        {
+            "extra": {
+                "accuracy_under_load": {
+                    "concurrency": 8,
+                    "answers": [[], [{"read": "x", "right": True}, {"read": "y", "right": False}]],
+                }
+            }
+        },
+        {
+            "extra": {
+                "accuracy_fingerprint": {
+                    "mean_logprob": -1.2,
+                    "top1_agreement": 0.7,
+                    "tokens": 151,
+                    "source": "prompt_logprobs",
+                    "baseline": {"mean_logprob": -1.0, "top1_agreement": 0.71},
+                    "baseline_origin": "the history, recorded 2026-12-03",
+                    "key": "qwen, vLLM 0.32.0",
+                }
+            }
+        },
+        {"extra": {"accuracy_math": {"right": 40, "total": 50, "accuracy": 0.8}}},
+        {"extra": {"busbw_series": []}},
+    ]
+
+
+def test_block_joins_alone_and_under_load_per_canary() -> None:
+    block = accuracy_block(checks())
+    assert block is not None
+    add, copy = block["canaries"]
+    assert add["under_load"] == [] and add["under_load_right"] is None
+    assert copy["under_load"] == ["x", "y"] and copy["under_load_right"] is False
+    assert block["concurrency"] == 8 and block["tokens_alone"] == 14
+    assert block["fingerprint"]["baseline"]["mean_logprob"] == -1.0
+    assert block["math"]["right"] == 40
+    assert accuracy_block([{"extra": {"busbw_series": []}}]) is None
+
+
+def test_section_escapes_and_shows_the_verdicts() -> None:
+    html = accuracy_html(accuracy_block(checks()), esc)
+    assert "<h3>Accuracy</h3>" in html and 'id="spark-accuracy"' in html
+    assert "What is 19 + 13? &lt;b&gt;" in html and "13? <b>" not in html
+    assert 'class="spark-fail">19 + 13 = 19<' in html
+    assert "under load (8 in flight)" in html
+    assert "baseline -1.0000 nats/token" in html and "40/50" in html
+    assert accuracy_html(None, esc) == ""
