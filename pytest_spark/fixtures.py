@@ -373,7 +373,7 @@ def spark_api_state(
             cluster = pytestconfig.stash[CLUSTER_KEY]
             base, tunnel = route_to_api(cluster, settings.port)
         endpoint = discover(base, api_key=key, model=settings.model, timeout=settings.http_timeout)
-        failing = engine_failing(endpoint)
+        failing = engine_failing(endpoint, log_hint=server_log_hint(settings))
         if failing is not None:
             raise ApiError(failing)
     except ApiError as exc:
@@ -386,6 +386,14 @@ def spark_api_state(
     finally:
         if tunnel is not None:
             tunnel.close()
+
+
+def server_log_hint(settings: Settings) -> str:
+    """Where the serving engine's own account of a failure is: the head's container log,
+    or with --spark-api-url alone (no node to read it on) the server's own log."""
+    if settings.head:
+        return f"the head's container log (`docker logs {settings.container}` on the head)"
+    return f"the server's own log (on the machine that serves {settings.api_url})"
 
 
 @pytest.fixture(scope="session")
