@@ -203,3 +203,68 @@ def test_api_only_timeout_is_not_called_unreachable(tmp_path: Path) -> None:
     assert "not reachable" not in text
     assert "timed out: no answer within 0.3 s (ReadTimeout)" in text
     assert "--spark-http-timeout" in text
+
+
+# A plain OpenAI-compatible server that is not vLLM: no /version, a chat answer, no reasoning.
+CHAT = Answer(
+    200,
+    "application/json",
+    json.dumps(
+        {
+            "id": "c1",
+            "object": "chat.completion",
+            "model": "m",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": "OK"},
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+        }
+    ).encode(),
+)
+NOT_VLLM = {
+    "/v1/models": MODELS,
+    "/v1/chat/completions": CHAT,
+    "/health": Answer(200, "application/json", b"{}"),
+    "*": Answer(404, "application/json", b'{"detail": "Not Found"}'),
+}
+
+
+@pytest.mark.parametrize("server", [NOT_VLLM], ids=["not-vllm"], indirect=True)
+def test_not_vllm_server_version_404_skips_and_expectations_are_said(
+    server: str, tmp_path: Path
+) -> None:
+    """/version answered 404 by a server that is not vLLM is no failure; the header and the
+    JSON say what the server is expected to do, and which profile key says so."""
+    ret, output, checks = run_api_only(
+        server + "/v1",
+        tmp_path,
+        "-k",
+        "test_version_reported or test_cluster_serving",
+        "--spark-profile=generic",
+        "--spark-threshold=structured_output.expected=false",
+    )
+    version = checks["test_version_reported"]
+    assert version["outcome"] == "skipped", version
+    assert "/version answered 404: the server reports no version" in version["message"]
+    assert checks["test_cluster_serving"]["outcome"] == "passed", output[-3000:]
+    assert ret == 0, output[-3000:]
+    assert (
+        "pytest-dgx-spark: profile generic expects of the server: a reasoning field no "
+        "(reasoning.expected), response_format no (structured_output.expected, from command "
+        "line --spark-threshold), tool calls yes (tool_calls.expected), a call under "
+        "tool_choice=auto no (tool_calls.auto_emits_calls)"
+    ) in output
+    doc = json.loads((tmp_path / "results.json").read_text())
+    said = {e["key"]: e for e in doc["cluster"]["server_expectations"]}
+    assert said["reasoning.expected"] == {
+        "key": "reasoning.expected",
+        "capability": "a reasoning field",
+        "expected": False,
+        "source": "profile generic",
+    }
+    assert said["structured_output.expected"]["source"] == "command line --spark-threshold"
+    assert said["tool_calls.auto_emits_calls"]["expected"] is False

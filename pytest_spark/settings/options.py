@@ -288,7 +288,8 @@ OPTIONS: tuple[Option, ...] = (
         "profile",
         _text,
         "dgx-spark-2node",
-        "threshold profile: a built-in name (dgx-spark-2node, dgx-spark-switch, sim) or a "
+        "threshold profile: a built-in name (dgx-spark-2node, dgx-spark-switch, sim, generic: "
+        "any OpenAI-compatible server) or a "
         "TOML file",
         "NAME|PATH",
     ),

@@ -27,6 +27,7 @@ BUILTIN_PROFILES = (
     "sim",
     "sim-switch",
     "sim-vllm-cpu",
+    "generic",
 )
 
 
