@@ -76,8 +76,13 @@ def _seconds(raw: str) -> float:
         if text.endswith(suffix):
             text, scale = text[: -len(suffix)], factor
             break
-    value = float(text) * scale
-    if not value > 0:
+    try:
+        value = float(text) * scale
+    except ValueError:
+        raise ValueError(
+            "expected a duration such as 90s or 30m (seconds, or a number with ms, s, m or h)"
+        ) from None
+    if not value > 0 or value == float("inf"):
         raise ValueError("must be a positive number of seconds (e.g. 10, 2.5, 30s, 20m)")
     return value
 
@@ -135,7 +140,15 @@ def _host(raw: str) -> str:
 
 def _host_list(raw: str) -> tuple[str, ...]:
     items = [part for part in raw.replace("\n", ",").split(",") if part.strip()]
-    return tuple(_host(part) for part in items)
+    if not items:
+        raise ValueError(
+            "names no host (only commas and spaces): give HOST[,HOST...], or leave it out"
+        )
+    hosts = tuple(_host(part) for part in items)
+    twice = sorted({h for h in hosts if hosts.count(h) > 1})
+    if twice:
+        raise ValueError(f"names {', '.join(twice)} more than once: each node once")
+    return hosts
 
 
 def _name_list(raw: str) -> tuple[str, ...]:
@@ -214,6 +227,19 @@ def _path(raw: str) -> Path:
     return Path(raw.strip()).expanduser()
 
 
+def _key_file(raw: str) -> Path:
+    """A private key file that exists here (checked at start-up, before any node is tried:
+    a missing key otherwise reads as an unreachable node)."""
+    path = _path(raw)
+    if not path.is_file():
+        what = "is a directory, not a key file" if path.is_dir() else "no such file"
+        raise ValueError(
+            f"{path}: {what}. Give the path of the SSH private key (e.g. ~/.ssh/id_ed25519), "
+            "or leave the option out to use ssh_config's IdentityFile and ssh-agent"
+        )
+    return path
+
+
 @dataclass(frozen=True)
 class Option:
     """One setting: ``--spark-<noun>``, ini ``spark_<noun>``, env ``SPARK_<NOUN>``, field
@@ -265,7 +291,9 @@ OPTIONS: tuple[Option, ...] = (
         "HOST[,HOST...]",
     ),
     Option("user", _text, None, "SSH user (default: ssh_config, then the local user)", "USER"),
-    Option("ssh-key", _path, None, "SSH private key (default: ssh_config IdentityFile)", "PATH"),
+    Option(
+        "ssh-key", _key_file, None, "SSH private key (default: ssh_config IdentityFile)", "PATH"
+    ),
     Option(
         "ssh-config",
         _path,
