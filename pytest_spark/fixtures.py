@@ -439,12 +439,14 @@ def route_to_api(cluster: Cluster, port: int) -> tuple[str, Any]:
     """Direct to the head's address when it answers, else an SSH tunnel via the head."""
     import httpx
 
+    from pytest_spark.access import body
     from pytest_spark.access.tunnel import Tunnel
 
     direct = f"http://{cluster.head.conn.target.hostname}:{port}"
     try:
-        if httpx.get(f"{direct}/health", timeout=3).status_code == 200:
-            return direct, None
+        with httpx.Client(timeout=3) as client:
+            if body.get(client, f"{direct}/health", cap=64 * 1024).status_code == 200:
+                return direct, None
     except httpx.HTTPError:
         pass
     tunnel = Tunnel(cluster.head.conn, "127.0.0.1", port)
