@@ -106,5 +106,7 @@ def write_summary(
         tr.write_line(f"HTML report:  {html}")
     if state.history_path is not None:
         tr.write_line(f"history:      {state.history_path}")
+        if state.history_where:
+            tr.write_line(f"              {state.history_where}; --spark-history=DIR or off")
     elif state.history_note:
         tr.write_line(f"history:      {state.history_note}")

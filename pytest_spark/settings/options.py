@@ -485,7 +485,8 @@ OPTIONS: tuple[Option, ...] = (
         history_dir,
         Path(".spark-history"),
         "keep each run's figures (busbw, "
-        "tok/s, TTFT, TPOT, load phases) here, one JSON file per run; 'off' keeps none",
+        "tok/s, TTFT, TPOT, load phases) here, one JSON file per run; 'off' keeps none; "
+        "default: the rootdir's .spark-history with an ini file, else the user cache",
         "DIR|off",
     ),
     Option(
