@@ -213,6 +213,7 @@ CHAT = Answer(
         {
             "id": "c1",
             "object": "chat.completion",
+            "created": 1764720000,
             "model": "m",
             "choices": [
                 {
