@@ -250,3 +250,10 @@ def test_vllm_flag_fixes_also_name_the_profile_switch() -> None:
     assert "--spark-profile=generic" in reasoning.message
     assert "--tool-call-parser" in tools.message
     assert "--spark-threshold=tool_calls.expected=false" in tools.message
+
+
+def test_ignored_response_format_fix_names_the_profile_switch() -> None:
+    from pytest_spark.serving.structured import FIX_IGNORED
+
+    assert "--structured-outputs-config" in FIX_IGNORED
+    assert "--spark-threshold=structured_output.expected=false" in FIX_IGNORED
