@@ -163,12 +163,30 @@ def test_help_lists_every_option_with_ini_and_env(pytester: pytest.Pytester) -> 
             "*Invalid value 'forever' for spark_soak*expected a duration such as 90s or 30m*",
         ),
         (
+            ["--spark-container=vllm node;rm"],
+            "*Invalid value 'vllm node;rm' for spark_container*not a container name docker "
+            "accepts*",
+        ),
+        (
+            ["--spark-fabric-ifs=enp1s0f1np1,enp1s0f1np1:0/x"],
+            "*Invalid value * for spark_fabric_ifs*'enp1s0f1np1:0/x' is not a network "
+            "interface name*",
+        ),
+        (
             ["--spark-ssh-key=/nonexistent/id_ed25519"],
             "*Invalid value '/nonexistent/id_ed25519' for spark_ssh_key*"
             "/nonexistent/id_ed25519: no such file*",
         ),
     ],
-    ids=["negative-figure", "worker-is-head", "empty-workers", "soak-forever", "missing-key"],
+    ids=[
+        "negative-figure",
+        "worker-is-head",
+        "empty-workers",
+        "soak-forever",
+        "container-grammar",
+        "interface-grammar",
+        "missing-key",
+    ],
 )
 def test_bad_input_is_refused_at_start_up(
     show: pytest.Pytester, args: list[str], words: str

@@ -155,6 +155,33 @@ def _name_list(raw: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in raw.replace("\n", ",").split(",") if part.strip())
 
 
+# Docker's own rule for container names (moby RestrictedNamePattern).
+_CONTAINER_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]+$")
+
+
+def _container(raw: str) -> str:
+    name = raw.strip()
+    if not _CONTAINER_NAME.match(name):
+        raise ValueError(
+            f"{name!r} is not a container name docker accepts: [a-zA-Z0-9][a-zA-Z0-9_.-]+ "
+            "(e.g. vllm_node)"
+        )
+    return name
+
+
+def _interface_list(raw: str) -> tuple[str, ...]:
+    """Network interface names as the kernel accepts them (dev_valid_name): 1 to 15
+    characters, no '/', ':' or whitespace, not '.' or '..'."""
+    names = _name_list(raw)
+    for name in names:
+        if len(name) > 15 or name in {".", ".."} or any(c in name for c in "/: \t"):
+            raise ValueError(
+                f"{name!r} is not a network interface name (1 to 15 characters, no '/', ':' "
+                "or spaces; e.g. enp1s0f1np1)"
+            )
+    return names
+
+
 def _bool(raw: str) -> bool:
     low = raw.strip().lower()
     if low in {"1", "true", "yes", "on"}:
@@ -330,7 +357,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "fabric-ifs",
-        _name_list,
+        _interface_list,
         (),
         "fabric interfaces (default: discovered from ibdev2netdev devices that are Up)",
         "IF[,IF]",
@@ -431,7 +458,7 @@ OPTIONS: tuple[Option, ...] = (
         "IP[,IP...]",
     ),
     Option("image", _text, None, "serving image for the launcher's -t", "IMAGE"),
-    Option("container", _text, "vllm_node", "serving container name on every node", "NAME"),
+    Option("container", _container, "vllm_node", "serving container name on every node", "NAME"),
     Option(
         "serve-args",
         _text,
