@@ -4,9 +4,13 @@ Each body here is 20 MiB, served in 1 MiB pieces: past the ceiling nothing more 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 import httpx
 import pytest
@@ -75,3 +79,49 @@ def test_stream_past_the_cap_is_a_serving_error() -> None:
         r"the stream passed 16 MiB after \d+ chunks and was cut there", info.value.message
     )
     assert "no data: [DONE] came before it" in info.value.message
+
+
+class _QuietServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # the client stops reading at the ceiling and hangs up: that is the point
+
+
+class _Huge(BaseHTTPRequestHandler):
+    """Answers every POST with 20 MiB that never closes its JSON."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("content-length") or 0))
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(20 * MIB + 1))
+        self.end_headers()
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            self.wfile.write(b"{")
+            for _ in range(20):
+                self.wfile.write(b" " * MIB)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def test_sdk_reads_bodies_up_to_the_cap() -> None:
+    """The openai SDK reads its bodies itself: its transport stops at the ceiling too."""
+    from pytest_spark.access.api import ApiEndpoint
+    from pytest_spark.serving.sdk import SdkClient
+
+    httpd = _QuietServer(("127.0.0.1", 0), _Huge)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    sdk = SdkClient(ApiEndpoint(f"http://127.0.0.1:{httpd.server_address[1]}", "m"), timeout=30)
+    try:
+        with pytest.raises(ServingError) as info:
+            sdk.turn({"model": "m", "messages": [{"role": "user", "content": "hi"}]}, False)
+    finally:
+        sdk.close()
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(10)
+    assert info.value.kind == "oversized", info.value.message
+    assert "the response body passed 16 MiB and was cut there" in info.value.message

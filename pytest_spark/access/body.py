@@ -107,3 +107,43 @@ async def arequest(
     async with client.stream(method, path, **kwargs) as resp:
         content, cut = await atake(resp.aiter_bytes(), cap)
         return Body(resp.status_code, resp.reason_phrase, resp.headers, content, cut, cap)
+
+
+def capped_transport(hx: Any, inner: Any, cap: int = MAX_BODY_BYTES) -> Any:
+    """``inner``, a transport of the httpx-compatible module ``hx`` (httpx, or the httpx2
+    the openai SDK is built on), whose response bodies end in ``hx.ReadError`` (with
+    ``body_too_large`` set) past ``cap`` bytes: the ceiling for a client that reads the
+    bodies itself."""
+    note = (
+        f"the response body passed {size_text(cap)} and was cut there (more than any "
+        "answer the suite asks for)"
+    )
+
+    class CappedStream(hx.SyncByteStream):
+        def __init__(self, stream: Any, request: Any) -> None:
+            self._stream = stream
+            self._request = request
+
+        def __iter__(self) -> Iterator[bytes]:
+            seen = 0
+            for part in self._stream:
+                seen += len(part)
+                if seen > cap:
+                    error = hx.ReadError(note, request=self._request)
+                    error.body_too_large = True
+                    raise error
+                yield part
+
+        def close(self) -> None:
+            self._stream.close()
+
+    class CappedTransport(hx.BaseTransport):
+        def handle_request(self, request: Any) -> Any:
+            response = inner.handle_request(request)
+            response.stream = CappedStream(response.stream, request)
+            return response
+
+        def close(self) -> None:
+            inner.close()
+
+    return CappedTransport()
