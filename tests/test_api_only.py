@@ -254,10 +254,12 @@ def test_not_vllm_server_version_404_skips_and_expectations_are_said(
     assert checks["test_cluster_serving"]["outcome"] == "passed", output[-3000:]
     assert ret == 0, output[-3000:]
     assert (
-        "pytest-dgx-spark: profile generic expects of the server: a reasoning field no "
-        "(reasoning.expected), response_format no (structured_output.expected, from command "
-        "line --spark-threshold), tool calls yes (tool_calls.expected), a call under "
-        "tool_choice=auto no (tool_calls.auto_emits_calls)"
+        "pytest-dgx-spark: profile generic expects of the server:\n"
+        "  a reasoning field              no   reasoning.expected\n"
+        "  response_format                no   structured_output.expected (from command line "
+        "--spark-threshold)\n"
+        "  tool calls                     yes  tool_calls.expected\n"
+        "  a call under tool_choice=auto  no   tool_calls.auto_emits_calls\n"
     ) in output
     doc = json.loads((tmp_path / "results.json").read_text())
     said = {e["key"]: e for e in doc["cluster"]["server_expectations"]}

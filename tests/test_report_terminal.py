@@ -110,3 +110,19 @@ def test_collect_only_prints_no_summary(pytester: pytest.Pytester) -> None:
     out = result.stdout.str()
     assert "pytest-dgx-spark summary" not in out
     assert "not measured" not in out
+
+
+def test_no_figure_measured_is_one_line_in_a_narrow_terminal(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
+    pytester.makepyfile("""
+        import pytest
+        from pytest_spark import Finding
+
+        @pytest.mark.preflight
+        def test_x(spark_check):
+            spark_check.require(Finding.passed(1, 1, "", node="spark-head", message="ok"))
+        """)
+    result = pytester.runpytest("--spark-history=off")
+    result.stdout.fnmatch_lines(["figures: not measured (busbw, tok/s @1, tok/s @4, load)"])

@@ -39,11 +39,13 @@ def terminal_width(tr: Any) -> int:
 
 def figures_lines(figures: list[tuple[str, str]], width: int) -> list[str]:
     """``figures: a | b | c`` on one line when it fits the terminal, else one figure a line
-    under the first."""
+    under the first (or, none measured, one line naming them)."""
     items = [f"{k} {v}" for k, v in figures]
     one = "figures: " + " | ".join(items)
     if len(one) <= width or len(items) < 2:
         return [one]
+    if all(v.startswith("not measured") for _, v in figures):
+        return [f"figures: not measured ({', '.join(k for k, _ in figures)})"]
     return ["figures: " + items[0], *("         " + item for item in items[1:])]
 
 

@@ -51,14 +51,14 @@ def server_expectations(
 
 
 def expectations_lines(profile: Profile, override_source: str = "--spark-threshold") -> list[str]:
-    """The terminal header's lines: each capability, yes/no, and the key that says so."""
-    parts = [
-        f"{e.what} {'yes' if e.expected else 'no'} ({e.key}"
-        + ("" if e.source == f"profile {profile.name}" else f", from {e.source}")
-        + ")"
-        for e in server_expectations(profile, override_source)
-    ]
-    lines = [f"pytest-dgx-spark: profile {profile.name} expects of the server: {', '.join(parts)}"]
+    """The terminal header's lines: each capability, yes or no, and the key that says so
+    (and where it was set, when not by the profile)."""
+    said = server_expectations(profile, override_source)
+    lines = [f"pytest-dgx-spark: profile {profile.name} expects of the server:"]
+    width = max(len(e.what) for e in said)
+    for e in said:
+        where = "" if e.source == f"profile {profile.name}" else f" (from {e.source})"
+        lines.append(f"  {e.what:<{width}}  {'yes' if e.expected else 'no ':<3}  {e.key}{where}")
     if profile.name != "generic":
-        lines.append(f"pytest-dgx-spark: {GENERIC_HINT}")
+        lines.append(f"  {GENERIC_HINT}")
     return lines
