@@ -125,7 +125,9 @@ class SparkCheck:
         """Record, then fail on ``fail`` and warn on ``warn``."""
         self.record(finding)
         if finding.level == "fail":
-            pytest.fail(finding.message, pytrace=False)
+            # from None: a verdict reached while handling an error (a request that raised)
+            # is the whole message; pytest would print that error again above it
+            raise pytest.fail.Exception(finding.message, pytrace=False) from None
         if finding.level == "warn":
             warnings.warn(SparkCheckWarning(finding.message), stacklevel=2)
         return finding
@@ -373,7 +375,7 @@ def spark_api_state(
             cluster = pytestconfig.stash[CLUSTER_KEY]
             base, tunnel = route_to_api(cluster, settings.port)
         endpoint = discover(base, api_key=key, model=settings.model, timeout=settings.http_timeout)
-        failing = engine_failing(endpoint)
+        failing = engine_failing(endpoint, log_hint=server_log_hint(settings))
         if failing is not None:
             raise ApiError(failing)
     except ApiError as exc:
@@ -386,6 +388,14 @@ def spark_api_state(
     finally:
         if tunnel is not None:
             tunnel.close()
+
+
+def server_log_hint(settings: Settings) -> str:
+    """Where the serving engine's own account of a failure is: the head's container log,
+    or with --spark-api-url alone (no node to read it on) the server's own log."""
+    if settings.head:
+        return f"the head's container log (`docker logs {settings.container}` on the head)"
+    return f"the server's own log (on the machine that serves {settings.api_url})"
 
 
 @pytest.fixture(scope="session")
@@ -431,12 +441,14 @@ def route_to_api(cluster: Cluster, port: int) -> tuple[str, Any]:
     """Direct to the head's address when it answers, else an SSH tunnel via the head."""
     import httpx
 
+    from pytest_spark.access import body
     from pytest_spark.access.tunnel import Tunnel
 
     direct = f"http://{cluster.head.conn.target.hostname}:{port}"
     try:
-        if httpx.get(f"{direct}/health", timeout=3).status_code == 200:
-            return direct, None
+        with httpx.Client(timeout=3) as client:
+            if body.get(client, f"{direct}/health", cap=64 * 1024).status_code == 200:
+                return direct, None
     except httpx.HTTPError:
         pass
     tunnel = Tunnel(cluster.head.conn, "127.0.0.1", port)

@@ -259,6 +259,7 @@ def _sigterm_as_interrupt(signum: int, frame: Any) -> None:
 
 def cluster_info(settings: Settings) -> dict[str, Any]:
     from pytest_spark.access.cluster import node_names
+    from pytest_spark.settings.expectations import server_expectations
 
     return {
         "head": settings.head,
@@ -269,6 +270,9 @@ def cluster_info(settings: Settings) -> dict[str, Any]:
         "sim": bool(settings.sim),
         "profile": settings.profile.name,
         "hostkey_check": settings.hostkey_check,
+        "server_expectations": [
+            e.to_json() for e in server_expectations(settings.profile, settings.source("threshold"))
+        ],
     }
 
 
@@ -399,20 +403,28 @@ def _nothing_collected(config: pytest.Config) -> str:
     return f"pytest-dgx-spark: a cluster was asked for but no checks were collected: {where}. {fix}"
 
 
-def pytest_report_header(config: pytest.Config) -> str | None:
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    lines = []
+    if _active(config):
+        from pytest_spark.settings.expectations import expectations_lines
+
+        settings = config.stash[SETTINGS_KEY]
+        lines += expectations_lines(settings.profile, settings.source("threshold"))
     suite = config.stash.get(SUITE_KEY, None)
     if suite is None:
-        return None
+        return lines
     picked = config.stash.get(SELECTED_KEY, None)
     if picked:
-        return (
+        lines.append(
             f"pytest-dgx-spark: {', '.join(picked)}: not in {config.invocation_params.dir}, "
             f"selected from the installed suite ({', '.join(map(str, suite))})"
         )
-    return (
-        f"pytest-dgx-spark: no paths given: running the installed suite "
-        f"({', '.join(map(str, suite))}); name paths to run other checks"
-    )
+    else:
+        lines.append(
+            f"pytest-dgx-spark: no paths given: running the installed suite "
+            f"({', '.join(map(str, suite))}); name paths to run other checks"
+        )
+    return lines
 
 
 def _cluster_usage_error(needy: list[pytest.Item]) -> pytest.UsageError:

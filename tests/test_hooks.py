@@ -285,3 +285,27 @@ def pytest_spark_cluster_ready(cluster):
     result = pytester.runpytest()
     result.assert_outcomes(passed=1)
     assert not [n for n in ("seen.json", "updated", "ready") if (pytester.path / n).exists()]
+
+
+def test_a_verdict_reached_while_handling_an_error_is_printed_once(
+    pytester: pytest.Pytester,
+) -> None:
+    """A check that fails inside ``except`` (the SDK raised, the verdict is the failure)
+    shows its message once: not the handled error again above it with "During handling of
+    the above exception, another exception occurred"."""
+    pytester.makepyfile("""
+        import pytest
+        from pytest_spark import Finding
+
+        @pytest.mark.tool_calls
+        def test_sdk(spark_check):
+            try:
+                raise ValueError("the raw error")
+            except ValueError:
+                spark_check.require(Finding.failed(1, 2, message="the verdict, once"))
+        """)
+    result = pytester.runpytest("--spark-history=off", "--spark-api-url=http://127.0.0.1:9")
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert "the verdict, once" in out
+    assert "During handling" not in out and "the raw error" not in out, out

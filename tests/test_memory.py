@@ -319,3 +319,34 @@ def test_probe_lists_past_a_process_that_exits_while_it_reads(tmp_path: Path) ->
     ], out.stdout
     holder = parse_memory_probe(out.stdout).processes[0]
     assert holder.args.startswith("python3 -c import signal")
+
+
+def test_requirement_above_memtotal_says_it_can_never_be_met() -> None:
+    """Issue #25 §5: 25.7 GiB asked on a node of 23.5 GiB in all. Freeing memory cannot
+    help: the message says so and names the settings to lower, with values that fit."""
+    small = NodeMemory(
+        "spark-2",
+        MemInfo(
+            total=int(23.5 * GIB),
+            free=int(20 * GIB),
+            available=int(21 * GIB),
+            cached=int(1 * GIB),
+            swap_total=0,
+            swap_free=0,
+        ),
+        None,
+        (),
+        (),
+    )
+    f = check_memory_headroom(W, small, CLAIM, 4.5, engine_running=False)
+    assert not isinstance(f, Skip) and f.level == "fail"
+    m = f.message
+    assert "at least 25.6 GiB" in m, m
+    assert "more than the node's MemTotal of 23.5 GiB: it can never be met" in m, m
+    assert "Lower --gpu-memory-utilization (now 0.9" in m and "at most 0.80" in m, m
+    assert "memory.os_headroom_gib (now 4.5; e.g. --spark-threshold=memory.os_headroom_gib=" in m
+    assert "kill" not in m  # nothing to free
+    running = check_memory_headroom(W, small, CLAIM, 30.0, engine_running=True)
+    assert not isinstance(running, Skip) and running.level == "fail"
+    assert "it can never be met" in running.message
+    assert "Lower the profile's memory.os_headroom_gib (now 30" in running.message

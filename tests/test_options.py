@@ -140,3 +140,86 @@ def test_help_lists_every_option_with_ini_and_env(pytester: pytest.Pytester) -> 
     for option in OPTIONS:
         assert option.cli in out
         assert option.env in out.replace("\n", " ").replace("  ", " ") or option.env in out
+
+
+# Bad input refused where it enters, in the suite's words (issue #25 section 5).
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (
+            ["--spark-threshold=link.min_rate_gbps=-5"],
+            "*threshold link.min_rate_gbps='-5': -5 is negative: expected 0 or more*",
+        ),
+        (
+            ["--spark-head=10.0.0.1", "--spark-workers=10.0.0.2,10.0.0.1"],
+            "*the head '10.0.0.1' (from command line --spark-head) is also given as a worker*",
+        ),
+        (
+            ["--spark-workers=,, ,"],
+            "*Invalid value ',, ,' for spark_workers*names no host (only commas and spaces)*",
+        ),
+        (
+            ["--spark-soak=forever"],
+            "*Invalid value 'forever' for spark_soak*expected a duration such as 90s or 30m*",
+        ),
+        (
+            ["--spark-container=vllm node;rm"],
+            "*Invalid value 'vllm node;rm' for spark_container*not a container name docker "
+            "accepts*",
+        ),
+        (
+            ["--spark-fabric-ifs=enp1s0f1np1,enp1s0f1np1:0/x"],
+            "*Invalid value * for spark_fabric_ifs*'enp1s0f1np1:0/x' is not a network "
+            "interface name*",
+        ),
+        (
+            ["--spark-ssh-key=/nonexistent/id_ed25519"],
+            "*Invalid value '/nonexistent/id_ed25519' for spark_ssh_key*"
+            "/nonexistent/id_ed25519: no such file*",
+        ),
+    ],
+    ids=[
+        "negative-figure",
+        "worker-is-head",
+        "empty-workers",
+        "soak-forever",
+        "container-grammar",
+        "interface-grammar",
+        "missing-key",
+    ],
+)
+def test_bad_input_is_refused_at_start_up(
+    show: pytest.Pytester, args: list[str], words: str
+) -> None:
+    result = show.runpytest(*args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()
+    result.stderr.fnmatch_lines([words])
+    assert "could not convert" not in result.stderr.str()
+    assert "Traceback" not in result.stdout.str() + result.stderr.str()
+
+
+def test_unknown_threshold_does_not_list_every_key(show: pytest.Pytester) -> None:
+    result = show.runpytest("--spark-threshold=lnk.min_rate_gbps=1")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*unknown threshold 'lnk.min_rate_gbps': did you mean *"])
+    text = result.stderr.str()
+    assert "link.min_rate_gbps" in text  # the closest key
+    assert "metrics_health.max_drain_s" not in text  # not all ~120 of them
+    assert len(text) < 1000, text
+
+
+def test_profile_not_utf8_is_one_line(show: pytest.Pytester) -> None:
+    path = show.path / "latin1.toml"
+    path.write_bytes('# caf\u00e9 profile\nextends = "dgx-spark-2node"\n'.encode("latin-1"))
+    result = show.runpytest(f"--spark-profile={path}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*{path}: not UTF-8 text (byte 0xe9 on line 1)*"])
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+
+
+def test_bad_extends_names_the_file_that_holds_it(show: pytest.Pytester) -> None:
+    path = show.path / "lab.toml"
+    path.write_text('name = "lab"\nextends = "dgx-spark-2nod"\n')
+    result = show.runpytest(f"--spark-profile={path}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*{path}: extends = 'dgx-spark-2nod': no profile*"])

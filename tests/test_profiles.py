@@ -111,7 +111,9 @@ def test_unknown_override_names_the_key_and_a_close_one() -> None:
         load_profile("sim").with_overrides({"nccl.max_byte": "1"})
     message = str(info.value)
     assert "unknown threshold 'nccl.max_byte' (did you mean nccl.max_bytes?)" in message
-    assert "link.min_rate_gbps" in message  # the known keys are listed
+    # the table's own keys are listed, not every key of every table (~120; issue #25 §5)
+    assert "[nccl] has: min_busbw_gbps, min_bytes, max_bytes" in message
+    assert "link.min_rate_gbps" not in message
     assert set(known_keys()) >= {"nccl.max_bytes", "throughput.concurrency"}
 
 
@@ -218,3 +220,40 @@ def test_sim_switch_profile_is_the_sims_with_the_switchs_n_node_budgets() -> Non
     assert switch.readiness == sim.readiness and switch.link == sim.link
     assert sim_profile("emulator", 2) == "sim" and sim_profile("emulator", 3) == "sim-switch"
     assert sim_profile("vllm-cpu", 4) == "sim-vllm-cpu"
+
+
+def test_generic_profile_expects_no_vllm_only_behaviour() -> None:
+    """``--spark-profile=generic``: any OpenAI-compatible server (issue #25 section 2)."""
+    generic, base = load_profile("generic"), load_profile("dgx-spark-2node")
+    assert "generic" in BUILTIN_PROFILES
+    assert generic.name == "generic"
+    assert generic.reasoning.expected is False
+    assert generic.tool_calls.auto_emits_calls is False
+    assert generic.tool_calls.expected is True
+    assert generic.structured_output.expected is True  # the OpenAI API's response_format
+    assert generic.prefix_cache.expected is False  # read from vLLM's /metrics
+    assert generic.link == base.link and generic.nccl == base.nccl  # extends dgx-spark-2node
+
+
+def test_vllm_flag_fixes_also_name_the_profile_switch() -> None:
+    """A fix that advises a vLLM flag also names the profile key that drops the
+    expectation, for a server that is not vLLM."""
+    from pytest_spark.checks.server import check_reasoning_parser, check_tool_parser
+    from pytest_spark.facts.server import parse_serve_args_text
+
+    cmd = parse_serve_args_text("vllm serve /models/qwen")
+    assert cmd is not None
+    reasoning = check_reasoning_parser(cmd, expected=True, profile="dgx-spark-2node")
+    tools = check_tool_parser(cmd, expected=True, profile="dgx-spark-2node")
+    assert "--reasoning-parser" in reasoning.message
+    assert "--spark-threshold=reasoning.expected=false" in reasoning.message
+    assert "--spark-profile=generic" in reasoning.message
+    assert "--tool-call-parser" in tools.message
+    assert "--spark-threshold=tool_calls.expected=false" in tools.message
+
+
+def test_ignored_response_format_fix_names_the_profile_switch() -> None:
+    from pytest_spark.serving.structured import FIX_IGNORED
+
+    assert "--structured-outputs-config" in FIX_IGNORED
+    assert "--spark-threshold=structured_output.expected=false" in FIX_IGNORED

@@ -94,6 +94,7 @@ def _run(pytester: pytest.Pytester, *args: str, **figures: float) -> pytest.RunR
 
 
 def test_history_compare_and_compare_fail(pytester: pytest.Pytester) -> None:
+    pytester.makeini("[pytest]\n")  # a project: the history goes in its rootdir
     first = _run(pytester, "--spark-compare")
     assert first.ret == 0
     first.stdout.fnmatch_lines(["compare: nothing to compare with: no earlier run of cluster *"])
@@ -217,7 +218,7 @@ def test_history_off_and_custom_dir(pytester: pytest.Pytester) -> None:
             "",
             {},
             "*--spark-compare 0042 (from command line "
-            "--spark-compare): no such run in *.spark-history/dgx-spark-2node-* "
+            "--spark-compare): no such run in *pytest-dgx-spark/history/dgx-spark-2node-* "
             "(latest runs there: none)*",
         ),
     ],
@@ -249,3 +250,33 @@ def test_bare_compare_means_last(pytester: pytest.Pytester) -> None:
         """)
     result = pytester.runpytest("-s", "--spark-compare", "--spark-compare-fail=tok_s@4:7.5%")
     result.stdout.fnmatch_lines(["*COMPARE last (('tok_s@4', 7.5),) .spark-history"])
+
+
+def test_default_history_is_the_rootdir_or_the_user_cache_and_says_so(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue #25 §6: .spark-history/ was written into whatever directory the run started
+    in. In a project (an ini file) it is the rootdir's; elsewhere the user cache's; the
+    summary says where and why."""
+    cache = pytester.path / "xdg-cache"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    result = _run(pytester)
+    assert result.ret == 0
+    assert not (pytester.path / ".spark-history").exists()
+    saved = list((cache / "pytest-dgx-spark" / "history").glob("*/0001_*.json"))
+    assert len(saved) == 1
+    result.stdout.fnmatch_lines(
+        [
+            f"history:      {cache}/pytest-dgx-spark/history/*/0001_*.json",
+            "              the user cache directory (no ini file here, so no project "
+            "rootdir); --spark-history=DIR or off",
+        ]
+    )
+    # a project, run from a directory below its rootdir: the rootdir's .spark-history
+    pytester.makeini("[pytest]\n")
+    below = pytester.mkdir("below")
+    monkeypatch.chdir(below)
+    result = _run(pytester, str(pytester.path))
+    assert not (below / ".spark-history").exists()
+    assert len(list((pytester.path / ".spark-history").glob("*/0001_*.json"))) == 1
+    result.stdout.fnmatch_lines(["              the rootdir's .spark-history (ini file *"])

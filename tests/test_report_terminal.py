@@ -6,7 +6,10 @@ import pytest
 from report_fakes import write_suite
 
 
-def test_summary_table_figures_and_paths(pytester: pytest.Pytester) -> None:
+def test_summary_table_figures_and_paths(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "400")  # a wide terminal: the figures on one line
     write_suite(pytester)
     result = pytester.runpytest("--spark-results=out/results.json", "--spark-history=h")
     assert result.ret == 1
@@ -30,7 +33,10 @@ def test_summary_table_figures_and_paths(pytester: pytest.Pytester) -> None:
     assert "preflight" not in result.stdout.str().split("pytest-dgx-spark summary")[1]
 
 
-def test_missing_figures_are_named(pytester: pytest.Pytester) -> None:
+def test_missing_figures_are_named(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "120")
     pytester.makepyfile("""
         import pytest
         from pytest_spark import Finding
@@ -67,3 +73,56 @@ def test_a_long_category_name_keeps_its_own_column(pytester: pytest.Pytester) ->
         """)
     result = pytester.runpytest("--spark-results=out/results.json", "--spark-history=off")
     result.stdout.fnmatch_lines(["category           *cluster*", "structured_output  *1 passed*"])
+
+
+def test_summary_fits_a_narrow_terminal(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue #25 §6: the table was 143 columns and the figures line 325 characters,
+    whatever the terminal. At 60 columns the node columns go in tables that fit, and the
+    figures one a line."""
+    monkeypatch.setenv("COLUMNS", "60")
+    write_suite(pytester)
+    result = pytester.runpytest("--spark-history=off")
+    summary = result.stdout.str().split("pytest-dgx-spark summary")[1].split("=" * 10)[0]
+    lines = summary.splitlines()[1:]
+    table = [line for line in lines if not line.startswith(("figures:", " ", "history:"))]
+    assert all(len(line.rstrip()) <= 60 for line in table), table
+    result.stdout.fnmatch_lines(
+        [
+            "category    spark-head*spark-worker-1*",
+            "link        1 passed *1 passed, 1 failed*",
+            "category    cluster*",
+            "figures: busbw 0.24 GB/s at the largest message (threshold 0.2)",
+            "         tok/s @1 30 tok/s, TTFT p90 0.3 s, p99 0.4 s",
+            "         tok/s @4 90.94 tok/s, TTFT p90 1.2 s, p99 1.6 s",
+            "         load 300.0 s (start 30 s, weights 150 s, kv 45 s, graphs 60 s, api 15 s)",
+        ]
+    )
+
+
+def test_collect_only_prints_no_summary(pytester: pytest.Pytester) -> None:
+    """``--co`` runs nothing: no verdict table, no "not measured" figures."""
+    write_suite(pytester)
+    # a cluster given (nothing is contacted while collecting): the summary would show
+    result = pytester.runpytest("--co", "--spark-history=off", "--spark-head=192.0.2.1")
+    assert result.ret == 0
+    out = result.stdout.str()
+    assert "pytest-dgx-spark summary" not in out
+    assert "not measured" not in out
+
+
+def test_no_figure_measured_is_one_line_in_a_narrow_terminal(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
+    pytester.makepyfile("""
+        import pytest
+        from pytest_spark import Finding
+
+        @pytest.mark.preflight
+        def test_x(spark_check):
+            spark_check.require(Finding.passed(1, 1, "", node="spark-head", message="ok"))
+        """)
+    result = pytester.runpytest("--spark-history=off")
+    result.stdout.fnmatch_lines(["figures: not measured (busbw, tok/s @1, tok/s @4, load)"])

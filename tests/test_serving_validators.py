@@ -413,3 +413,38 @@ def test_schema_subset() -> None:
     ]
     assert validate({}, schema) == ["$: required property 'a' is missing"]
     assert validate(True, {"type": "integer"}) == ["$: true is a boolean, expected integer"]
+
+
+def test_schema_checks_every_keyword_with_jsonschema() -> None:
+    """Issue #25 section 7: ``pattern``, ``minLength``, ``$ref`` and ``format`` were ignored
+    by the hand-written subset, so a tool schema using them passed unchecked."""
+    schema = {
+        "$defs": {"unit": {"enum": ["celsius", "fahrenheit"]}},
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "minLength": 3},
+            "code": {"type": "string", "pattern": "^[A-Z]{3}$"},
+            "unit": {"$ref": "#/$defs/unit"},
+            "date": {"type": "string", "format": "date"},
+        },
+    }
+    good = {"city": "Paris", "code": "CDG", "unit": "celsius", "date": "2026-12-03"}
+    assert validate(good, schema) == []
+    bad = {"city": "P", "code": "cdg", "unit": "kelvin", "date": "2026-13-45"}
+    assert validate(bad, schema) == [
+        '$.city: "P" is 1 characters, expected at least 3',
+        '$.code: "cdg" does not match the pattern "^[A-Z]{3}$"',
+        '$.unit: "kelvin" is not one of ["celsius", "fahrenheit"]',
+        '$.date: "2026-13-45" is not a valid date (format)',
+    ]
+
+
+def test_schema_keeps_the_strict_integer() -> None:
+    """2.0 and true are not integers (JSON Schema would take 2.0); 2 is a number too."""
+    assert validate(2.0, {"type": "integer"}) == ["$: 2.0 is a number, expected integer"]
+    assert validate(False, {"type": "number"}) == ["$: false is a boolean, expected number"]
+    assert validate(2, {"type": "number"}) == []
+    assert validate(
+        {"n": 2.0},
+        {"properties": {"n": {"$ref": "#/$defs/i"}}, "$defs": {"i": {"type": "integer"}}},
+    ) == ["$.n: 2.0 is a number, expected integer"]

@@ -84,3 +84,23 @@ def test_missing_config_file_is_not_an_error(tmp_path: Path) -> None:
 )
 def test_split_host(spec: str, parts: tuple[str | None, str, int | None]) -> None:
     assert _split_host(spec) == parts
+
+
+def test_paramiko_logger_is_kept_quiet_unless_the_user_set_it() -> None:
+    """paramiko's transport thread logs dropped sockets and tracebacks at ERROR; with no
+    handler they reach the terminal. The suite reports those failures itself (issue #25 §5)."""
+    import logging
+
+    from pytest_spark.access.ssh import SSHConnection, SSHTarget
+
+    logger = logging.getLogger("paramiko")
+    before = logger.level
+    try:
+        logger.setLevel(logging.NOTSET)
+        SSHConnection("spark-head", SSHTarget("head", "192.0.2.1"))
+        assert logger.level == logging.CRITICAL
+        logger.setLevel(logging.DEBUG)  # the user's own choice
+        SSHConnection("spark-head", SSHTarget("head", "192.0.2.1"))
+        assert logger.level == logging.DEBUG
+    finally:
+        logger.setLevel(before)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import codecs
 import getpass
+import logging
 import os
 import select
 import socket
@@ -141,6 +142,17 @@ class _AcceptPolicy(paramiko.MissingHostKeyPolicy):
         return None
 
 
+def quiet_paramiko() -> None:
+    """Keep paramiko's own log off the terminal: its transport thread logs a dropped
+    connection ("Socket exception: Bad file descriptor (9)") and its tracebacks at ERROR,
+    which with no handler configured reach stderr through logging's last resort, between
+    the tests' lines. The suite reports every such failure itself, with the node and the
+    fix. A level the user set on the ``paramiko`` logger is left alone."""
+    logger = logging.getLogger("paramiko")
+    if logger.level == logging.NOTSET:
+        logger.setLevel(logging.CRITICAL)
+
+
 class SSHConnection:
     """One reusable SSH connection to one node. Thread-safe; reconnects once if dropped."""
 
@@ -162,6 +174,7 @@ class SSHConnection:
         self.jump = jump
         self._client: paramiko.SSHClient | None = None
         self._lock = threading.Lock()
+        quiet_paramiko()
 
     # -- connection -------------------------------------------------------------------
     def _open_socket(self) -> Any:

@@ -223,6 +223,17 @@ def check_memory_headroom(
             node=node,
             message=f"{node}: {state}; {gib(available - claimed)} left for the OS {what}",
         )
+    if needed > info.total:
+        return Finding.failed(
+            measured,
+            expected,
+            node=node,
+            message=(
+                f"{node}: {state}: expected {want} {what}. That is more than the node's "
+                f"MemTotal of {gib(info.total)}: it can never be met, whatever is freed. "
+                f"Lower {_what_to_lower(claim, info.total, headroom, engine_running)}"
+            ),
+        )
     listed, top = holders(mem, frozenset(own_pids), top_holders)
     short = gib(needed - available)
     if gpu_held is not None:
@@ -292,3 +303,23 @@ def check_memory_headroom(
             f"service that would start it again; a stale container: docker ps){lower}"
         ),
     )
+
+
+def _what_to_lower(claim: Claim, total: int, headroom: int, engine_running: bool) -> str:
+    """The settings whose sum asks for more than MemTotal, each with a value that fits."""
+    room_gib = max(total / GIB - 1, 0)
+    fix = (
+        f"the profile's memory.os_headroom_gib (now {headroom / GIB:g}; e.g. "
+        f"--spark-threshold=memory.os_headroom_gib={int(min(headroom / GIB, room_gib) / 2)})"
+    )
+    if engine_running:
+        return fix
+    fit = (total - headroom) / total
+    if claim.kv_cache_bytes is not None:
+        kv_room = int(max(total - headroom, 0) / GIB)
+        engine = f"--kv-cache-memory-bytes in the serve args (now {gib(claim.kv_cache_bytes)}"
+        engine += f"; at most {kv_room}G with this headroom)" if kv_room else ")"
+    else:
+        engine = f"--gpu-memory-utilization (now {claim.fraction:g}, {claim.source}"
+        engine += f"; at most {int(fit * 100) / 100:.2f} with this headroom)" if fit > 0.05 else ")"
+    return f"{engine}, or {fix}"

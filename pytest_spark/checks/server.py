@@ -35,7 +35,9 @@ def check_reasoning_parser(
             f"the server was started without --reasoning-parser, but profile {profile} expects "
             "the model's thinking in the reasoning field: without a parser it stays in content. "
             f"Read from {_quote(cmd)}. Fix: add --reasoning-parser (qwen3 for Qwen3/Qwen3.5, "
-            "deepseek_r1 for DeepSeek-R1) to the serve command"
+            "deepseek_r1 for DeepSeek-R1) to the serve command; or, if this server is not "
+            "meant to separate reasoning (not vLLM, or a model without thinking), "
+            "--spark-threshold=reasoning.expected=false (or --spark-profile=generic)"
         ),
     )
 
@@ -76,7 +78,9 @@ def check_tool_parser(cmd: ServerCommand | None, *, expected: bool, profile: str
             "expects tool calls under tool_choice=auto: vLLM refuses auto with HTTP 400 or "
             f"leaves the calls in content. Read from {_quote(cmd)}. Fix: add "
             "--enable-auto-tool-choice --tool-call-parser PARSER (qwen3_coder for "
-            "Qwen3.5/Qwen3-Coder, hermes for Qwen2.5/Qwen3) to the serve command"
+            "Qwen3.5/Qwen3-Coder, hermes for Qwen2.5/Qwen3) to the serve command; or, if this "
+            "server is not meant to call tools under tool_choice=auto, "
+            "--spark-threshold=tool_calls.expected=false"
         ),
     )
 

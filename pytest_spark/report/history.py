@@ -11,6 +11,7 @@ import platform
 import re
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -99,6 +100,21 @@ def machine_info() -> dict[str, Any]:
         "pytest_dgx_spark": __version__,
         "argv0": Path(sys.argv[0]).name if sys.argv else None,
     }
+
+
+def default_history_dir(
+    rootpath: Path, inipath: Path | None, environ: Mapping[str, str]
+) -> tuple[Path, str]:
+    """Where the run history goes when --spark-history is not given, and why there: the
+    project's rootdir (an ini file makes one), else the user's cache directory, never
+    whatever directory the run happens to start in."""
+    if inipath is not None:
+        return rootpath / ".spark-history", f"the rootdir's .spark-history (ini file {inipath})"
+    cache = environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return (
+        Path(cache) / "pytest-dgx-spark" / "history",
+        "the user cache directory (no ini file here, so no project rootdir)",
+    )
 
 
 @dataclass(frozen=True)

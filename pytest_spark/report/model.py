@@ -33,6 +33,7 @@ class ReportState:
     environment: dict[str, Any] = field(default_factory=dict)
     history_path: Path | None = None
     history_note: str = ""
+    history_where: str = ""  # why the history is where it is, when the default chose it
     comparison: Comparison | None = None
     compare_note: str = ""
 

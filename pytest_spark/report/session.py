@@ -11,6 +11,7 @@ with the deltas, the JSON results carry ``report.compare.regressions`` and the J
 
 from __future__ import annotations
 
+import os
 from collections.abc import Generator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -24,6 +25,7 @@ from pytest_spark.report.history import (
     History,
     cluster_identity,
     compare,
+    default_history_dir,
     git_commit,
     history_record,
 )
@@ -56,7 +58,12 @@ class ReportPlugin:
         self.redactor = redactor
         self.outcome = ReportOutcome()  # what the terminal and HTML views render
         root = settings.history
-        if root is not None and not root.is_absolute():
+        self.history_where = ""  # why there, when the default chose it
+        if root is not None and settings.source("history") == "default":
+            root, self.history_where = default_history_dir(
+                config.rootpath, config.inipath, os.environ
+            )
+        elif root is not None and not root.is_absolute():
             root = config.invocation_params.dir / root
         self.history_root: Path | None = root
         self._check_named_run()
@@ -156,6 +163,7 @@ class ReportPlugin:
             )
             try:
                 state.history_path = history.save(record, started)
+                state.history_where = self.history_where
             except OSError as exc:
                 state.history_note = f"could not write the run history: {exc}"
         elif history is None:

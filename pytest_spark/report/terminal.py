@@ -30,10 +30,31 @@ def html_path(config: pytest.Config) -> Path | None:
     return Path.cwd() / Path(os.path.expandvars(raw)).expanduser()
 
 
+def terminal_width(tr: Any) -> int:
+    """The terminal's width as pytest's own lines use it (80 in a pipe, COLUMNS honoured)."""
+    writer = getattr(tr, "_tw", None)
+    width = getattr(writer, "fullwidth", None)
+    return width if isinstance(width, int) and width > 20 else 80
+
+
+def figures_lines(figures: list[tuple[str, str]], width: int) -> list[str]:
+    """``figures: a | b | c`` on one line when it fits the terminal, else one figure a line
+    under the first (or, none measured, one line naming them)."""
+    items = [f"{k} {v}" for k, v in figures]
+    one = "figures: " + " | ".join(items)
+    if len(one) <= width or len(items) < 2:
+        return [one]
+    if all(v.startswith("not measured") for _, v in figures):
+        return [f"figures: not measured ({', '.join(k for k, _ in figures)})"]
+    return ["figures: " + items[0], *("         " + item for item in items[1:])]
+
+
 def write_summary(
     tr: Any, outcome: ReportOutcome, redactor: Redactor, results: Path | None, config: pytest.Config
 ) -> None:
     """The summary of ``outcome`` (``results``: the results JSON path, if written)."""
+    if config.option.collectonly:  # nothing ran: no verdicts, no figures to show
+        return
     state = outcome.state
     if outcome.error:
         tr.write_sep("-", "pytest-dgx-spark summary", red=True)
@@ -57,14 +78,21 @@ def write_summary(
         + 2
     )
     label = max([12] + [len(c) + 2 for c in rows])  # structured_output is 17 wide
-    tr.write_line(f"{'category':<{label}}" + "".join(f"{redact(n):<{width}}" for n in table.nodes))
-    for category in rows:
-        tr.write(f"{category:<{label}}")
-        for node in table.nodes:
-            cell = table.cell(category, node)
-            tr.write(f"{cell.text():<{width}}", **COLOR[cell.verdict])
-        tr.write("\n")
-    tr.write_line("figures: " + " | ".join(f"{k} {v}" for k, v in key_figures(state.figures)))
+    screen = terminal_width(tr)
+    # As many node columns as the terminal holds; the rest in a table of their own below.
+    per_table = max(1, (screen - label) // width)
+    nodes = list(table.nodes)
+    for start in range(0, len(nodes), per_table):
+        group = nodes[start : start + per_table]
+        tr.write_line(f"{'category':<{label}}" + "".join(f"{redact(n):<{width}}" for n in group))
+        for category in rows:
+            tr.write(f"{category:<{label}}")
+            for node in group:
+                cell = table.cell(category, node)
+                tr.write(f"{cell.text():<{width}}", **COLOR[cell.verdict])
+            tr.write("\n")
+    for line in figures_lines(key_figures(state.figures), screen):
+        tr.write_line(line)
     comparison = state.comparison
     if comparison is not None:
         shown = ", ".join(f"{d.name} {d.pct:+.1f}%" for d in comparison.deltas if d.pct is not None)
@@ -80,5 +108,7 @@ def write_summary(
         tr.write_line(f"HTML report:  {html}")
     if state.history_path is not None:
         tr.write_line(f"history:      {state.history_path}")
+        if state.history_where:
+            tr.write_line(f"              {state.history_where}; --spark-history=DIR or off")
     elif state.history_note:
         tr.write_line(f"history:      {state.history_note}")

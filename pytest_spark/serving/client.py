@@ -9,6 +9,8 @@ from typing import Any
 import httpx
 
 from pytest_spark.access.api import ApiEndpoint
+from pytest_spark.access.body import Body
+from pytest_spark.access.body import get as capped_get
 from pytest_spark.serving.evidence import Exchange
 from pytest_spark.serving.stream import Reply, ServingError, StreamResult, post_json, stream_chat
 from pytest_spark.serving.turn import Turn, from_response, from_stream
@@ -57,9 +59,10 @@ class ServingClient:
     def turn(self, body: dict[str, Any], streamed: bool) -> Turn:
         return self.chat_stream(body) if streamed else self.chat(body)
 
-    def get(self, path: str) -> httpx.Response:
+    def get(self, path: str) -> Body:
+        """A GET, its body read up to ``MAX_BODY_BYTES`` (``cut`` says there was more)."""
         try:
-            return self._http.get(path, timeout=self.idle_timeout)
+            return capped_get(self._http, path, timeout=self.idle_timeout)
         except httpx.HTTPError as exc:
             raise ServingError(
                 "transport",

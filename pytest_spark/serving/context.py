@@ -155,7 +155,7 @@ def snapshot(client: ServingClient) -> Snapshot | None:
         resp = client.get("/metrics")
     except ServingError:
         return None
-    if resp.status_code != 200 or "vllm:" not in resp.text:
+    if resp.status_code != 200 or resp.cut or "vllm:" not in resp.text:
         return None
     return Snapshot.of(resp.text, time.time())
 

@@ -20,6 +20,7 @@ extension gets the request without it, and the result says which were dropped.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -28,6 +29,7 @@ from typing import Any
 import httpx
 
 from pytest_spark.access.api import ApiEndpoint
+from pytest_spark.access.body import arequest as capped_arequest
 from pytest_spark.serving.metricsnap import level_metrics, metrics_text, scrape
 from pytest_spark.serving.stats import Summary
 from pytest_spark.serving.stream import ServingError, astream_chat
@@ -482,11 +484,8 @@ async def _open_connections(client: httpx.AsyncClient, n: int) -> None:
     pool put ~1 s on the first round's TTFT against the emulator."""
 
     async def get() -> None:
-        try:
-            resp = await client.get("/v1/models", timeout=30.0)
-            await resp.aclose()
-        except httpx.HTTPError:
-            pass  # the level's own requests will report what is wrong
+        with contextlib.suppress(httpx.HTTPError):  # the level's own requests will say
+            await capped_arequest(client, "GET", "/v1/models", timeout=30.0)
 
     await asyncio.gather(*(get() for _ in range(n)))
 

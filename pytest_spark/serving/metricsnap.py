@@ -21,6 +21,8 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from pytest_spark.access import body
+
 WAITING = "vllm:num_requests_waiting"
 RUNNING = "vllm:num_requests_running"
 PREEMPTIONS = "vllm:num_preemptions_total"
@@ -117,10 +119,10 @@ def _delta(after: float | None, before: float | None) -> float | None:
 async def metrics_text(client: httpx.AsyncClient) -> str | None:
     """One ``GET /metrics``: its text, or None where the server has no vLLM metrics."""
     try:
-        resp = await client.get("/metrics", timeout=10.0)
+        resp = await body.arequest(client, "GET", "/metrics", timeout=10.0)
     except httpx.HTTPError:
         return None
-    if resp.status_code != 200 or "vllm:" not in resp.text:
+    if resp.status_code != 200 or resp.cut or "vllm:" not in resp.text:
         return None
     return resp.text
 

@@ -18,6 +18,11 @@ THINK_TAGS = ("<think>", "</think>")
 NEEDLES = ('"content":"', "think>", '"finish_reason":"', '"tool_calls"')
 NO_REASONING_FIELD = "server returns no reasoning field: started without --reasoning-parser?"
 FIX_PARSER = "start vllm serve with --reasoning-parser matching the model (qwen3 for Qwen3/Qwen3.5)"
+# The profile's side of the same fix: the expectation, where the server is not meant to.
+REASONING_SWITCH = (
+    "(a server not meant to separate reasoning, not vLLM or a model without thinking: "
+    "--spark-threshold=reasoning.expected=false, or --spark-profile=generic)"
+)
 FIX_UPGRADE = "a known vLLM reasoning-parser bug: upgrade vLLM (or pin a build without it)"
 
 
@@ -60,7 +65,7 @@ def check_reasoning(turn: Turn, *, server: str = "") -> Finding:
         if leaked:
             problems.append(
                 f"reasoning is not separated: {' and '.join(leaked)} in content and "
-                f"no reasoning field: {FIX_PARSER}"
+                f"no reasoning field: {FIX_PARSER} {REASONING_SWITCH}"
             )
         else:
             known = turn.reasoning_null_fields
@@ -73,7 +78,7 @@ def check_reasoning(turn: Turn, *, server: str = "") -> Finding:
                 f"no reasoning{field}; content holds the whole output "
                 f"({len(turn.content or '')} characters, {short(turn.content, 80)}): "
                 f"the model's thinking landed in content; {NO_REASONING_FIELD} "
-                f"Otherwise {FIX_UPGRADE}"
+                f"{REASONING_SWITCH}. Otherwise {FIX_UPGRADE}"
             )
     elif leaked:
         problems.append(

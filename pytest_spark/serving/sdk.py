@@ -22,6 +22,7 @@ streams valid bytes that applications on the helper never see as a call.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, cast
@@ -33,6 +34,7 @@ from openai.lib.streaming.chat import (
 )
 
 from pytest_spark.access.api import ApiEndpoint, tls_context
+from pytest_spark.access.body import capped_transport
 from pytest_spark.serving.evidence import Exchange, short
 from pytest_spark.serving.stream import ServingError
 from pytest_spark.serving.turn import Turn, assemble, from_response
@@ -134,6 +136,16 @@ def stream_helper(chunks: list[Any], tools: list[dict[str, Any]]) -> StreamHelpe
     return StreamHelper(tuple(calls))
 
 
+def sdk_http_client() -> Any:
+    """The SDK's own HTTP client (``openai.DefaultHttpxClient``: its defaults, the shared TLS
+    context) whose bodies are read up to 16 MiB: the SDK reads them itself. Its transport
+    is built from the httpx-compatible package the SDK's client comes from."""
+    client_class = next(c for c in openai.DefaultHttpxClient.__mro__[1:] if c.__name__ == "Client")
+    hx = importlib.import_module(client_class.__module__.split(".")[0])
+    transport = capped_transport(hx, hx.HTTPTransport(verify=tls_context()))
+    return openai.DefaultHttpxClient(transport=transport)
+
+
 class SdkClient:
     """Chat completions through ``openai.OpenAI`` against one endpoint."""
 
@@ -146,7 +158,7 @@ class SdkClient:
             timeout=timeout,
             max_retries=0,
             _strict_response_validation=True,
-            http_client=openai.DefaultHttpxClient(verify=tls_context()),
+            http_client=sdk_http_client(),
         )
 
     @property
@@ -215,6 +227,8 @@ class SdkClient:
             raise self._error("timeout", f"no answer in time: {exc}", exchange) from None
         except openai.APIConnectionError as exc:
             cause = exc.__cause__ or exc
+            if getattr(cause, "body_too_large", False):
+                raise self._error("oversized", str(cause), exchange) from None
             raise self._error("connect", f"{type(cause).__name__}: {cause}", exchange) from None
         except ValueError as exc:  # the body did not decode (json.JSONDecodeError)
             raise self._decode_error(exc, exchange, [], streamed=False) from None

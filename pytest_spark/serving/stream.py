@@ -24,6 +24,8 @@ from typing import Any
 
 import httpx
 
+from pytest_spark.access.body import MAX_BODY_BYTES, size_text
+from pytest_spark.access.body import request as capped_request
 from pytest_spark.checks.base import Finding
 from pytest_spark.parsers.codec import dump, load, load_as
 from pytest_spark.serving.evidence import Exchange, redact_headers, short
@@ -186,9 +188,19 @@ class _Stream:
     count: int = 0
     done: bool = False
     after_done: int = 0
+    received: int = 0
+    cap: int = MAX_BODY_BYTES
 
     def feed(self, data: bytes, now: float) -> None:
         t = now - self.t0
+        self.received += len(data)
+        if self.received > self.cap:
+            raise self.error(
+                "oversized",
+                f"the stream passed {size_text(self.cap)} after {self.count} chunks and was "
+                "cut there (more than any answer the suite asks for)"
+                + ("" if self.done else ": no data: [DONE] came before it"),
+            )
         for event in self.decoder.feed(data):
             if self.keep or len(self.raw) < 8:
                 self.raw.append(event)
@@ -505,11 +517,26 @@ def post_json(client: httpx.Client, path: str, body: dict[str, Any], *, timeout:
     )
     t0 = time.perf_counter()
     try:
-        resp = client.post(path, json=body, timeout=httpx.Timeout(timeout))
+        resp = capped_request(client, "POST", path, json=body, timeout=httpx.Timeout(timeout))
     except httpx.HTTPError as exc:
         raise _transport_error(ex, exc, None, timeout, timeout, time.perf_counter() - t0) from None
     elapsed = time.perf_counter() - t0
     text = resp.text
+    if resp.cut:
+        raise ServingError(
+            "oversized",
+            f"POST {url}: HTTP {resp.status_code} with a body of more than "
+            f"{size_text(resp.cap)}, cut there (more than any answer the suite asks for): "
+            f"{short(text, 200)}",
+            _replace(
+                ex,
+                status=resp.status_code,
+                reason=resp.reason_phrase,
+                response_headers=dict(resp.headers),
+                body=text[:MAX_ERROR_BODY],
+                elapsed_s=elapsed,
+            ),
+        )
     if resp.status_code != 200:
         raise http_failure(ex, resp.status_code, resp.reason_phrase, dict(resp.headers), text)
     ex = _replace(

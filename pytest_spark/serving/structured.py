@@ -43,7 +43,8 @@ FIX_IGNORED = (
     "vLLM honours response_format through structured outputs (guided decoding): check that "
     "the server was not started with a structured-outputs backend that is missing or "
     "disabled (--structured-outputs-config), and that no proxy between the suite and vLLM "
-    "drops the field; else upgrade vLLM"
+    "drops the field; else upgrade vLLM (a server not meant to honour response_format: "
+    "--spark-threshold=structured_output.expected=false)"
 )
 FIX_INVALID = (
     "guided decoding should only allow JSON the schema accepts: a known vLLM "

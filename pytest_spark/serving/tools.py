@@ -33,6 +33,12 @@ FIX_PARSER = (
     "for Qwen3.5/Qwen3-Coder, hermes for Qwen2.5/Qwen3) and that the chat "
     "template is the model's own"
 )
+# The profile's side of the same fix: the expectation, where the server is not meant to.
+TOOL_SWITCH = (
+    "(a server not meant to parse tool calls: --spark-threshold=tool_calls.expected=false; "
+    "one that need not call under tool_choice=auto: tool_calls.auto_emits_calls=false, as "
+    "--spark-profile=generic has)"
+)
 FIX_UPGRADE = "a known vLLM tool-parser bug: upgrade vLLM (or pin a build without it)"
 
 
@@ -259,7 +265,7 @@ def check_tool_calls(
             problems.append(
                 f"the model answered in content instead of calling "
                 f"{', '.join(sorted(set(req.names)))} (content "
-                f"{short(content)}); if the model can call tools, {FIX_PARSER}"
+                f"{short(content)}); if the model can call tools, {FIX_PARSER} {TOOL_SWITCH}"
             )
         else:
             problems.append(
@@ -362,6 +368,6 @@ def check_auto_refused(
         message=f"{prefix}{MISCONFIGURED_TOOLS}: tool_choice=auto is refused with HTTP 400 "
         f"{short(error.message, 200)}. This is the server's configuration, not a model "
         "failure: add --enable-auto-tool-choice --tool-call-parser PARSER to vllm serve "
-        "(qwen3_coder for Qwen3.5)",
+        f"(qwen3_coder for Qwen3.5) {TOOL_SWITCH}",
         evidence=evidence,
     )

@@ -76,8 +76,13 @@ def _seconds(raw: str) -> float:
         if text.endswith(suffix):
             text, scale = text[: -len(suffix)], factor
             break
-    value = float(text) * scale
-    if not value > 0:
+    try:
+        value = float(text) * scale
+    except ValueError:
+        raise ValueError(
+            "expected a duration such as 90s or 30m (seconds, or a number with ms, s, m or h)"
+        ) from None
+    if not value > 0 or value == float("inf"):
         raise ValueError("must be a positive number of seconds (e.g. 10, 2.5, 30s, 20m)")
     return value
 
@@ -148,11 +153,46 @@ def _host(raw: str) -> str:
 
 def _host_list(raw: str) -> tuple[str, ...]:
     items = [part for part in raw.replace("\n", ",").split(",") if part.strip()]
-    return tuple(_host(part) for part in items)
+    if not items:
+        raise ValueError(
+            "names no host (only commas and spaces): give HOST[,HOST...], or leave it out"
+        )
+    hosts = tuple(_host(part) for part in items)
+    twice = sorted({h for h in hosts if hosts.count(h) > 1})
+    if twice:
+        raise ValueError(f"names {', '.join(twice)} more than once: each node once")
+    return hosts
 
 
 def _name_list(raw: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in raw.replace("\n", ",").split(",") if part.strip())
+
+
+# Docker's own rule for container names (moby RestrictedNamePattern).
+_CONTAINER_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]+$")
+
+
+def _container(raw: str) -> str:
+    name = raw.strip()
+    if not _CONTAINER_NAME.match(name):
+        raise ValueError(
+            f"{name!r} is not a container name docker accepts: [a-zA-Z0-9][a-zA-Z0-9_.-]+ "
+            "(e.g. vllm_node)"
+        )
+    return name
+
+
+def _interface_list(raw: str) -> tuple[str, ...]:
+    """Network interface names as the kernel accepts them (dev_valid_name): 1 to 15
+    characters, no '/', ':' or whitespace, not '.' or '..'."""
+    names = _name_list(raw)
+    for name in names:
+        if len(name) > 15 or name in {".", ".."} or any(c in name for c in "/: \t"):
+            raise ValueError(
+                f"{name!r} is not a network interface name (1 to 15 characters, no '/', ':' "
+                "or spaces; e.g. enp1s0f1np1)"
+            )
+    return names
 
 
 def _bool(raw: str) -> bool:
@@ -227,6 +267,19 @@ def _path(raw: str) -> Path:
     return Path(raw.strip()).expanduser()
 
 
+def _key_file(raw: str) -> Path:
+    """A private key file that exists here (checked at start-up, before any node is tried:
+    a missing key otherwise reads as an unreachable node)."""
+    path = _path(raw)
+    if not path.is_file():
+        what = "is a directory, not a key file" if path.is_dir() else "no such file"
+        raise ValueError(
+            f"{path}: {what}. Give the path of the SSH private key (e.g. ~/.ssh/id_ed25519), "
+            "or leave the option out to use ssh_config's IdentityFile and ssh-agent"
+        )
+    return path
+
+
 @dataclass(frozen=True)
 class Option:
     """One setting: ``--spark-<noun>``, ini ``spark_<noun>``, env ``SPARK_<NOUN>``, field
@@ -278,7 +331,9 @@ OPTIONS: tuple[Option, ...] = (
         "HOST[,HOST...]",
     ),
     Option("user", _text, None, "SSH user (default: ssh_config, then the local user)", "USER"),
-    Option("ssh-key", _path, None, "SSH private key (default: ssh_config IdentityFile)", "PATH"),
+    Option(
+        "ssh-key", _key_file, None, "SSH private key (default: ssh_config IdentityFile)", "PATH"
+    ),
     Option(
         "ssh-config",
         _path,
@@ -301,7 +356,8 @@ OPTIONS: tuple[Option, ...] = (
         "profile",
         _text,
         "dgx-spark-2node",
-        "threshold profile: a built-in name (dgx-spark-2node, dgx-spark-switch, sim) or a "
+        "threshold profile: a built-in name (dgx-spark-2node, dgx-spark-switch, sim, generic: "
+        "any OpenAI-compatible server) or a "
         "TOML file",
         "NAME|PATH",
     ),
@@ -314,7 +370,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "fabric-ifs",
-        _name_list,
+        _interface_list,
         (),
         "fabric interfaces (default: discovered from ibdev2netdev devices that are Up)",
         "IF[,IF]",
@@ -415,7 +471,7 @@ OPTIONS: tuple[Option, ...] = (
         "IP[,IP...]",
     ),
     Option("image", _text, None, "serving image for the launcher's -t", "IMAGE"),
-    Option("container", _text, "vllm_node", "serving container name on every node", "NAME"),
+    Option("container", _container, "vllm_node", "serving container name on every node", "NAME"),
     Option(
         "serve-args",
         _text,
@@ -469,7 +525,8 @@ OPTIONS: tuple[Option, ...] = (
         history_dir,
         Path(".spark-history"),
         "keep each run's figures (busbw, "
-        "tok/s, TTFT, TPOT, load phases) here, one JSON file per run; 'off' keeps none",
+        "tok/s, TTFT, TPOT, load phases) here, one JSON file per run; 'off' keeps none; "
+        "default: the rootdir's .spark-history with an ini file, else the user cache",
         "DIR|off",
     ),
     Option(

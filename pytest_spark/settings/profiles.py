@@ -27,6 +27,7 @@ BUILTIN_PROFILES = (
     "sim",
     "sim-switch",
     "sim-vllm-cpu",
+    "generic",
 )
 
 
@@ -333,9 +334,13 @@ class Profile:
             section, name = _split(key, self.name)
             hint = section_hints(section)[name]
             try:
-                changed.setdefault(section, {})[name] = _from_text(raw, hint)
+                value = _from_text(raw, hint)
             except ValueError:
                 raise ProfileError(f"threshold {key}={raw!r}: expected {_describe(hint)}") from None
+            wrong = out_of_range(key, value)
+            if wrong:
+                raise ProfileError(f"threshold {key}={raw!r}: {wrong}")
+            changed.setdefault(section, {})[name] = value
         sections: dict[str, Any] = {
             s: replace(getattr(self, s), **values) for s, values in changed.items()
         }
@@ -368,11 +373,35 @@ def _split(key: str, profile: str) -> tuple[str, str]:
     section, _, name = key.partition(".")
     if section in SECTIONS and name in section_hints(section):
         return section, name
-    close = difflib.get_close_matches(key, known_keys(), n=1)
-    hint = f" (did you mean {close[0]}?)" if close else ""
+    if section in SECTIONS:  # a known table: its own keys, a handful
+        close = difflib.get_close_matches(name, list(section_hints(section)), n=1)
+        hint = f" (did you mean {section}.{close[0]}?)" if close else ""
+        raise ProfileError(
+            f"unknown threshold {key!r}{hint}; [{section}] has: {', '.join(section_hints(section))}"
+        )
+    close = difflib.get_close_matches(key, known_keys(), n=3, cutoff=0.5)
+    hint = f"did you mean {' or '.join(close)}? " if close else ""
     raise ProfileError(
-        f"unknown threshold {key!r}{hint}; profile {profile!r} has: {', '.join(known_keys())}"
+        f"unknown threshold {key!r}: {hint}a key is TABLE.KEY, the tables are "
+        f"{', '.join(SECTIONS)} (profile {profile!r}; with a table's name right, its keys "
+        "are listed)"
     )
+
+
+def out_of_range(key: str, value: object) -> str | None:
+    """Why a figure's value can never be right, or None: no figure is negative (a floor, a
+    ceiling, a count, a duration), and a timeout of 0 s would fail every request."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        if isinstance(value, tuple):
+            return next((out_of_range(key, v) for v in value if out_of_range(key, v)), None)
+        return None
+    if value != value:  # NaN
+        return "not a number"
+    if value < 0:
+        return f"{value:g} is negative: expected 0 or more"
+    if value == 0 and "timeout" in key.rpartition(".")[2]:
+        return "a timeout of 0 s fails every request: expected a positive number of seconds"
+    return None
 
 
 def _inner(hint: object) -> object:
@@ -493,6 +522,9 @@ def _validate(data: Mapping[str, object], origin: str) -> dict[str, dict[str, ob
                     f"{origin}: [{section}] {key} = {_shown(value)}: expected "
                     f"{_describe(hints[key])}"
                 ) from None
+            wrong = out_of_range(f"{section}.{key}", converted[key])
+            if wrong:
+                raise ProfileError(f"{origin}: [{section}] {key} = {value!r}: {wrong}")
         tables[section] = converted
     for key in _HEADER:
         if key in data and not isinstance(data[key], str):
@@ -513,8 +545,17 @@ def _read(ref: str, seen: tuple[str, ...] = ()) -> tuple[str, str, dict[str, dic
                 f"no profile {ref!r}: not a built-in ({', '.join(BUILTIN_PROFILES)}) "
                 "and no such file"
             )
-        text = path.read_text()
         origin = str(path)
+        try:
+            text = path.read_bytes().decode("utf-8")
+        except UnicodeDecodeError as exc:
+            line = path.read_bytes()[: exc.start].count(b"\n") + 1
+            raise ProfileError(
+                f"{origin}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} on line "
+                f"{line}): TOML files are UTF-8; save it as UTF-8"
+            ) from None
+        except OSError as exc:
+            raise ProfileError(f"{origin}: cannot read it: {exc.strerror}") from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -523,7 +564,13 @@ def _read(ref: str, seen: tuple[str, ...] = ()) -> tuple[str, str, dict[str, dic
     name = str(data.get("name", Path(ref).stem))
     tables: dict[str, dict[str, object]] = {}
     if "extends" in data:
-        tables = _read(str(data["extends"]), (*seen, ref))[2]
+        parent = str(data["extends"])
+        try:
+            tables = _read(parent, (*seen, ref))[2]
+        except ProfileError as exc:
+            if not str(exc).startswith(f"no profile {parent!r}"):
+                raise  # a mistake inside that profile: its message names its own file
+            raise ProfileError(f"{origin}: extends = {parent!r}: {exc}") from None
     for section, values in own.items():
         tables.setdefault(section, {}).update(values)
     return name, origin, tables

@@ -209,6 +209,13 @@ def resolve(config: pytest.Config, environ: Mapping[str, str] | None = None) -> 
         else:
             values[option.attr], sources[option.attr] = option.default, "default"
 
+    head, workers = values["head"], values["workers"]
+    if head is not None and head in workers:
+        raise SettingsError(
+            f"the head {head!r} (from {sources['head']}) is also given as a worker (from "
+            f"{sources['workers']}): a node is the head or a worker, not both; leave it out "
+            "of spark_workers"
+        )
     if values["sim"] and sources["profile"] == "default":
         values["profile"] = sim_profile(values["sim_engine"], values["sim_nodes"])
         sources["profile"] = "default for --spark-sim"
