@@ -151,6 +151,12 @@ def defaults_env(state_dir: Path) -> dict[str, str]:
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
         "HF_HUB_OFFLINE": "1",
+        # The image has no C++ compiler, and vLLM compiles its sampler's rank count
+        # (batched_count_greater_than, torch.compile) even under --enforce-eager: the first
+        # request with logprobs (the accuracy fingerprint's prompt_logprobs) failed inductor's
+        # codegen and killed the EngineCore (HTTP 500 on every request after). Eager is what
+        # --enforce-eager asks for anyway; the values are the same.
+        "TORCHDYNAMO_DISABLE": "1",
     }
 
 
