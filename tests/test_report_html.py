@@ -66,7 +66,9 @@ def test_summary_table_per_category_and_node(report: tuple[SuiteRun, Path]) -> N
     assert "SKIP" in row["tool_calls"]
     assert row["preflight"].count("spark-none") == 3
     assert len(cells) == len(CATEGORIES) * 4  # every category, also one with no check
-    assert "Verdict: FAIL (2 of 8 checks failed)" in text
+    banner = text.split("Verdict: FAIL (2 of 8 checks failed in ", 1)[1].split("</div>")[0]
+    assert {"link", "readiness"} <= set(banner.split(";")[0].split(", ")), banner
+    assert "; first: test_" in banner, banner  # the first failure, named, with its headline
     # the summary is drawn before the environment table (CSS order) and is at the top
     assert "body>.summary{order:1}" in text
 
@@ -211,7 +213,9 @@ def test_under_xdist_the_controller_writes_one_report(
     result = pytester.runpytest("-n", "2", f"--html={path}", "--spark-history=off")
     result.assert_outcomes(passed=1, failed=1)
     text = path.read_text()
-    assert 'id="spark-verdicts"' in text and "Verdict: FAIL (1 of 2 checks failed)" in text
+    assert 'id="spark-verdicts"' in text
+    assert "Verdict: FAIL (1 of 2 checks failed in link; first: test_rate[spark-worker-1]" in text
+    assert KEY not in text
     data = report_data(text)
     rows = [" ".join(r[0]["resultsTableRow"]) for r in data["tests"].values()]
     assert sum('<td class="col-node">spark-worker-1</td>' in r for r in rows) == 1

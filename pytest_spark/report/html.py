@@ -232,6 +232,22 @@ def _plots_html(state: ReportState) -> str:
     return "".join(parts)
 
 
+def _failing(doc: dict[str, Any]) -> str:
+    """``: in accuracy, tool_calls; first test_x: headline`` for the FAIL banner."""
+    bad = [c for c in doc.get("checks") or () if c.get("outcome") in ("failed", "error")]
+    if not bad:
+        return ""
+    categories = ", ".join(dict.fromkeys(str(c.get("category") or "uncategorised") for c in bad))
+    first = bad[0]
+    name = str(first.get("nodeid", "")).split("::", 1)[-1]
+    headline = next(
+        (ln.strip() for ln in str(first.get("message") or "").splitlines() if ln.strip()), ""
+    )
+    if len(headline) > 200:
+        headline = headline[:197] + "..."
+    return f" in {categories}; first: {name}: {headline}"
+
+
 def summary_html(state: ReportState) -> str:
     overall = state.table.overall
     counts = state.table
@@ -241,7 +257,7 @@ def summary_html(state: ReportState) -> str:
     if state.interrupted:
         banners.append(("warn", "Session INTERRUPTED: the results below are partial"))
     verdict = {
-        "fail": f"Verdict: FAIL ({failed} of {total} checks failed)",
+        "fail": f"Verdict: FAIL ({failed} of {total} checks failed{_failing(state.doc)})",
         "warn": f"Verdict: PASS with warnings ({total} checks)",
         "pass": f"Verdict: PASS ({total} checks)",
         "skip": f"Verdict: nothing checked ({total} checks skipped)",
