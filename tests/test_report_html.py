@@ -221,3 +221,11 @@ def test_under_xdist_the_controller_writes_one_report(
     assert sum('<td class="col-node">spark-worker-1</td>' in r for r in rows) == 1
     assert all(">100 / 200 Gb/s</td>" in r for r in rows)
     assert KEY not in text and KEY not in result.stdout.str()
+
+
+def test_a_skipped_row_shows_its_reason_not_pytests_tuple(report: tuple[SuiteRun, Path]) -> None:
+    data = report_data(report[1].read_text())
+    (row,) = [r[0] for n, r in data["tests"].items() if n.endswith("test_tool_call_skipped")]
+    log = row["log"]
+    assert log.startswith("tool-call parser not configured\n("), log
+    assert "Skipped:" not in log and not log.startswith("("), log

@@ -345,6 +345,15 @@ class HtmlHooks:
             f'<td class="col-figures spark-{esc(level or "none")}">{esc(figures)}</td>',
         ]
 
+    def pytest_html_results_table_html(self, report: pytest.TestReport, data: list[str]) -> None:
+        """A skip's log is its reason and where it was said, not pytest's raw
+        ``(path, line, 'Skipped: ...')`` tuple."""
+        longrepr = report.longrepr
+        if report.skipped and isinstance(longrepr, tuple) and len(longrepr) == 3 and data:
+            path, line, reason = longrepr
+            reason = str(reason).removeprefix("Skipped: ")
+            data[0] = self.redactor.text(f"{esc(reason)}\n({esc(path)}:{esc(line)})\n")
+
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """Attach the check's block to its report (after redaction: the Sanitizer's
