@@ -763,9 +763,17 @@ WRONG_MODEL_TOOLS = {
 }
 
 
-@pytest.mark.parametrize("marker", ["accuracy or tool_calls", "tool_calls"])
-def test_a_wrong_model_is_the_accuracy_verdicts_failure(tmp_path: Path, marker: str) -> None:
-    """(Not parametrized on `fault`: the module's `runs` fixture reads those.)"""
+def test_a_wrong_model_is_the_accuracy_verdicts_failure(tmp_path: Path) -> None:
+    wrong_model_run(tmp_path, "accuracy or tool_calls")
+
+
+def test_a_wrong_model_fails_the_tool_checks_without_the_accuracy_verdict(tmp_path: Path) -> None:
+    wrong_model_run(tmp_path, "tool_calls")
+
+
+def wrong_model_run(tmp_path: Path, marker: str) -> None:
+    """(Not parametrized: the module's `runs` fixture reads every parametrized test's
+    `fault`.)"""
     reason = _emulator_missing()
     if reason:
         pytest.skip(reason)

@@ -93,6 +93,7 @@ def test_canaries_under_load(
     least the serve args' --max-num-seqs): every answer equals its single-stream one."""
     _skip_if_wrong_alone(request, accuracy_probe, "under load")
     alone = accuracy_probe.alone()
+    _require_requests(request, accuracy_probe, spark_check)  # a broken request, not an answer
     if not any(a.right for a in alone):
         pytest.skip("no canary is answered right alone: nothing to compare under load")
     loaded = accuracy_probe.under_load()
