@@ -350,3 +350,26 @@ def test_socket_ifname_names_interfaces_unless_it_excludes() -> None:
     assert named_interfaces("enp1s0f1np1") == ["enp1s0f1np1"]
     assert named_interfaces("=enp1s0f1np1,enP2p1s0f1np1") == ["enp1s0f1np1", "enP2p1s0f1np1"]
     assert named_interfaces("^docker0,lo") == []
+
+
+def test_a_worker_behind_a_head_with_an_unknown_key_skips_citing_the_head() -> None:
+    """Issue #25 part 4: with an empty known_hosts the head's reachability check fails
+    with the ssh-keyscan fix; the worker, reached through the head as its jump host, got
+    the head's HostKeyError and failed as well. It skips citing the head's check."""
+    from pytest_spark.access.base import HostKeyError, NodeUnreachable
+    from pytest_spark.readiness.reachability import through_unreachable_jump
+
+    head_key = HostKeyError(
+        "spark-head", "host key of spark-head (10.0.0.1:22) is not in ~/.ssh/known_hosts"
+    )
+    reason = through_unreachable_jump("spark-worker-1", head_key, ["spark-head"])
+    assert reason is not None
+    assert reason.startswith("spark-worker-1 is reached through spark-head (its jump host)")
+    assert "host key of spark-head" in reason and "spark-head: host key" not in reason
+    assert reason.endswith("(test_node_reachable[spark-head] has the evidence)")
+    # the head's own check, and a worker's own error, are theirs
+    assert through_unreachable_jump("spark-head", head_key, ["spark-worker-1"]) is None
+    own = NodeUnreachable("spark-worker-1", "SSH connection refused")
+    assert through_unreachable_jump("spark-worker-1", own, ["spark-head"]) is None
+    # an error naming a node the suite reaches (or no cluster node) is not a cited cause
+    assert through_unreachable_jump("spark-worker-1", head_key, []) is None

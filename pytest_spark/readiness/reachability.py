@@ -52,6 +52,21 @@ def unreachable_reason(node: str, error: RemoteError | str) -> str:
     return f"{node} unreachable: {_bare(node, error)} ({VERDICT} has the evidence)"
 
 
+def through_unreachable_jump(
+    node: str, error: RemoteError, unreachable: Iterable[str]
+) -> str | None:
+    """The skip reason of ``node``'s reachability check when its SSH error is another
+    cluster node's, one of ``unreachable`` (the head as its jump host: an unknown head key
+    stops every node reached through it): that node's check has the one failure. None
+    when the error is the node's own."""
+    if error.node == node or error.node not in set(unreachable):
+        return None
+    return (
+        f"{node} is reached through {error.node} (its jump host), which the suite cannot "
+        f"reach: {_bare(error.node, error)} ({VERDICT}[{error.node}] has the evidence)"
+    )
+
+
 def unreachable(cluster: Cluster, nodes: Iterable[Node] | None = None) -> list[Node]:
     """The nodes among ``nodes`` (default: all) that the suite cannot reach."""
     return [n for n in (cluster.nodes if nodes is None else nodes) if cluster.unreachable(n)]
