@@ -17,7 +17,7 @@ from typing import Any
 
 from filelock import FileLock
 
-from pytest_spark.access.base import RemoteError
+from pytest_spark.access.base import CommandResult, RemoteError
 from pytest_spark.access.cluster import Cluster, Node
 from pytest_spark.access.files import write_json
 from pytest_spark.parsers.serveargs import mode_of_processes, parse_serve_args
@@ -137,6 +137,20 @@ def serving_nodes(cluster: Cluster, settings: Settings) -> list[Node]:
 
 
 LEFTOVER_WAIT_S = 30.0  # dockerd removes a stopped --rm container just after `docker stop`
+
+
+def inspected_state(result: CommandResult) -> tuple[str, str | None]:
+    """``docker inspect -f '{{.State.Status}}' NAME``'s answer: ``(state, None)`` with
+    state running, exited, ... or "missing" (no such container); ``("unknown", error)``
+    when docker itself did not answer (a daemon that is down, no permission on its
+    socket): its stderr is docker's error, never a state or a container name."""
+    state = result.stdout.strip()
+    error = result.stderr.strip()
+    if result.ok and state:
+        return state.split()[0], None
+    if "No such" in error or "No such" in state:
+        return "missing", None
+    return "unknown", (error or state or f"docker inspect exited {result.rc}").splitlines()[0]
 
 
 def container_states(cluster: Cluster, container: str) -> dict[str, str]:
