@@ -572,3 +572,36 @@ def test_no_carrier_caused_by_the_peers_admin_down_end() -> None:
         peer_took_the_link_down(port(admin_up=False), {"spark-worker-1": port(admin_up=False)})
         is None
     )
+
+
+def test_a_link_at_half_rate_is_one_failure_naming_both_ends() -> None:
+    """Issue #25 part 4: one link at half rate failed test_link_rate on both ends of the
+    cable. A link has one rate: the first end has the failure, naming every end."""
+    from pytest_spark.checks.links import link_rate_ends
+
+    low = [
+        ("spark-head", "enp1s0f1np1", 100.0),
+        ("spark-head", "enP2p1s0f1np1", 100.0),
+        ("spark-worker-1", "enp1s0f1np1", 100.0),
+        ("spark-worker-1", "enP2p1s0f1np1", 100.0),
+    ]
+    every = [(n, i) for n, i, _ in low]
+    for node, ifname, _ in low:
+        owner, ends = link_rate_ends(low, node, ifname, direct=True)
+        assert owner == ("spark-head", "enp1s0f1np1")
+        assert ends == every
+    # one end only (the other end's rate fine): its own twins, as before
+    one = low[2:]
+    assert link_rate_ends(one, "spark-worker-1", "enP2p1s0f1np1", direct=True) == (
+        ("spark-worker-1", "enp1s0f1np1"),
+        [("spark-worker-1", "enp1s0f1np1"), ("spark-worker-1", "enP2p1s0f1np1")],
+    )
+    # behind a switch each node's cable is its own: no peer end
+    owner, ends = link_rate_ends(low, "spark-worker-1", "enp1s0f1np1", direct=False)
+    assert owner == ("spark-worker-1", "enp1s0f1np1") and len(ends) == 2
+    # another rate at the far end is not the same reading: each end its own
+    mixed = [("spark-head", "enp1s0f1np1", 200.0 - 50), ("spark-worker-1", "enp1s0f1np1", 100.0)]
+    assert link_rate_ends(mixed, "spark-worker-1", "enp1s0f1np1", direct=True)[0] == (
+        "spark-worker-1",
+        "enp1s0f1np1",
+    )

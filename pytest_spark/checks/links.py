@@ -34,6 +34,7 @@ __all__ = [
     "check_same_subnet",
     "check_twin_subnets_distinct",
     "link_is_usable",
+    "link_rate_ends",
     "link_rate_short",
     "ping_pairs_culprit",
     "twin_key",
@@ -286,6 +287,28 @@ def check_link_rate(node: str, port: PortFacts, min_gbps: float = 200.0) -> Find
         ),
         evidence=evidence,
     )
+
+
+def link_rate_ends(
+    low: Sequence[tuple[str, str, float]], node: str, ifname: str, *, direct: bool
+) -> tuple[tuple[str, str], list[tuple[str, str]]]:
+    """Which link-rate check reports the slow link ``node`` ``ifname`` is an end of, and
+    every end it covers: ``(owner, ends)``, each an ``(node, ifname)``.
+
+    ``low`` is every (node, ifname, rate) below the floor, in the suite's order (nodes as
+    the cluster lists them, twins as discovered). The two twins of one QSFP port share its
+    rate, and on a direct cable (``direct``: two nodes, no switch) both nodes' ends of it
+    report the same rate: a link has one rate, so the first of them has the one failure
+    naming every end, and the others skip citing it."""
+    rate = next((r for n, i, r in low if (n, i) == (node, ifname)), None)
+    ends = [
+        (n, i)
+        for n, i, r in low
+        if r == rate and twin_key(i) == twin_key(ifname) and (direct or n == node)
+    ]
+    if not ends:
+        return (node, ifname), [(node, ifname)]
+    return ends[0], ends
 
 
 # ----------------------------------------------------------------------------------- MTU
