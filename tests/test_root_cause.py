@@ -373,3 +373,30 @@ def test_a_worker_behind_a_head_with_an_unknown_key_skips_citing_the_head() -> N
     assert through_unreachable_jump("spark-worker-1", own, ["spark-head"]) is None
     # an error naming a node the suite reaches (or no cluster node) is not a cited cause
     assert through_unreachable_jump("spark-worker-1", head_key, []) is None
+
+
+def test_the_heads_engine_killed_says_so_in_the_serving_failure() -> None:
+    """Issue #25 part 4: with the head's engine killed, test_cluster_serving said only
+    "Connection refused" with evidence {}; the container state and the head's last log
+    lines were elsewhere. The failure carries them again."""
+    from pytest_spark.readiness.session import head_account
+
+    refused = (
+        "API at http://10.0.0.1:8000 not reachable: ConnectError: [Errno 111] Connection refused"
+    )
+    lines = [f"INFO line {i}" for i in range(30)] + ["", "Killed"]
+    message, evidence = head_account(refused, "spark-head", "vllm_node", "exited (code 137)", lines)
+    assert message.startswith(refused)
+    assert "spark-head: container 'vllm_node' exited (code 137)" in message
+    assert "docker logs vllm_node` on spark-head" in message
+    assert "spark-head log (last 15 lines):" in message and "    Killed" in message
+    assert "INFO line 15" not in message and "INFO line 16" in message
+    assert evidence["container"] == "spark-head: container 'vllm_node' exited (code 137)"
+    assert evidence["spark-head log"].endswith("Killed")
+    # the readiness watch's message already names the container: kept as it is
+    watch = "serving container exited on spark-head: container vllm_node exited (code 137)"
+    assert head_account(watch, "spark-head", "vllm_node", "exited (code 137)", lines) == (watch, {})
+    # docker not answering on the head: nothing to add
+    assert head_account(refused, "spark-head", "vllm_node", "unknown", []) == (refused, {})
+    running = head_account(refused, "spark-head", "vllm_node", "running", lines)
+    assert running == (refused, {})  # a running engine is not the story (an API key, a proxy)

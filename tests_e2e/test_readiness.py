@@ -9,6 +9,7 @@ import pytest
 from pytest_spark import Cluster, Finding, Node, SparkCheck
 from pytest_spark.access import body
 from pytest_spark.access.api import ApiEndpoint
+from pytest_spark.access.base import RemoteError
 from pytest_spark.access.cluster import node_names
 from pytest_spark.fixtures import (
     ApiState,
@@ -19,7 +20,13 @@ from pytest_spark.fixtures import (
 )
 from pytest_spark.parsers.ray import parse_ray_status
 from pytest_spark.parsers.serveargs import expected_ray_members, parse_serve_args
-from pytest_spark.readiness.session import ServingInfo, inspected_state, serving_nodes
+from pytest_spark.readiness.session import (
+    ServingInfo,
+    head_account,
+    inspected_state,
+    serving_nodes,
+)
+from pytest_spark.readiness.wait import SINCE_START, parse_probe, probe_command
 from pytest_spark.serving import ServingError
 from pytest_spark.serving.canary import WireProbe
 from pytest_spark.serving.causes import body_failure, check_stream_wire
@@ -47,12 +54,16 @@ def test_cluster_serving(
     if cited is not None:
         pytest.skip(cited)  # another check's failure (an unreachable node) is the cause
     if problem is not None or spark_api_state.endpoint is None:
+        message, evidence = problem or "no API endpoint", dict[str, str]()
+        if spark_settings.head is not None:
+            message, evidence = _with_head_account(request, spark_settings, message)
         spark_check.require(
             Finding.failed(
                 "not serving",
                 "serving",
-                node=_named_node(spark_settings, problem or ""),
-                message=problem or "no API endpoint",
+                node=_named_node(spark_settings, message),
+                message=message,
+                evidence=evidence,
             )
         )
         return
@@ -64,6 +75,24 @@ def test_cluster_serving(
             message=f"{api.base_url} serves {api.model!r}",
         )
     )
+
+
+def _with_head_account(
+    request: pytest.FixtureRequest, settings: Settings, problem: str
+) -> tuple[str, dict[str, str]]:
+    """The problem with the head's serving container state and last log lines (an API
+    that refuses connections because the head's engine was killed says so)."""
+    cluster: Cluster = request.getfixturevalue("spark_cluster")
+    head = cluster.head
+    if cluster.unreachable(head) is not None:
+        return problem, {}
+    command = probe_command(settings.container, SINCE_START, None, None)
+    try:
+        probe = parse_probe(head.run(command, timeout=20), with_health=False)
+    except RemoteError:
+        return problem, {}
+    lines = [line.partition(" ")[2] or line for line in probe.lines]  # without the stamps
+    return head_account(problem, head.name, settings.container, probe.status, lines)
 
 
 def _named_node(settings: Settings, problem: str) -> str | None:

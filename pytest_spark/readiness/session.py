@@ -153,6 +153,31 @@ def inspected_state(result: CommandResult) -> tuple[str, str | None]:
     return "unknown", (error or state or f"docker inspect exited {result.rc}").splitlines()[0]
 
 
+HEAD_TAIL_LINES = 15  # the head's last log lines a not-serving failure quotes
+
+
+def head_account(
+    problem: str, node: str, container: str, status: str, lines: list[str]
+) -> tuple[str, dict[str, str]]:
+    """A not-serving failure that only says what the API answered (``Connection refused``)
+    with the head's own account added: its serving container's state (``exited (code
+    137)``: the engine was killed) and its last log lines, in the message and as evidence.
+    A problem that already names the container (the readiness watch's), or a container
+    that runs (an API key, a proxy: not the engine's story), is kept as it is."""
+    if container in problem or status in ("", "running") or status.startswith("unknown"):
+        return problem, {}
+    tail = [line.rstrip() for line in lines if line.strip()][-HEAD_TAIL_LINES:]
+    state = f"{node}: container {container!r} {status}"
+    message = (
+        f"{problem}\n  {state} (its engine is gone: `docker logs {container}` on {node} says why)"
+    )
+    if tail:
+        message += f"\n  {node} log (last {len(tail)} lines):\n" + "\n".join(
+            f"    {line}" for line in tail
+        )
+    return message, {"container": state, f"{node} log": "\n".join(tail)}
+
+
 def container_states(cluster: Cluster, container: str) -> dict[str, str]:
     """Each reachable node's state of ``container`` (``docker inspect``: running, exited,
     removing, ...), or "" where there is none."""
