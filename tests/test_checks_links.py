@@ -605,3 +605,24 @@ def test_a_link_at_half_rate_is_one_failure_naming_both_ends() -> None:
         "spark-worker-1",
         "enp1s0f1np1",
     )
+
+
+def test_no_ibdev2netdev_says_command_not_found_once() -> None:
+    """Issue #25 part 3: a reachable node without ibdev2netdev gave 16 identical "check
+    cables" errors and "No port has a link partner"; nothing said the tool is missing."""
+    from pytest_spark.checks.links import fabric_twin_missing
+
+    finding = check_fabric_twins("spark-worker-1", [], 2, [], ("ibdev2netdev",))
+    assert not finding.ok
+    assert "ibdev2netdev: command not found" in finding.message
+    assert "link partner" not in finding.message and "cable" not in finding.message
+    assert "--spark-fabric-ifs" in finding.message and "spark-worker-1" in finding.message
+    # the twin checks skip citing each short node's twins check, never "check cables"
+    fail, text = fabric_twin_missing(0, [], 2, ["spark-worker-1"], verdict=True)
+    assert not fail and "(test_fabric_twins_up[spark-worker-1] has the evidence)" in text
+    assert "cables" not in text
+    # without the twins check in the session (-k mtu_consistent), the failure is here
+    fail, text = fabric_twin_missing(1, ["enp1s0f1np1"], 2, ["spark-worker-1"], verdict=False)
+    assert fail and "check cables" in text and "fabric twin 1: only 1" in text
+    # a tool present and no link: the cable words, as before
+    assert "link partner" in check_fabric_twins("spark-head", [], 2, []).message

@@ -80,7 +80,9 @@ def test_fabric_twins_up(
     check then skips citing it (one down twin, one failure)."""
     expected = spark_cluster.profile.link.fabric_twins
     up = discover_fabric_ifs(link_facts)
-    finding = check_fabric_twins(spark_node.name, up, expected, link_facts.roce)
+    finding = check_fabric_twins(
+        spark_node.name, up, expected, link_facts.roce, link_facts.missing_tools
+    )
     if not finding.ok:
         down = [
             i
