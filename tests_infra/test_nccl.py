@@ -28,6 +28,7 @@ from pytest_spark.checks.nccl import (
     socket_forced_by_env,
 )
 from pytest_spark.checks.preflight import ENV_VERDICT
+from pytest_spark.checks.roce_gid import GID_VERDICT, no_rdma_cause
 from pytest_spark.facts.collective import CollectiveRun
 from pytest_spark.fixtures import (
     ServingState,
@@ -43,7 +44,13 @@ from pytest_spark.gathering.links import (
     unusable_fabric_links,
 )
 from pytest_spark.gathering.measure import Measured, measure_once
-from pytest_spark.gathering.nccl import collective_run, container_env, down_socket_ports, rank_envs
+from pytest_spark.gathering.nccl import (
+    collective_run,
+    container_env,
+    down_socket_ports,
+    nodes_without_rdma,
+    rank_envs,
+)
 from pytest_spark.parsers.codec import dump, load
 from pytest_spark.parsers.nccl import NcclOutput
 from pytest_spark.readiness.reachability import require_reachable
@@ -244,6 +251,9 @@ def test_transport_is_rdma_on_the_fabric(
         fabric_ifs=fabric_ifs(spark_cluster),
         where=_where(allreduce),
     )
+    cause = no_rdma_cause(nodes_without_rdma(spark_cluster), None)
+    if not finding.ok and cause is not None and verdict_in_session(request.session, GID_VERDICT):
+        pytest.skip(f"NCCL transport: {cause}")  # the socket fallback of no RDMA
     if not unusable_fabric_links(spark_cluster):  # a down twin: its link-up check's
         here = "NCCL transport"
         _skip_if_env_forces_socket(request, spark_cluster, spark_settings, allreduce, finding, here)
