@@ -184,7 +184,7 @@ def _configure_active(config: pytest.Config) -> None:
     from pytest_spark import fixtures
     from pytest_spark.access.simcontrol import sim_attach, sim_up
     from pytest_spark.gathering.measure import MEASURE_KEY, Measurements
-    from pytest_spark.readiness.reachability import LostNodes
+    from pytest_spark.readiness.reachability import LostNodes, VerdictFirst
     from pytest_spark.report import register as register_reports
     from pytest_spark.report.results import RESULTS_KEY, ResultsRecorder
     from pytest_spark.settings.resolve import resolve
@@ -194,6 +194,11 @@ def _configure_active(config: pytest.Config) -> None:
     # NodeUnreachable out of a check: one failure per lost node, later checks skip citing it
     config.pluginmanager.register(
         LostNodes(lambda: config.stash.get(CLUSTER_KEY, None)), "spark.lost"
+    )
+    # test_node_reachable runs first and whatever the selection (-m link, -k, -x)
+    config.pluginmanager.register(
+        VerdictFirst(lambda item: bool(set(getattr(item, "fixturenames", ())) & CLUSTER_FIXTURES)),
+        "spark.reachability",
     )
     settings = resolve(config)
     if settings.sim:

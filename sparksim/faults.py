@@ -112,17 +112,23 @@ def link_rate(
     if mbps <= 0:
         raise SimError(f"link-rate {mbps}: give the rate in Mb/s, e.g. 100000 for 100G")
     node, twins = _target(topo, node_spec, twin)
-    state = nodes_mod.read_state(state_dir, node)
-    ports = state["ports"]
-    assert isinstance(ports, dict)
+    # A link has one rate: on a direct cable both ends negotiate it and both report it
+    # (ibstat, ethtool); behind the switch the node's cable to its switch port is its own.
+    ends = [node] if topo.switched else [node, topo.peer(node)]
+    gbps = mbps / 1000
     msgs = []
+    for end in ends:
+        state = nodes_mod.read_state(state_dir, end)
+        ports = state["ports"]
+        assert isinstance(ports, dict)
+        for t in twins:
+            ports[FABRIC_TWINS[t][1]]["rate_gbps"] = int(gbps) if gbps.is_integer() else gbps
+        nodes_mod.write_state(state_dir, end, state)
     for t in twins:
-        ifname, dev, _ = FABRIC_TWINS[t]
-        gbps = mbps / 1000
-        ports[dev]["rate_gbps"] = int(gbps) if gbps.is_integer() else gbps
+        ifname = FABRIC_TWINS[t][0]
         _record(state_dir, "link-rate", node, ifname, mbps, healthy=mbps == HEALTHY_RATE_MBPS)
-        msgs.append(f"{node.name} {ifname}: rate {mbps} Mb/s (shaped to {tbf_mbit(mbps)} Mbit/s)")
-    nodes_mod.write_state(state_dir, node, state)
+        where = " and ".join(f"{end.name} {ifname}" for end in ends)
+        msgs.append(f"{where}: rate {mbps} Mb/s (shaped to {tbf_mbit(mbps)} Mbit/s)")
     apply_shaping(state_dir, topo)
     return msgs
 

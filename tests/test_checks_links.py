@@ -572,3 +572,57 @@ def test_no_carrier_caused_by_the_peers_admin_down_end() -> None:
         peer_took_the_link_down(port(admin_up=False), {"spark-worker-1": port(admin_up=False)})
         is None
     )
+
+
+def test_a_link_at_half_rate_is_one_failure_naming_both_ends() -> None:
+    """Issue #25 part 4: one link at half rate failed test_link_rate on both ends of the
+    cable. A link has one rate: the first end has the failure, naming every end."""
+    from pytest_spark.checks.links import link_rate_ends
+
+    low = [
+        ("spark-head", "enp1s0f1np1", 100.0),
+        ("spark-head", "enP2p1s0f1np1", 100.0),
+        ("spark-worker-1", "enp1s0f1np1", 100.0),
+        ("spark-worker-1", "enP2p1s0f1np1", 100.0),
+    ]
+    every = [(n, i) for n, i, _ in low]
+    for node, ifname, _ in low:
+        owner, ends = link_rate_ends(low, node, ifname, direct=True)
+        assert owner == ("spark-head", "enp1s0f1np1")
+        assert ends == every
+    # one end only (the other end's rate fine): its own twins, as before
+    one = low[2:]
+    assert link_rate_ends(one, "spark-worker-1", "enP2p1s0f1np1", direct=True) == (
+        ("spark-worker-1", "enp1s0f1np1"),
+        [("spark-worker-1", "enp1s0f1np1"), ("spark-worker-1", "enP2p1s0f1np1")],
+    )
+    # behind a switch each node's cable is its own: no peer end
+    owner, ends = link_rate_ends(low, "spark-worker-1", "enp1s0f1np1", direct=False)
+    assert owner == ("spark-worker-1", "enp1s0f1np1") and len(ends) == 2
+    # another rate at the far end is not the same reading: each end its own
+    mixed = [("spark-head", "enp1s0f1np1", 200.0 - 50), ("spark-worker-1", "enp1s0f1np1", 100.0)]
+    assert link_rate_ends(mixed, "spark-worker-1", "enp1s0f1np1", direct=True)[0] == (
+        "spark-worker-1",
+        "enp1s0f1np1",
+    )
+
+
+def test_no_ibdev2netdev_says_command_not_found_once() -> None:
+    """Issue #25 part 3: a reachable node without ibdev2netdev gave 16 identical "check
+    cables" errors and "No port has a link partner"; nothing said the tool is missing."""
+    from pytest_spark.checks.links import fabric_twin_missing
+
+    finding = check_fabric_twins("spark-worker-1", [], 2, [], ("ibdev2netdev",))
+    assert not finding.ok
+    assert "ibdev2netdev: command not found" in finding.message
+    assert "link partner" not in finding.message and "cable" not in finding.message
+    assert "--spark-fabric-ifs" in finding.message and "spark-worker-1" in finding.message
+    # the twin checks skip citing each short node's twins check, never "check cables"
+    fail, text = fabric_twin_missing(0, [], 2, ["spark-worker-1"], verdict=True)
+    assert not fail and "(test_fabric_twins_up[spark-worker-1] has the evidence)" in text
+    assert "cables" not in text
+    # without the twins check in the session (-k mtu_consistent), the failure is here
+    fail, text = fabric_twin_missing(1, ["enp1s0f1np1"], 2, ["spark-worker-1"], verdict=False)
+    assert fail and "check cables" in text and "fabric twin 1: only 1" in text
+    # a tool present and no link: the cable words, as before
+    assert "link partner" in check_fabric_twins("spark-head", [], 2, []).message

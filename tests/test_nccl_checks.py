@@ -348,3 +348,52 @@ def test_hang_message_states_the_timeout_that_applied_and_the_down_port() -> Non
     assert f"A fabric port is down ({down})" in finding.message
     silent = dataclasses.replace(run, ranks=(), timed_out=True)
     assert silent.hang_timeout_s == 300.0  # no rank said so: the whole run's bound ended it
+
+
+# -------------------------------------------------- the all-reduce could not run at all
+
+NO_LAUNCHER = (
+    "no all-reduce launcher works on every node: need nccl-tests' all_reduce_perf with "
+    "mpirun, or python3 with torch on the host or inside container vllm_node. Found: ..."
+)
+
+
+def _unavailable(states: dict[str, str], *, owner_here: bool = False, **kw: bool) -> tuple:
+    from pytest_spark.checks.nccl import allreduce_unavailable
+
+    options = {"container_verdict": True, "owner_in_session": True} | kw
+    return allreduce_unavailable(NO_LAUNCHER, states, "vllm_node", owner_here=owner_here, **options)
+
+
+def test_a_worker_without_its_serving_container_is_the_container_checks_failure() -> None:
+    """Issue #25 part 4: a worker's serving container stopped took torch with it; the 8
+    NCCL checks errored with node null instead of skipping citing the container check."""
+    states = {"spark-head": "running", "spark-worker-1": "exited"}
+    for owner_here in (True, False):
+        fail, text = _unavailable(states, owner_here=owner_here)
+        assert not fail
+        assert "test_serving_container_running[spark-worker-1]" in text
+        assert "'vllm_node' exited" in text and "spark-head" not in text
+    fail, text = _unavailable({"spark-head": "running", "spark-worker-1": ""})
+    assert not fail and "'vllm_node' missing" in text
+
+
+def test_no_launcher_anywhere_is_one_failure_the_others_cite() -> None:
+    """No torch on any node and no nccl-tests (no container either): the launch verdict
+    fails once, every other NCCL check skips citing it."""
+    for states in ({"spark-head": "", "spark-worker-1": ""}, {"spark-head": "running"}):
+        fail, text = _unavailable(states, owner_here=True)
+        assert fail and text.startswith("all-reduce could not run: no all-reduce launcher")
+        fail, text = _unavailable(states)
+        assert not fail
+        assert "(test_allreduce_does_not_hang_at_init has the evidence)" in text
+    # the container verdict not selected: the launch verdict keeps its own failure
+    fail, _ = _unavailable(
+        {"spark-head": "running", "spark-worker-1": "exited"},
+        owner_here=True,
+        container_verdict=False,
+    )
+    assert fail
+    # the launch verdict not selected (-k busbw): each check reports it itself
+    fail, _ = _unavailable({"spark-head": ""}, owner_in_session=False)
+    assert fail

@@ -192,3 +192,28 @@ def test_ipv6_address_ahead_shifts_the_index_and_the_message_says_which() -> Non
     ).message  # fmt: skip
     assert "spark-head's GID tables have rocep1s0f1 [2] 2001:2::2" in flipped
     assert "which spark-worker-1's lack" in flipped
+
+
+def test_no_rdma_on_the_nodes_is_one_failure() -> None:
+    """Issue #25 part 4: no RDMA on the nodes failed test_roce_gid_is_v2 on each node and
+    test_transport_is_rdma_on_the_fabric: 3 failures for one cause. The first node's GID
+    check names every node; the others, and the transport check, skip citing it."""
+    from pytest_spark.checks.roce_gid import check_gid_v2, no_rdma_cause
+
+    both = ["spark-head", "spark-worker-1"]
+    assert no_rdma_cause(both, "spark-head") is None  # the owner
+    finding = check_gid_v2("spark-head", None, None, ["rocep1s0f1"], both)
+    assert not finding.ok
+    assert "nor on spark-worker-1" in finding.message
+    assert "modprobe mlx5_ib) on spark-head, spark-worker-1" in finding.message
+    worker = no_rdma_cause(both, "spark-worker-1")
+    assert worker is not None
+    assert worker.endswith("(test_roce_gid_is_v2[spark-head] has the evidence)")
+    transport = no_rdma_cause(both, None)
+    assert transport is not None and "no RDMA on spark-head, spark-worker-1" in transport
+    # one node without RDMA: its own check fails; the node with RDMA checks its own GID
+    assert no_rdma_cause(["spark-worker-1"], "spark-worker-1") is None
+    assert no_rdma_cause(["spark-worker-1"], "spark-head") is None
+    assert no_rdma_cause([], None) is None
+    alone = check_gid_v2("spark-worker-1", None, None, ["rocep1s0f1"], ["spark-worker-1"])
+    assert "nor on" not in alone.message

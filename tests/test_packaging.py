@@ -157,4 +157,6 @@ def test_checkout_collects_the_suite_once_and_selects_as_before() -> None:
     assert {i.split("/")[0] for i in ids} == set(SUITE_DIRS)
     link = _collected("tests_infra/test_link.py")
     assert link and all(i.startswith("tests_infra/test_link.py::") for i in link)
-    assert _collected("-m", "link") == link
+    # -m link: the reachability verdicts come back and run first (issue #25 part 3)
+    verdicts = [f"tests_infra/test_preflight.py::test_node_reachable[{n}]" for n in ("spark-head",)]
+    assert _collected("-m", "link") == verdicts + link

@@ -295,3 +295,26 @@ def test_only_the_head_is_asked_for_health_and_the_launcher() -> None:
     assert "/health" in head and "ps -o stat= -p 4242" in head and "/tmp/launch.log" in head
     assert "/health" not in worker and "ps -o stat=" not in worker and "launch.log" not in worker
     assert f"--since {SINCE}" in worker
+
+
+def test_a_docker_daemon_that_is_down_is_not_a_container_state() -> None:
+    """Issue #25 part 3: a docker daemon that is down was read as the container's state
+    (``container 'Cannot connect to the Docker daemon ...'``): stderr taken for stdout."""
+    from pytest_spark.access.base import CommandResult
+    from pytest_spark.readiness.session import inspected_state
+
+    def inspect(rc: int, stdout: str, stderr: str = "") -> tuple[str, str | None]:
+        return inspected_state(
+            CommandResult("spark-worker-1", "docker inspect", rc, stdout, stderr)
+        )
+
+    down = (
+        "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. "
+        "Is the docker daemon running?"
+    )
+    assert inspect(1, "", down) == ("unknown", down)
+    assert inspect(0, "running\n") == ("running", None)
+    assert inspect(0, "exited\n") == ("exited", None)
+    assert inspect(1, "\n", "Error: No such object: vllm_node") == ("missing", None)
+    assert inspect(1, "", "Error response from daemon: No such container: x") == ("missing", None)
+    assert inspect(127, "", "sh: docker: not found")[0] == "unknown"

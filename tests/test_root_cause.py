@@ -127,11 +127,33 @@ def test_unreachable_node_is_one_failure_and_the_rest_skip_citing_it(
     assert by_name["test_needs_node[spark-head]"]["node"] == "spark-head"
 
 
+@pytest.mark.parametrize("select", [("-k", "needs"), ("-k", "not reachable"), ("-x",)])
+def test_the_verdict_is_reached_whatever_the_selection(
+    pytester: pytest.Pytester, closed_port: int, select: tuple[str, ...]
+) -> None:
+    """Issue #25 part 3: -k or -m without the reachability check gave an error per check
+    ("node unreachable") and no verdict; -x stopped on a consequence. The verdict is put
+    back and runs first: one failure, the others skip citing it (or, -x, never run)."""
+    result = _run_unreachable(pytester, closed_port, *select)
+    if select == ("-x",):
+        result.assert_outcomes(failed=1)
+    else:
+        result.assert_outcomes(failed=1, skipped=2)
+    result.stdout.fnmatch_lines(["*_ test_node_reachable[[]spark-head[]] _*"])
+
+
 def test_without_the_verdict_the_checks_fail_themselves(
     pytester: pytest.Pytester, closed_port: int
 ) -> None:
-    """-k without the reachability check: nothing else reports the node, so they fail."""
-    result = _run_unreachable(pytester, closed_port, "-k", "needs")
+    """No reachability check collected at all (a suite without one, or a path that leaves
+    its file out): nothing else reports the node, so they fail."""
+    pytester.makepyfile(
+        test_suite="def test_needs_node(spark_node):\n    pass\n\n"
+        "def test_needs_head(spark_head):\n    pass\n"
+    )
+    config = pytester.path / "ssh_config"
+    config.write_text(f"Host 127.0.0.1\n  Port {closed_port}\n  User root\n")
+    result = pytester.runpytest("-rs", "--spark-head=127.0.0.1", f"--spark-ssh-config={config}")
     result.assert_outcomes(errors=2)
     result.stdout.fnmatch_lines(["*node unreachable: spark-head: SSH connection*refused*"])
 
@@ -350,3 +372,88 @@ def test_socket_ifname_names_interfaces_unless_it_excludes() -> None:
     assert named_interfaces("enp1s0f1np1") == ["enp1s0f1np1"]
     assert named_interfaces("=enp1s0f1np1,enP2p1s0f1np1") == ["enp1s0f1np1", "enP2p1s0f1np1"]
     assert named_interfaces("^docker0,lo") == []
+
+
+def test_a_worker_behind_a_head_with_an_unknown_key_skips_citing_the_head() -> None:
+    """Issue #25 part 4: with an empty known_hosts the head's reachability check fails
+    with the ssh-keyscan fix; the worker, reached through the head as its jump host, got
+    the head's HostKeyError and failed as well. It skips citing the head's check."""
+    from pytest_spark.access.base import HostKeyError, NodeUnreachable
+    from pytest_spark.readiness.reachability import through_unreachable_jump
+
+    head_key = HostKeyError(
+        "spark-head", "host key of spark-head (10.0.0.1:22) is not in ~/.ssh/known_hosts"
+    )
+    reason = through_unreachable_jump("spark-worker-1", head_key, ["spark-head"])
+    assert reason is not None
+    assert reason.startswith("spark-worker-1 is reached through spark-head (its jump host)")
+    assert "host key of spark-head" in reason and "spark-head: host key" not in reason
+    assert reason.endswith("(test_node_reachable[spark-head] has the evidence)")
+    # the head's own check, and a worker's own error, are theirs
+    assert through_unreachable_jump("spark-head", head_key, ["spark-worker-1"]) is None
+    own = NodeUnreachable("spark-worker-1", "SSH connection refused")
+    assert through_unreachable_jump("spark-worker-1", own, ["spark-head"]) is None
+    # an error naming a node the suite reaches (or no cluster node) is not a cited cause
+    assert through_unreachable_jump("spark-worker-1", head_key, []) is None
+
+
+def test_the_heads_engine_killed_says_so_in_the_serving_failure() -> None:
+    """Issue #25 part 4: with the head's engine killed, test_cluster_serving said only
+    "Connection refused" with evidence {}; the container state and the head's last log
+    lines were elsewhere. The failure carries them again."""
+    from pytest_spark.readiness.session import head_account
+
+    refused = (
+        "API at http://10.0.0.1:8000 not reachable: ConnectError: [Errno 111] Connection refused"
+    )
+    lines = [f"INFO line {i}" for i in range(30)] + ["", "Killed"]
+    message, evidence = head_account(refused, "spark-head", "vllm_node", "exited (code 137)", lines)
+    assert message.startswith(refused)
+    assert "spark-head: container 'vllm_node' exited (code 137)" in message
+    assert "docker logs vllm_node` on spark-head" in message
+    assert "spark-head log (last 15 lines):" in message and "    Killed" in message
+    assert "INFO line 15" not in message and "INFO line 16" in message
+    assert evidence["container"] == "spark-head: container 'vllm_node' exited (code 137)"
+    assert evidence["spark-head log"].endswith("Killed")
+    # the readiness watch's message already names the container: kept as it is
+    watch = "serving container exited on spark-head: container vllm_node exited (code 137)"
+    assert head_account(watch, "spark-head", "vllm_node", "exited (code 137)", lines) == (watch, {})
+    # docker not answering on the head: nothing to add
+    assert head_account(refused, "spark-head", "vllm_node", "unknown", []) == (refused, {})
+    running = head_account(refused, "spark-head", "vllm_node", "running", lines)
+    assert running == (refused, {})  # a running engine is not the story (an API key, a proxy)
+
+
+class _Item:
+    def __init__(self, name: str, verdict: bool = False, nodes: bool = True) -> None:
+        self.name, self.verdict, self.nodes = name, verdict, nodes
+
+    def get_closest_marker(self, name: str) -> object | None:
+        return object() if self.verdict and name == "spark_reachability_verdict" else None
+
+
+def test_the_reachability_verdict_runs_first_whatever_the_selection() -> None:
+    """Issue #25 part 3: with -m link the reachability verdict was not selected (11 errors
+    said "node unreachable", 4 "check cables"); with -x the run stopped on a cable error.
+    The verdicts are put back when a selected check needs the nodes, and run first."""
+    from pytest_spark.readiness.reachability import verdicts_first
+
+    head = _Item("test_node_reachable[spark-head]", verdict=True)
+    worker = _Item("test_node_reachable[spark-worker-1]", verdict=True)
+    link = [_Item("test_mtu_consistent[twin0]"), _Item("test_link_up[spark-head-twin0]")]
+
+    def needs(item: object) -> bool:
+        return bool(getattr(item, "nodes", False))
+
+    def names(items: list) -> list[str]:
+        return [i.name for i in items]
+
+    # -m link: the verdicts were deselected; they come back, first
+    got = verdicts_first(list(link), [head, worker], needs)  # type: ignore[arg-type]
+    assert names(got) == [head.name, worker.name, *names(link)]
+    # the whole suite: the verdicts move ahead of tests_infra/test_link.py (-x stops there)
+    got = verdicts_first([*link, head, worker], [], needs)  # type: ignore[list-item]
+    assert names(got) == [head.name, worker.name, *names(link)]
+    # nothing selected needs the nodes (-m tool_calls against --spark-api-url): not added
+    api = [_Item("test_tool_call[auto-plain]", nodes=False)]
+    assert verdicts_first(list(api), [head], needs) == api  # type: ignore[arg-type]

@@ -9,11 +9,24 @@ import pytest
 from pytest_spark import Cluster, Finding, Node, SparkCheck
 from pytest_spark.access import body
 from pytest_spark.access.api import ApiEndpoint
+from pytest_spark.access.base import RemoteError
 from pytest_spark.access.cluster import node_names
-from pytest_spark.fixtures import ApiState, ServingState, not_serving_reason, server_log_hint
+from pytest_spark.fixtures import (
+    ApiState,
+    ServingState,
+    not_serving_reason,
+    server_log_hint,
+    verdict_in_session,
+)
 from pytest_spark.parsers.ray import parse_ray_status
 from pytest_spark.parsers.serveargs import expected_ray_members, parse_serve_args
-from pytest_spark.readiness.session import ServingInfo, serving_nodes
+from pytest_spark.readiness.session import (
+    ServingInfo,
+    head_account,
+    inspected_state,
+    serving_nodes,
+)
+from pytest_spark.readiness.wait import SINCE_START, parse_probe, probe_command
 from pytest_spark.serving import ServingError
 from pytest_spark.serving.canary import WireProbe
 from pytest_spark.serving.causes import body_failure, check_stream_wire
@@ -41,12 +54,16 @@ def test_cluster_serving(
     if cited is not None:
         pytest.skip(cited)  # another check's failure (an unreachable node) is the cause
     if problem is not None or spark_api_state.endpoint is None:
+        message, evidence = problem or "no API endpoint", dict[str, str]()
+        if spark_settings.head is not None:
+            message, evidence = _with_head_account(request, spark_settings, message)
         spark_check.require(
             Finding.failed(
                 "not serving",
                 "serving",
-                node=_named_node(spark_settings, problem or ""),
-                message=problem or "no API endpoint",
+                node=_named_node(spark_settings, message),
+                message=message,
+                evidence=evidence,
             )
         )
         return
@@ -58,6 +75,24 @@ def test_cluster_serving(
             message=f"{api.base_url} serves {api.model!r}",
         )
     )
+
+
+def _with_head_account(
+    request: pytest.FixtureRequest, settings: Settings, problem: str
+) -> tuple[str, dict[str, str]]:
+    """The problem with the head's serving container state and last log lines (an API
+    that refuses connections because the head's engine was killed says so)."""
+    cluster: Cluster = request.getfixturevalue("spark_cluster")
+    head = cluster.head
+    if cluster.unreachable(head) is not None:
+        return problem, {}
+    command = probe_command(settings.container, SINCE_START, None, None)
+    try:
+        probe = parse_probe(head.run(command, timeout=20), with_health=False)
+    except RemoteError:
+        return problem, {}
+    lines = [line.partition(" ")[2] or line for line in probe.lines]  # without the stamps
+    return head_account(problem, head.name, settings.container, probe.status, lines)
 
 
 def _named_node(settings: Settings, problem: str) -> str | None:
@@ -177,18 +212,40 @@ def test_serving_container_running(
     name = shlex.quote(spark_settings.container)
     inspect = f"docker inspect -f '{{{{.State.Status}}}}' {name}"
     result = spark_node.run(inspect, timeout=20)
-    state = result.stdout.strip() or result.stderr.strip()
-    if not result.ok and "No such" in state:
-        state = "missing"  # the launcher runs it with --rm: a dead rank leaves nothing
-        # Attached to a server the launcher did not start (no container on the head
-        # either): nothing to look at. A worker without the head's container lost its rank.
-        if not spark_settings.launch and (
-            spark_node.name == spark_head.name or not spark_head.run(inspect, timeout=20).ok
-        ):
+    state, docker_error = inspected_state(result)
+    if docker_error is not None:
+        # docker did not answer (its daemon down): test_docker_ready's failure, not a state
+        where = f"test_docker_ready[{spark_node.name}]"
+        if verdict_in_session(request.session, where):
             pytest.skip(
-                f"no container {spark_settings.container!r} on {spark_node.name} nor on the "
-                "head: the server is not run by the launcher here"
+                f"{spark_node.name}: docker cannot say whether {spark_settings.container!r} "
+                f"runs: {docker_error} ({where} has the evidence)"
             )
+        spark_check.require(
+            Finding.failed(
+                "unknown",
+                "running",
+                node=spark_node.name,
+                message=(
+                    f"{spark_node.name}: docker cannot say whether the serving container "
+                    f"{spark_settings.container!r} runs: {docker_error}. Start the docker "
+                    "daemon there (systemctl start docker) or give this user its socket"
+                ),
+                evidence={"docker inspect": result.evidence()},
+            )
+        )
+    # "missing": the launcher runs it with --rm, a dead rank leaves nothing. Attached to
+    # a server the launcher did not start (no container on the head either): nothing to
+    # look at. A worker without the head's container lost its rank.
+    if (
+        state == "missing"
+        and not spark_settings.launch
+        and (spark_node.name == spark_head.name or not spark_head.run(inspect, timeout=20).ok)
+    ):
+        pytest.skip(
+            f"no container {spark_settings.container!r} on {spark_node.name} nor on the "
+            "head: the server is not run by the launcher here"
+        )
     problem = spark_serving_state.problem
     if state != "running" and problem and request.config.stash.get(SERVING_VERDICT_KEY, False):
         # The lost rank is why the cluster is not serving: one failure, there (or at the

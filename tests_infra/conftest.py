@@ -5,23 +5,37 @@ from __future__ import annotations
 import pytest
 
 from pytest_spark.access.cluster import Cluster, Node
-from pytest_spark.facts.links import NodeLinkFacts, PortFacts
-from pytest_spark.gathering.links import fabric_ifs, node_link_facts, port_of
+from pytest_spark.checks.links import fabric_twin_missing
+from pytest_spark.facts.links import NodeLinkFacts, PortFacts, discover_fabric_ifs
+from pytest_spark.fixtures import verdict_in_session
+from pytest_spark.gathering.links import all_link_facts, fabric_ifs, node_link_facts, port_of
+from pytest_spark.readiness.reachability import require_reachable
 
 
 @pytest.fixture
-def fabric_if(spark_cluster: Cluster, spark_twin: int) -> str:
-    """The interface name of fabric twin ``spark_twin`` (index into the discovered twins)."""
+def fabric_if(request: pytest.FixtureRequest, spark_cluster: Cluster, spark_twin: int) -> str:
+    """The interface name of fabric twin ``spark_twin`` (index into the discovered twins).
+    Not found: an unreachable node is its reachability check's (a twin cannot be found
+    on a node the suite cannot ask), a node with too few twins its test_fabric_twins_up's."""
     ifs = fabric_ifs(spark_cluster)
     if spark_twin >= len(ifs):
+        require_reachable(request.config, spark_cluster)
         expected = spark_cluster.profile.link.fabric_twins
-        pytest.fail(
-            f"fabric twin {spark_twin}: only {len(ifs)} fabric interface(s) found on any node "
-            f"({', '.join(ifs) or 'none'}), expected {expected}. ibdev2netdev shows no Up "
-            "RoCE port for it: check cables and `ibdev2netdev` on every node, or name the "
-            "interfaces with --spark-fabric-ifs",
-            pytrace=False,
+        short = [
+            name
+            for name, facts in all_link_facts(spark_cluster).items()
+            if isinstance(facts, NodeLinkFacts) and len(discover_fabric_ifs(facts)) < expected
+        ]
+        fail, text = fabric_twin_missing(
+            spark_twin,
+            ifs,
+            expected,
+            short,
+            verdict=verdict_in_session(request.session, "test_fabric_twins_up"),
         )
+        if fail:
+            pytest.fail(text, pytrace=False)
+        pytest.skip(text)
     return ifs[spark_twin]
 
 

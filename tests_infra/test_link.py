@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -20,9 +21,10 @@ from pytest_spark.checks.links import (
     check_roce_active,
     check_same_subnet,
     link_is_usable,
+    link_rate_ends,
+    link_rate_short,
     peer_took_the_link_down,
     ping_pairs_culprit,
-    twin_key,
 )
 from pytest_spark.facts.links import (
     NodeLinkFacts,
@@ -78,7 +80,9 @@ def test_fabric_twins_up(
     check then skips citing it (one down twin, one failure)."""
     expected = spark_cluster.profile.link.fabric_twins
     up = discover_fabric_ifs(link_facts)
-    finding = check_fabric_twins(spark_node.name, up, expected, link_facts.roce)
+    finding = check_fabric_twins(
+        spark_node.name, up, expected, link_facts.roce, link_facts.missing_tools
+    )
     if not finding.ok:
         down = [
             i
@@ -116,29 +120,55 @@ def test_roce_active(spark_node: Node, port: PortFacts, spark_check: SparkCheck)
     spark_check.require(check_roce_active(spark_node.name, port))
 
 
+def _slow_ends(cluster: Cluster) -> list[tuple[str, str, float]]:
+    """Every usable fabric twin below the profile's rate: (node, ifname, rate), nodes in
+    the cluster's order, twins in discovery order."""
+    floor = cluster.profile.link.min_rate_gbps
+    facts = all_link_facts(cluster)
+    low = []
+    for node in cluster.nodes:
+        node_facts = facts.get(node.name)
+        if not isinstance(node_facts, NodeLinkFacts):
+            continue
+        for ifname in fabric_ifs(cluster):
+            port = port_of(node_facts, ifname)
+            if link_is_usable(port)[0] and link_rate_short(port, node.name, floor) is not None:
+                low.append((node.name, ifname, check_link_rate(node.name, port, floor).measured))
+    return low
+
+
 def test_link_rate(
     spark_node: Node, port: PortFacts, spark_check: SparkCheck, spark_cluster: Cluster
 ) -> None:
-    """The link rate. Both twins ride one QSFP port: when the first twin reports the same
-    low rate, this twin skips citing it (one slow cable, one failure)."""
+    """The link rate. A link has one rate: both twins of a QSFP port share it, and on a
+    direct cable both nodes' ends report it. The first end below the floor has the one
+    failure, naming every end at that rate; the others skip citing it (one slow cable,
+    one failure)."""
     require_usable(spark_node, port)
     floor = spark_cluster.profile.link.min_rate_gbps
     finding = check_link_rate(spark_node.name, port, floor)
     if not finding.ok:
-        ifs = fabric_ifs(spark_cluster)
-        facts = node_link_facts(spark_cluster, spark_node)
-        for sibling in ifs[: ifs.index(port.netdev)] if port.netdev in ifs else ():
-            other = port_of(facts, sibling)
-            if (
-                twin_key(sibling) == twin_key(port.netdev)
-                and other.rate_gbps == port.rate_gbps
-                and not check_link_rate(spark_node.name, other, floor).ok
-            ):
-                pytest.skip(
-                    f"{spark_node.name} {port.netdev}: link rate {port.rate_gbps:g} Gb/s, the "
-                    f"same QSFP port as {sibling} (test_link_rate[{spark_node.name}-"
-                    f"{_twin_id(spark_cluster, sibling)}] has the evidence)"
-                )
+        direct = len(spark_cluster.nodes) == 2  # else a switch port between them
+        owner, ends = link_rate_ends(
+            _slow_ends(spark_cluster), spark_node.name, port.netdev, direct=direct
+        )
+        if owner != (spark_node.name, port.netdev):
+            pytest.skip(
+                f"{spark_node.name} {port.netdev}: link rate {finding.measured:g} Gb/s, the "
+                f"same link as {owner[0]} {owner[1]} (test_link_rate[{owner[0]}-"
+                f"{_twin_id(spark_cluster, owner[1])}] has the evidence)"
+            )
+        others = [f"{n} {i}" for n, i in ends if (n, i) != owner]
+        if others:
+            finding = dataclasses.replace(
+                finding,
+                message=finding.message.replace(
+                    ". Likely",
+                    f"; the same rate at {', '.join(others)} (one link, one rate: "
+                    f"{' <-> '.join(sorted({n for n, _ in ends}))}). Likely",
+                    1,
+                ),
+            )
     spark_check.require(finding)
 
 

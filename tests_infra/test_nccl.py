@@ -15,7 +15,10 @@ from pytest_spark.checks.collectives import (
     latency_series,
 )
 from pytest_spark.checks.nccl import (
+    CONTAINER_VERDICT,
     FABRIC_DEVS,
+    LAUNCH_VERDICT,
+    allreduce_unavailable,
     busbw_series,
     check_busbw,
     check_ib_hca,
@@ -25,6 +28,7 @@ from pytest_spark.checks.nccl import (
     socket_forced_by_env,
 )
 from pytest_spark.checks.preflight import ENV_VERDICT
+from pytest_spark.checks.roce_gid import GID_VERDICT, no_rdma_cause
 from pytest_spark.facts.collective import CollectiveRun
 from pytest_spark.fixtures import (
     ServingState,
@@ -40,10 +44,17 @@ from pytest_spark.gathering.links import (
     unusable_fabric_links,
 )
 from pytest_spark.gathering.measure import Measured, measure_once
-from pytest_spark.gathering.nccl import collective_run, container_env, down_socket_ports, rank_envs
+from pytest_spark.gathering.nccl import (
+    collective_run,
+    container_env,
+    down_socket_ports,
+    nodes_without_rdma,
+    rank_envs,
+)
 from pytest_spark.parsers.codec import dump, load
 from pytest_spark.parsers.nccl import NcclOutput
 from pytest_spark.readiness.reachability import require_reachable
+from pytest_spark.readiness.session import container_states, serving_nodes
 from pytest_spark.settings.resolve import Settings
 from pytest_spark.state import SERVING_VERDICT_KEY
 
@@ -74,25 +85,56 @@ def _allreduce(
     )
 
 
+def _run_or_cause(
+    request: pytest.FixtureRequest,
+    measured: Measured[CollectiveRun | str],
+    spark_check: SparkCheck,
+    spark_settings: Settings,
+    spark_cluster: Cluster,
+    *,
+    owner_here: bool = False,
+) -> CollectiveRun:
+    """The session's all-reduce run; when it could not run, one verdict: the serving
+    container that is gone (torch lives there), the cluster not serving, or
+    LAUNCH_VERDICT's failure, which the other NCCL checks skip citing."""
+    spark_check.attach("measurement", measured.record)
+    run = measured.value
+    if not isinstance(run, str):
+        return run
+    if not spark_settings.launch and request.config.stash.get(SERVING_VERDICT_KEY, False):
+        # Attached: the benchmark runs in the serving containers; when the cluster is
+        # not serving (a rank's container gone), that is the root cause, not NCCL, and
+        # test_cluster_serving reports it.
+        serving: ServingState = request.getfixturevalue("spark_serving_state")
+        if serving.problem is not None:
+            pytest.skip(f"{not_serving_reason(serving.problem)}; all-reduce: {run}")
+    kept = serving_nodes(spark_cluster, spark_settings)
+    states = spark_cluster.cached(
+        "serving-container-states",
+        lambda: container_states(spark_cluster, spark_settings.container),
+    )
+    fail, text = allreduce_unavailable(
+        run,
+        {node.name: states.get(node.name, "") for node in kept},
+        spark_settings.container,
+        container_verdict=verdict_in_session(request.session, CONTAINER_VERDICT),
+        owner_here=owner_here,
+        owner_in_session=verdict_in_session(request.session, LAUNCH_VERDICT),
+    )
+    if fail:
+        pytest.fail(text, pytrace=False)
+    pytest.skip(text)
+
+
 @pytest.fixture
 def allreduce(
     request: pytest.FixtureRequest,
     _allreduce: Measured[CollectiveRun | str],
     spark_check: SparkCheck,
     spark_settings: Settings,
+    spark_cluster: Cluster,
 ) -> CollectiveRun:
-    spark_check.attach("measurement", _allreduce.record)
-    run = _allreduce.value
-    if isinstance(run, str):
-        if not spark_settings.launch and request.config.stash.get(SERVING_VERDICT_KEY, False):
-            # Attached: the benchmark runs in the serving containers; when the cluster is
-            # not serving (a rank's container gone), that is the root cause, not NCCL, and
-            # test_cluster_serving reports it.
-            serving: ServingState = request.getfixturevalue("spark_serving_state")
-            if serving.problem is not None:
-                pytest.skip(f"{not_serving_reason(serving.problem)}; all-reduce: {run}")
-        pytest.fail(f"all-reduce could not run: {run}", pytrace=False)
-    return run
+    return _run_or_cause(request, _allreduce, spark_check, spark_settings, spark_cluster)
 
 
 def _where(run: CollectiveRun) -> str:
@@ -100,8 +142,18 @@ def _where(run: CollectiveRun) -> str:
 
 
 def test_allreduce_does_not_hang_at_init(
-    allreduce: CollectiveRun, spark_check: SparkCheck, spark_cluster: Cluster
+    request: pytest.FixtureRequest,
+    _allreduce: Measured[CollectiveRun | str],
+    spark_check: SparkCheck,
+    spark_settings: Settings,
+    spark_cluster: Cluster,
 ) -> None:
+    """The all-reduce launched and did not hang at init. When it could not launch at all
+    (no launcher on every node) this check has the failure; the other NCCL checks skip
+    citing it."""
+    allreduce = _run_or_cause(
+        request, _allreduce, spark_check, spark_settings, spark_cluster, owner_here=True
+    )
     lines = [r.parsed.init_timeout for r in allreduce.ranks if r.parsed and r.parsed.init_timeout]
     applied = allreduce.hang_timeout_s  # the bound that really ended it (init: 10-60 s)
     spark_check.require(
@@ -199,6 +251,9 @@ def test_transport_is_rdma_on_the_fabric(
         fabric_ifs=fabric_ifs(spark_cluster),
         where=_where(allreduce),
     )
+    cause = no_rdma_cause(nodes_without_rdma(spark_cluster), None)
+    if not finding.ok and cause is not None and verdict_in_session(request.session, GID_VERDICT):
+        pytest.skip(f"NCCL transport: {cause}")  # the socket fallback of no RDMA
     if not unusable_fabric_links(spark_cluster):  # a down twin: its link-up check's
         here = "NCCL transport"
         _skip_if_env_forces_socket(request, spark_cluster, spark_settings, allreduce, finding, here)

@@ -46,7 +46,11 @@ from pytest_spark.gathering.preflight import (
     serving_env,
     ssh_from_head,
 )
-from pytest_spark.readiness.reachability import require_reachable
+from pytest_spark.readiness.reachability import (
+    require_reachable,
+    through_unreachable_jump,
+    unreachable,
+)
 from pytest_spark.readiness.session import NotServing, ServingInfo, fabric_addresses
 
 pytestmark = pytest.mark.preflight
@@ -142,6 +146,11 @@ def test_node_reachable(
     that needs the node is skipped citing it."""
     node = spark_node_unchecked
     error = spark_cluster.unreachable(node)
+    if error is not None:
+        others = [n.name for n in unreachable(spark_cluster) if n is not node]
+        cause = through_unreachable_jump(node.name, error, others)
+        if cause is not None:
+            pytest.skip(cause)
     spark_check.require(
         check_reachable(
             node.name,

@@ -33,7 +33,9 @@ __all__ = [
     "check_roce_active",
     "check_same_subnet",
     "check_twin_subnets_distinct",
+    "fabric_twin_missing",
     "link_is_usable",
+    "link_rate_ends",
     "link_rate_short",
     "ping_pairs_culprit",
     "twin_key",
@@ -286,6 +288,28 @@ def check_link_rate(node: str, port: PortFacts, min_gbps: float = 200.0) -> Find
         ),
         evidence=evidence,
     )
+
+
+def link_rate_ends(
+    low: Sequence[tuple[str, str, float]], node: str, ifname: str, *, direct: bool
+) -> tuple[tuple[str, str], list[tuple[str, str]]]:
+    """Which link-rate check reports the slow link ``node`` ``ifname`` is an end of, and
+    every end it covers: ``(owner, ends)``, each an ``(node, ifname)``.
+
+    ``low`` is every (node, ifname, rate) below the floor, in the suite's order (nodes as
+    the cluster lists them, twins as discovered). The two twins of one QSFP port share its
+    rate, and on a direct cable (``direct``: two nodes, no switch) both nodes' ends of it
+    report the same rate: a link has one rate, so the first of them has the one failure
+    naming every end, and the others skip citing it."""
+    rate = next((r for n, i, r in low if (n, i) == (node, ifname)), None)
+    ends = [
+        (n, i)
+        for n, i, r in low
+        if r == rate and twin_key(i) == twin_key(ifname) and (direct or n == node)
+    ]
+    if not ends:
+        return (node, ifname), [(node, ifname)]
+    return ends[0], ends
 
 
 # ----------------------------------------------------------------------------------- MTU
@@ -727,11 +751,13 @@ def check_fabric_twins(
     discovered_ifs: Sequence[str],
     expected_count: int = 2,
     candidates: Sequence[RoceMapping] = (),
+    missing_tools: Sequence[str] = (),
 ) -> Finding:
     """At least ``expected_count`` fabric twins are Up (``discover_fabric_ifs``). On
     failure lists the Down ones from ``candidates`` (the ibdev2netdev lines): the Down
     sibling of an Up twin first (same cable, so the netdev is down or unconfigured),
-    otherwise every Down port (no cable or no peer)."""
+    otherwise every Down port (no cable or no peer). No twin found on a node without
+    ``ibdev2netdev`` (``missing_tools``) says that, not "check cables"."""
     up = list(dict.fromkeys(discovered_ifs))
     if len(up) >= expected_count:
         return Finding.passed(
@@ -740,6 +766,22 @@ def check_fabric_twins(
             "twins",
             node=node,
             message=f"{node}: {len(up)} fabric twins Up ({', '.join(up)})",
+        )
+    if not up and not candidates and "ibdev2netdev" in missing_tools:
+        rdma = " and `rdma link` is missing too" if "rdma_link" in missing_tools else ""
+        return Finding.failed(
+            0,
+            expected_count,
+            "twins",
+            node=node,
+            message=(
+                f"{node}: no fabric twin found, expected {expected_count}: ibdev2netdev: "
+                f"command not found{rdma} (nor an RDMA netdev Up in `rdma link`). The suite "
+                "and launch-cluster.sh find the twins with it: install it on "
+                f"{node} (the DOCA-host / MLNX_OFED package, or mlnx-tools), or name the "
+                "twins with --spark-fabric-ifs"
+            ),
+            evidence={"missing tools": ", ".join(missing_tools)},
         )
     down = [m for m in candidates if not m.up and m.netdev not in up]
     up_keys = {twin_key(i) for i in up}
@@ -782,6 +824,26 @@ def check_fabric_twins(
             f" Down: {names}. {fix}"
         ),
         evidence=evidence,
+    )
+
+
+def fabric_twin_missing(
+    twin: int, found: Sequence[str], expected: int, short: Sequence[str], *, verdict: bool
+) -> tuple[bool, str]:
+    """What a check of fabric twin ``twin`` says when only ``found`` twins were found on any
+    node: ``(fail, text)``. ``short`` are the reachable nodes where fewer than ``expected``
+    are Up: each one's ``test_fabric_twins_up`` has the cause (a missing ibdev2netdev, no
+    cable), so with that check in the session (``verdict``) this skips citing it; the 16
+    per-twin checks never repeat "check cables"."""
+    where = f"fabric twin {twin}: only {len(found)} fabric interface(s) found on any node " + (
+        f"({', '.join(found) or 'none'}), expected {expected}"
+    )
+    if short and verdict:
+        cites = ", ".join(f"test_fabric_twins_up[{node}]" for node in short)
+        return False, f"{where} ({cites} has the evidence)"
+    return True, (
+        f"{where}. ibdev2netdev shows no Up RoCE port for it: check cables and `ibdev2netdev` "
+        "on every node, or name the interfaces with --spark-fabric-ifs"
     )
 
 

@@ -22,9 +22,12 @@ if TYPE_CHECKING:
     from pytest_spark.facts.collective import CollectiveRun
 
 __all__ = [
+    "CONTAINER_VERDICT",
     "FABRIC_DEVS",
+    "LAUNCH_VERDICT",
     "BusbwPoint",
     "BusbwSeries",
+    "allreduce_unavailable",
     "busbw_series",
     "check_busbw",
     "check_collective",
@@ -36,6 +39,10 @@ __all__ = [
 
 FABRIC_DEVS = ("rocep1s0f1", "roceP2p1s0f1")
 FABRIC_IFS = ("enp1s0f1np1", "enP2p1s0f1np1")
+# The check whose failure says why the all-reduce could not run at all (no launcher on
+# every node); the other NCCL checks skip citing it.
+LAUNCH_VERDICT = "test_allreduce_does_not_hang_at_init"
+CONTAINER_VERDICT = "test_serving_container_running"
 SOCKET_BAND = 1.6  # up to 1.6x the socket-fallback figure reads as socket fallback
 ONE_TWIN_BAND = (0.7, 1.3)  # within this factor of the one-twin figure reads as one twin
 
@@ -55,6 +62,40 @@ def _size(nbytes: int) -> str:
         if nbytes >= 1 << shift and nbytes % (1 << shift) == 0:
             return f"{nbytes >> shift} {unit}"
     return f"{nbytes} B"
+
+
+def allreduce_unavailable(
+    why: str,
+    states: Mapping[str, str],
+    container: str,
+    *,
+    container_verdict: bool,
+    owner_here: bool,
+    owner_in_session: bool,
+) -> tuple[bool, str]:
+    """What a NCCL check says when the all-reduce could not run (``why``): ``(fail,
+    text)``, a failure when ``fail`` else a skip reason.
+
+    ``states`` is each serving node's ``docker inspect`` state of the serving container
+    ("" where there is none). The benchmark runs where torch lives, the serving container:
+    a rank whose container is gone while another node's is there (the launcher's stack)
+    is the container check's failure, and every NCCL check skips citing it. Otherwise one
+    check owns the failure (:data:`LAUNCH_VERDICT`, or each check when it is not in the
+    session) and the others skip citing it: no launcher anywhere is one cause."""
+    gone = [node for node, state in states.items() if state != "running"]
+    if gone and container_verdict and len(gone) < len(states):
+        cites = ", ".join(
+            f"{CONTAINER_VERDICT}[{node}]: {container!r} {states[node] or 'missing'}"
+            for node in gone
+        )
+        return False, (
+            f"the all-reduce could not run: the serving container, where torch and NCCL "
+            f"live, is gone on {', '.join(gone)} ({cites} has the evidence)"
+        )
+    if owner_here or not owner_in_session:
+        return True, f"all-reduce could not run: {why}"
+    headline = why if len(why) <= 240 else why[:237] + "..."
+    return False, f"the all-reduce could not run: {headline} ({LAUNCH_VERDICT} has the evidence)"
 
 
 def _how(output: NcclOutput) -> str:

@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from pytest_spark.checks.base import Finding
 from pytest_spark.parsers.roce_gid import GidEntry, GidTable, nccl_gid_index
 
-__all__ = ["GidChoice", "check_gid_same", "check_gid_v2", "gid_choices"]
+__all__ = ["GidChoice", "check_gid_same", "check_gid_v2", "gid_choices", "no_rdma_cause"]
+
+GID_VERDICT = "test_roce_gid_is_v2"
 
 SYSFS = "/sys/class/infiniband/{dev}/ports/{port}/gid_attrs/types/{idx}"
 
@@ -70,17 +72,23 @@ def check_gid_v2(
     tables: Mapping[str, GidTable] | None,
     env: Mapping[str, str] | None,
     devs: Sequence[str],
+    also: Sequence[str] = (),
 ) -> Finding:
-    """On every fabric HCA of ``node``, the GID index NCCL uses resolves to a RoCE v2 GID."""
+    """On every fabric HCA of ``node``, the GID index NCCL uses resolves to a RoCE v2 GID.
+    ``also``: every node without RDMA (no /sys/class/infiniband), named in the failure of
+    the first (:func:`no_rdma_cause`)."""
     expected = "RoCE v2 GID"
     if tables is None:
+        others = [n for n in also if n != node]
+        same = f" (nor on {', '.join(others)}: one cause, this failure)" if others else ""
         return Finding.failed(
             "no /sys/class/infiniband",
             expected,
             node=node,
-            message=f"{node}: /sys/class/infiniband does not exist, expected a RoCE v2 GID on "
-            f"{', '.join(devs)}: the RDMA drivers are not loaded, so NCCL cannot use RoCE. "
-            "Load them (modprobe mlx5_ib) and check ibdev2netdev lists the fabric twins.",
+            message=f"{node}: /sys/class/infiniband does not exist{same}, expected a RoCE v2 "
+            f"GID on {', '.join(devs)}: the RDMA drivers are not loaded, so NCCL cannot use "
+            "RoCE and falls back to TCP sockets. Load them (modprobe mlx5_ib) on "
+            f"{', '.join([node, *others])} and check ibdev2netdev lists the fabric twins.",
         )
     choices = gid_choices(tables, env, devs)
     bad = []
@@ -236,4 +244,20 @@ def check_gid_same(choices: Mapping[str, Mapping[str, GidChoice | None]], head: 
     indexes = ", ".join(f"{d}={c.index}" for d, c in ref.items() if c is not None)
     return Finding.passed(
         indexes, expected, node=where, message=f"{where}: GID index {indexes} on {nodes}"
+    )
+
+
+def no_rdma_cause(without: Sequence[str], node: str | None) -> str | None:
+    """No RDMA on the nodes is one cause: the GID check of the first node in ``without``
+    (the nodes with no /sys/class/infiniband, in the cluster's order) fails naming them
+    all. The skip reason of a check that meets it elsewhere (another such node's GID
+    check; ``node`` None: the NCCL transport check, whose socket fallback it causes), or
+    None where that check is the owner or every node has RDMA."""
+    if not without or node == without[0] or (node is not None and node not in without):
+        return None
+    here = f"{node}: " if node is not None else ""
+    return (
+        f"{here}no RDMA on {', '.join(without)} (/sys/class/infiniband missing: the RDMA "
+        f"drivers are not loaded), so NCCL cannot use RoCE ({GID_VERDICT}[{without[0]}] has "
+        "the evidence)"
     )

@@ -193,6 +193,13 @@ def gid_tables(cluster: Cluster, node: Node) -> dict[str, GidTable] | str | None
     return cluster.cached(("gid-tables", node.name), compute)
 
 
+def nodes_without_rdma(cluster: Cluster) -> list[str]:
+    """The reachable nodes with no /sys/class/infiniband (no RDMA drivers), in the
+    cluster's order."""
+    reachable = [node for node in cluster.nodes if cluster.unreachable(node) is None]
+    return [node.name for node in reachable if gid_tables(cluster, node) is None]
+
+
 def _progress_line(
     write: Callable[[str], None] | None, ranks: int, timeout_s: float
 ) -> Callable[[SweepProgress], None] | None:

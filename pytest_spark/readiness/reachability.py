@@ -6,9 +6,11 @@ A node lost later (it answered when the session connected, then a check's comman
 and what to check (:class:`LostNodes`); every later check that needs the node skips citing
 that check.
 
-When the reachability check is not in the session (``-m link`` alone), a check that needs
-an unreachable node fails with the whole error instead: a deselected verdict must not turn
-a dead node into a green run.
+The reachability verdict runs first and whatever the selection (:class:`VerdictFirst`):
+``-m link``, ``-k`` or ``-x`` still reach it, so a dead node is its one failure, never a
+cable error. When no reachability check is collected at all (a path that leaves its file
+out), a check that needs an unreachable node fails with the whole error instead: a
+missing verdict must not turn a dead node into a green run.
 """
 
 from __future__ import annotations
@@ -50,6 +52,21 @@ def unreachable_reason(node: str, error: RemoteError | str) -> str:
     if isinstance(error, NodeLost):
         return f"{node} lost during {error.during}: {_bare(node, error)} (that check failed on it)"
     return f"{node} unreachable: {_bare(node, error)} ({VERDICT} has the evidence)"
+
+
+def through_unreachable_jump(
+    node: str, error: RemoteError, unreachable: Iterable[str]
+) -> str | None:
+    """The skip reason of ``node``'s reachability check when its SSH error is another
+    cluster node's, one of ``unreachable`` (the head as its jump host: an unknown head key
+    stops every node reached through it): that node's check has the one failure. None
+    when the error is the node's own."""
+    if error.node == node or error.node not in set(unreachable):
+        return None
+    return (
+        f"{node} is reached through {error.node} (its jump host), which the suite cannot "
+        f"reach: {_bare(error.node, error)} ({VERDICT}[{error.node}] has the evidence)"
+    )
 
 
 def unreachable(cluster: Cluster, nodes: Iterable[Node] | None = None) -> list[Node]:
@@ -115,6 +132,41 @@ class LostNodes:
             pytest.skip(unreachable_reason(node.name, before))
         cluster.mark_lost(node, NodeLost(lost, item.nodeid))
         pytest.fail(lost_message(node, lost), pytrace=False)
+
+
+MARK = "spark_reachability_verdict"
+
+
+def verdicts_first(
+    items: list[pytest.Item],
+    deselected: list[pytest.Item],
+    needs_nodes: Callable[[pytest.Item], bool],
+) -> list[pytest.Item]:
+    """The session's items with the reachability verdicts first, the deselected ones put
+    back when a selected check needs the nodes: ``-m link`` or ``-k`` must not leave a
+    dead node to 15 errors, and ``-x`` stops on the verdict, not on a consequence."""
+    verdicts = [item for item in items if item.get_closest_marker(MARK)]
+    if any(needs_nodes(item) for item in items):
+        chosen = set(map(id, verdicts))
+        verdicts += [i for i in deselected if i.get_closest_marker(MARK) and id(i) not in chosen]
+    chosen = set(map(id, verdicts))
+    return verdicts + [item for item in items if id(item) not in chosen]
+
+
+class VerdictFirst:
+    """Runs the reachability verdicts whatever the selection, and before every other
+    check (:func:`verdicts_first`)."""
+
+    def __init__(self, needs_nodes: Callable[[pytest.Item], bool]) -> None:
+        self._needs_nodes = needs_nodes
+        self._deselected: list[pytest.Item] = []
+
+    def pytest_deselected(self, items: list[pytest.Item]) -> None:
+        self._deselected += [item for item in items if item.get_closest_marker(MARK)]
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        items[:] = verdicts_first(items, self._deselected, self._needs_nodes)
 
 
 def _find(cluster: Cluster, name: str) -> Node | None:

@@ -17,7 +17,7 @@ from typing import Any
 
 from filelock import FileLock
 
-from pytest_spark.access.base import RemoteError
+from pytest_spark.access.base import CommandResult, RemoteError
 from pytest_spark.access.cluster import Cluster, Node
 from pytest_spark.access.files import write_json
 from pytest_spark.parsers.serveargs import mode_of_processes, parse_serve_args
@@ -137,6 +137,45 @@ def serving_nodes(cluster: Cluster, settings: Settings) -> list[Node]:
 
 
 LEFTOVER_WAIT_S = 30.0  # dockerd removes a stopped --rm container just after `docker stop`
+
+
+def inspected_state(result: CommandResult) -> tuple[str, str | None]:
+    """``docker inspect -f '{{.State.Status}}' NAME``'s answer: ``(state, None)`` with
+    state running, exited, ... or "missing" (no such container); ``("unknown", error)``
+    when docker itself did not answer (a daemon that is down, no permission on its
+    socket): its stderr is docker's error, never a state or a container name."""
+    state = result.stdout.strip()
+    error = result.stderr.strip()
+    if result.ok and state:
+        return state.split()[0], None
+    if "No such" in error or "No such" in state:
+        return "missing", None
+    return "unknown", (error or state or f"docker inspect exited {result.rc}").splitlines()[0]
+
+
+HEAD_TAIL_LINES = 15  # the head's last log lines a not-serving failure quotes
+
+
+def head_account(
+    problem: str, node: str, container: str, status: str, lines: list[str]
+) -> tuple[str, dict[str, str]]:
+    """A not-serving failure that only says what the API answered (``Connection refused``)
+    with the head's own account added: its serving container's state (``exited (code
+    137)``: the engine was killed) and its last log lines, in the message and as evidence.
+    A problem that already names the container (the readiness watch's), or a container
+    that runs (an API key, a proxy: not the engine's story), is kept as it is."""
+    if container in problem or status in ("", "running") or status.startswith("unknown"):
+        return problem, {}
+    tail = [line.rstrip() for line in lines if line.strip()][-HEAD_TAIL_LINES:]
+    state = f"{node}: container {container!r} {status}"
+    message = (
+        f"{problem}\n  {state} (its engine is gone: `docker logs {container}` on {node} says why)"
+    )
+    if tail:
+        message += f"\n  {node} log (last {len(tail)} lines):\n" + "\n".join(
+            f"    {line}" for line in tail
+        )
+    return message, {"container": state, f"{node} log": "\n".join(tail)}
 
 
 def container_states(cluster: Cluster, container: str) -> dict[str, str]:

@@ -217,17 +217,25 @@ def prove_link_down(run: SuiteRun) -> None:
 
 
 def prove_degraded_rate(run: SuiteRun) -> None:
-    """The rate check of the degraded port fails, with both figures and the fix; its QSFP
-    twin skips citing it."""
+    """A link has one rate: sparksim's degraded cable reports 100G at both ends, as a real
+    one does. The first end's rate check fails, with both figures, the fix and every end
+    at that rate (both twins of the QSFP port on both nodes); the three other ends skip
+    citing it (issue #25: it failed on both ends)."""
     failed = _link(run, "failed")
-    assert list(failed) == ["test_link_rate[spark-worker-1-twin0]"], failed
-    record = failed["test_link_rate[spark-worker-1-twin0]"]
+    owner = "test_link_rate[spark-head-twin0]"
+    assert list(failed) == [owner], failed
+    record = failed[owner]
     message = record["message"]
-    assert "spark-worker-1 enP2p1s0f1np1" in message, message
+    assert "spark-head enP2p1s0f1np1" in message, message
     assert "100 Gb/s" in message and ">= 200 Gb/s" in message and "cable" in message, message
+    assert "one link, one rate: spark-head <-> spark-worker-1" in message, message
+    for end in ("spark-head enp1s0f1np1", "spark-worker-1 enP2p1s0f1np1"):
+        assert end in message, (end, message)
     assert (record["measured"], record["expected"]) == (100.0, 200.0), record
-    twin = _link(run, "skipped")["test_link_rate[spark-worker-1-twin1]"]["message"]
-    assert "test_link_rate[spark-worker-1-twin0] has the evidence" in twin, twin
+    skipped = _link(run, "skipped")
+    for end in ("spark-head-twin1", "spark-worker-1-twin0", "spark-worker-1-twin1"):
+        reason = skipped[f"test_link_rate[{end}]"]["message"]
+        assert f"{owner} has the evidence" in reason, reason
 
 
 def prove_mtu_mismatch(run: SuiteRun) -> None:
