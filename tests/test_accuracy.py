@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from pytest_spark.serving.accuracy import (
-    CANARY_KINDS,
     Answer,
     Baseline,
     Fingerprint,
@@ -30,7 +29,7 @@ from pytest_spark.serving.accuracyprobe import (
     expected_canaries,
     load_concurrency,
 )
-from pytest_spark.settings.profiles import AccuracySection, ProfileError, load_profile
+from pytest_spark.settings.profiles import CANARY_KINDS, AccuracySection, ProfileError, load_profile
 
 SERVER = "qwen at http://198.18.0.1:8000"
 

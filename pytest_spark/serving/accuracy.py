@@ -30,19 +30,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_spark.checks.base import Finding
+from pytest_spark.settings.profiles import CANARY_KINDS
 
 ALONE_VERDICT = "test_canaries_alone"  # tests_e2e/test_accuracy.py: a wrong model's one failure
 SEED = 20261203  # the built-in set: the same questions on every run and every cluster
-CANARY_KINDS = (
-    "add",
-    "multiply",
-    "arithmetic",
-    "count",
-    "copy",
-    "reverse",
-    "sort",
-    "json_sum",
-)
 
 # What to try, by where the wrong answers showed (issue #24 part 3).
 FIX_ALONE = (

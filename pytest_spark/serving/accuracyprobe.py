@@ -34,7 +34,6 @@ from pytest_spark.access.api import ApiEndpoint
 from pytest_spark.access.files import write_json
 from pytest_spark.checks.base import Finding
 from pytest_spark.serving.accuracy import (
-    CANARY_KINDS,
     ECHO_BODY,
     FINGERPRINT_BODY,
     Answer,
@@ -52,7 +51,7 @@ from pytest_spark.serving.client import CHAT_PATH
 from pytest_spark.serving.formatturns import DISABLED_VERDICT, IGNORED_VERDICT
 from pytest_spark.serving.stream import ServingError, post_json
 from pytest_spark.serving.wire import reasoning_of
-from pytest_spark.settings.profiles import AccuracySection
+from pytest_spark.settings.profiles import CANARY_KINDS, AccuracySection
 
 COMPLETIONS_PATH = "/v1/completions"
 BASELINES_FILE = "accuracy-baselines.json"

@@ -239,6 +239,10 @@ class MetricsHealthSection:
     max_drain_s: float = 5.0  # vllm:num_requests_waiting back to 0 after a level
 
 
+# The built-in accuracy canaries by name (pytest_spark.serving.accuracy builds them).
+CANARY_KINDS = ("add", "multiply", "arithmetic", "count", "copy", "reverse", "sort", "json_sum")
+
+
 @dataclass(frozen=True)
 class AccuracySection:
     """``[accuracy]``: does the model answer correctly (tests_e2e/test_accuracy.py, issue
@@ -248,16 +252,7 @@ class AccuracySection:
     healthy runs (the profile says where it was measured); the math floor is
     ``math_expected - math_tolerance`` (vLLM's tests/evals/gsm8k: 0.08)."""
 
-    canaries: tuple[str, ...] = (
-        "add",
-        "multiply",
-        "arithmetic",
-        "count",
-        "copy",
-        "reverse",
-        "sort",
-        "json_sum",
-    )
+    canaries: tuple[str, ...] = CANARY_KINDS
     concurrency: int = 8  # canary requests in flight under load (at least --max-num-seqs)
     max_concurrency: int = 256  # the cap on that (the serve args' --max-num-seqs can be 1024)
     budget_tokens: int = 1800  # generated tokens the quick checks may take (60 s at 31 tok/s)
