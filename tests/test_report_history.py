@@ -280,3 +280,24 @@ def test_default_history_is_the_rootdir_or_the_user_cache_and_says_so(
     assert not (below / ".spark-history").exists()
     assert len(list((pytester.path / ".spark-history").glob("*/0001_*.json"))) == 1
     result.stdout.fnmatch_lines(["              the rootdir's .spark-history (ini file *"])
+
+
+def test_one_resolution_for_the_history_folder(tmp_path: Path) -> None:
+    """The report's runs and the accuracy baselines (tests_e2e/conftest.py) go where this
+    says: never the directory the run starts in unless --spark-history names it."""
+    from pytest_spark.report.history import resolve_history_dir
+
+    start, root, ini = tmp_path / "cwd", tmp_path / "proj", tmp_path / "proj" / "pytest.ini"
+    env = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
+    default = Path(".spark-history")
+    assert resolve_history_dir(default, "default", root, ini, start, env)[0] == (
+        root / ".spark-history"
+    )
+    assert resolve_history_dir(default, "default", start, None, start, env)[0] == (
+        tmp_path / "cache" / "pytest-dgx-spark" / "history"
+    )
+    named = resolve_history_dir(Path("h"), "command line --spark-history", root, ini, start, env)
+    assert named == (start / "h", "")
+    assert (
+        resolve_history_dir(None, "command line --spark-history", root, ini, start, env)[0] is None
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from pytest_spark.access.api import ApiEndpoint
 from pytest_spark.facts.server import ServerCommand
 from pytest_spark.fixtures import Sweep, progress_line_writer, verdict_in_session
 from pytest_spark.gathering.measure import measure_once
+from pytest_spark.report.history import resolve_history_dir
 from pytest_spark.serving import ServingClient
 from pytest_spark.serving.accuracy import ALONE_VERDICT
 from pytest_spark.serving.accuracyprobe import (
@@ -65,8 +67,17 @@ def accuracy_probe(
 
 
 @pytest.fixture(scope="session")
-def accuracy_baselines(spark_settings: Settings) -> BaselineStore:
-    return BaselineStore(spark_settings.accuracy_baseline, spark_settings.history)
+def accuracy_baselines(pytestconfig: pytest.Config, spark_settings: Settings) -> BaselineStore:
+    """The pinned baseline, else the run history's folder (where the report keeps runs)."""
+    history, _ = resolve_history_dir(
+        spark_settings.history,
+        spark_settings.source("history"),
+        pytestconfig.rootpath,
+        pytestconfig.inipath,
+        pytestconfig.invocation_params.dir,
+        os.environ,
+    )
+    return BaselineStore(spark_settings.accuracy_baseline, history)
 
 
 @pytest.fixture(scope="session")

@@ -117,6 +117,23 @@ def default_history_dir(
     )
 
 
+def resolve_history_dir(
+    history: Path | None,
+    source: str,
+    rootpath: Path,
+    inipath: Path | None,
+    invocation_dir: Path,
+    environ: Mapping[str, str],
+) -> tuple[Path | None, str]:
+    """The run history's folder (None: --spark-history=off) and, when the default chose
+    it, why there; a relative --spark-history is taken from where the run started."""
+    if history is None:
+        return None, ""
+    if source == "default":
+        return default_history_dir(rootpath, inipath, environ)
+    return (history if history.is_absolute() else invocation_dir / history), ""
+
+
 @dataclass(frozen=True)
 class Run:
     number: int

@@ -25,9 +25,9 @@ from pytest_spark.report.history import (
     History,
     cluster_identity,
     compare,
-    default_history_dir,
     git_commit,
     history_record,
+    resolve_history_dir,
 )
 from pytest_spark.report.model import ReportOutcome, ReportState
 from pytest_spark.report.redact import Redactor
@@ -57,14 +57,14 @@ class ReportPlugin:
         self.settings = settings
         self.redactor = redactor
         self.outcome = ReportOutcome()  # what the terminal and HTML views render
-        root = settings.history
-        self.history_where = ""  # why there, when the default chose it
-        if root is not None and settings.source("history") == "default":
-            root, self.history_where = default_history_dir(
-                config.rootpath, config.inipath, os.environ
-            )
-        elif root is not None and not root.is_absolute():
-            root = config.invocation_params.dir / root
+        root, self.history_where = resolve_history_dir(  # why there, when the default chose
+            settings.history,
+            settings.source("history"),
+            config.rootpath,
+            config.inipath,
+            config.invocation_params.dir,
+            os.environ,
+        )
         self.history_root: Path | None = root
         self._check_named_run()
 
