@@ -66,3 +66,18 @@ def test_section_escapes_and_shows_the_verdicts() -> None:
     assert "under load (8 in flight)" in html
     assert "baseline -1.0000 nats/token" in html and "40/50" in html
     assert accuracy_html(None, esc) == ""
+
+
+def test_the_report_and_the_json_read_the_same_document(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The HTML section is built from the recorder's document, as the JSON is (it was
+    only in the JSON's generate hook: the report showed no Accuracy section)."""
+    from pytest_spark.report.results import ResultsRecorder
+
+    recorder = ResultsRecorder.__new__(ResultsRecorder)
+    recorder.checks = {str(i): c for i, c in enumerate(checks())}
+    recorder.cluster_info = {}
+    import time
+    from datetime import UTC, datetime
+
+    recorder.started, recorder._t0 = datetime.now(UTC), time.monotonic()
+    assert recorder.document()["accuracy"]["concurrency"] == 8

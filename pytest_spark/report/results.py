@@ -132,13 +132,18 @@ class ResultsRecorder:
 
     def document(self) -> dict[str, Any]:
         """The document as far as the checks that have reported so far make it."""
-        return {
+        checks = list(self.checks.values())
+        doc = {
             "version": 1,
             "started": self.started.isoformat(),
             "duration_s": round(time.monotonic() - self._t0, 3),
             "cluster": self.cluster_info,
-            "checks": list(self.checks.values()),
+            "checks": checks,
         }
+        accuracy = accuracy_block(checks)  # the JSON's block and the report's section
+        if accuracy is not None:
+            doc["accuracy"] = accuracy
+        return doc
 
     def serving(self) -> dict[str, Any] | None:
         """What the session's launch or attach wrote (``serving.json``), if it got there."""
@@ -164,9 +169,6 @@ class ResultsRecorder:
         doc = {**self.document(), "cluster": cluster, "checks": checks, "exitstatus": exitstatus}
         if serving is not None:
             doc["serving"] = serving
-        accuracy = accuracy_block(checks)
-        if accuracy is not None:
-            doc["accuracy"] = accuracy
         return doc
 
     @pytest.hookimpl(trylast=True)
