@@ -28,8 +28,8 @@ from pytest_spark.readiness.reachability import (
 from pytest_spark.readiness.session import ServingInfo
 from pytest_spark.readiness.watch import StartupWatch
 from pytest_spark.report.results import DATA_PREFIX, NODE_PROP, finding_property
-from pytest_spark.serving.load import LevelResult, SweepResult
-from pytest_spark.serving.stream import ServingError
+from pytest_spark.serving.client.stream import ServingError
+from pytest_spark.serving.load.sweep import LevelResult, SweepResult
 from pytest_spark.settings.resolve import Settings
 from pytest_spark.state import (
     CLUSTER_KEY,
@@ -462,7 +462,7 @@ def _cluster(config: pytest.Config) -> Cluster:
 
 
 class Sweep:
-    """The closed-loop sweep (:mod:`pytest_spark.serving.closedloop`), run once per session,
+    """The closed-loop sweep (:mod:`pytest_spark.serving.load.closedloop`), run once per session,
     as the throughput checks and the open-loop knee read it: its failure (if any) is
     reported by every check, or skipped citing the wire verdict."""
 

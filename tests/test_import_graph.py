@@ -46,6 +46,14 @@ MAY_IMPORT: dict[str, set[str]] = {
     "settings": set(),
 }
 
+# Inside serving, the three parts run one way too: validate -> load -> client. The package's
+# own __init__ (the public surface) may import all three.
+SERVING_MAY_IMPORT: dict[str, set[str]] = {
+    "client": set(),
+    "load": {"client"},
+    "validate": {"client", "load"},
+}
+
 # Known exceptions, each named: none left (the last went with issue #14 §1). A new circle or
 # arrow fails; fix the code (move the type or function down to its owner), do not list it.
 # BEGIN KNOWN
@@ -189,6 +197,37 @@ def test_arrows_run_one_way() -> None:
     )
 
 
+def serving_part(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if len(parts) > 3 and parts[1] == "serving" else None
+
+
+def test_serving_parts_run_one_way() -> None:
+    bad = sorted(
+        (src, dst)
+        for src, targets in graph().items()
+        for dst in targets
+        if (a := serving_part(src)) is not None
+        and (b := serving_part(dst)) is not None
+        and a != b
+        and b not in SERVING_MAY_IMPORT[a]
+    )
+    assert not bad, f"serving imports against validate -> load -> client: {bad}"
+
+
+def test_serving_modules_sit_in_a_part() -> None:
+    loose = sorted(
+        m
+        for m in modules()
+        if m.startswith("pytest_spark.serving.") and serving_part(m) not in SERVING_MAY_IMPORT
+    )
+    assert loose == [
+        "pytest_spark.serving.client",
+        "pytest_spark.serving.load",
+        "pytest_spark.serving.validate",
+    ], f"serving modules outside client, load and validate: {loose}"
+
+
 def test_known_arrows_still_exist() -> None:
     gone = sorted(set(KNOWN_ARROWS) - wrong_arrows(graph()))
     assert not gone, f"these arrows are gone: remove them from KNOWN_ARROWS: {gone}"
@@ -199,4 +238,6 @@ def test_the_graph_sees_imports() -> None:
     edges = graph()
     assert "pytest_spark.fixtures" in edges["pytest_spark.plugin"]
     assert "pytest_spark.checks.base" in edges["pytest_spark.checks.links"]
+    assert "pytest_spark.serving.client.stream" in edges["pytest_spark.serving.load.sweep"]
+    assert serving_part("pytest_spark.serving.validate.tools") == "validate"
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [frozenset({"a", "b", "c"})]

@@ -27,9 +27,9 @@ from pytest_spark.facts.server import (
     serve_line_of,
 )
 from pytest_spark.readiness.reachability import unreachable_reason
-from pytest_spark.serving.evidence import Exchange
-from pytest_spark.serving.tools import ToolRequest, calls_in_content, check_tool_calls
-from pytest_spark.serving.turn import Turn, from_response
+from pytest_spark.serving.client.evidence import Exchange
+from pytest_spark.serving.client.turn import Turn, from_response
+from pytest_spark.serving.validate.tools import ToolRequest, calls_in_content, check_tool_calls
 
 REPO = Path(__file__).resolve().parents[1]
 LOGS = REPO / "fixtures" / "vllm_logs"

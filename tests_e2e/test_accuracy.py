@@ -18,7 +18,7 @@ import pytest
 from pytest_spark.checks.base import Finding
 from pytest_spark.fixtures import SparkCheck, verdict_in_session
 from pytest_spark.serving import ServingError
-from pytest_spark.serving.accuracy import (
+from pytest_spark.serving.validate.accuracy import (
     ALONE_VERDICT,
     FingerprintError,
     check_alone,
@@ -26,7 +26,7 @@ from pytest_spark.serving.accuracy import (
     check_math,
     check_under_load,
 )
-from pytest_spark.serving.accuracyprobe import AccuracyProbe, BaselineKey, BaselineStore
+from pytest_spark.serving.validate.accuracyprobe import AccuracyProbe, BaselineKey, BaselineStore
 from pytest_spark.settings.resolve import Settings
 
 pytestmark = pytest.mark.accuracy

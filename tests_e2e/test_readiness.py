@@ -28,9 +28,9 @@ from pytest_spark.readiness.session import (
 )
 from pytest_spark.readiness.wait import SINCE_START, parse_probe, probe_command
 from pytest_spark.serving import ServingError
-from pytest_spark.serving.canary import WireProbe
-from pytest_spark.serving.causes import body_failure, check_stream_wire
-from pytest_spark.serving.stream import Reply
+from pytest_spark.serving.client.stream import Reply
+from pytest_spark.serving.validate.canary import WireProbe
+from pytest_spark.serving.validate.causes import body_failure, check_stream_wire
 from pytest_spark.settings.resolve import Settings
 from pytest_spark.state import SERVING_VERDICT_KEY
 

@@ -19,14 +19,14 @@ import pytest
 from pytest_spark.checks.base import Finding
 from pytest_spark.fixtures import SparkCheck, Sweep, verdict_in_session
 from pytest_spark.serving import LevelResult
-from pytest_spark.serving.causes import (
+from pytest_spark.serving.load.metricsnap import health_fixes, level_health
+from pytest_spark.serving.load.slo import failure_text, goodput
+from pytest_spark.serving.load.specs import slo_of
+from pytest_spark.serving.validate.causes import (
     DECODE_VERDICT,
     decode_explains_aggregate,
     decode_explains_goodput,
 )
-from pytest_spark.serving.metricsnap import health_fixes, level_health
-from pytest_spark.serving.slo import failure_text, goodput
-from pytest_spark.serving.specs import slo_of
 from pytest_spark.settings.resolve import Settings
 
 pytestmark = pytest.mark.throughput

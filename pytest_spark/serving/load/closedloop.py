@@ -12,8 +12,8 @@ from typing import Any
 
 from pytest_spark.access.api import ApiEndpoint
 from pytest_spark.parsers.codec import dump, load_as
-from pytest_spark.serving.load import LoadSpec, Progress, SweepResult, run_sweep
-from pytest_spark.serving.stream import ServingError
+from pytest_spark.serving.client.stream import ServingError
+from pytest_spark.serving.load.sweep import LoadSpec, Progress, SweepResult, run_sweep
 
 __all__ = ["decode_sweep", "encode_sweep", "measure_sweep"]
 

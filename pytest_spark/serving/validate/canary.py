@@ -8,8 +8,14 @@ from __future__ import annotations
 from typing import Any
 
 from pytest_spark.access.api import ApiEndpoint
-from pytest_spark.serving.client import CHAT_PATH
-from pytest_spark.serving.stream import Reply, ServingError, StreamResult, post_json, stream_chat
+from pytest_spark.serving.client.chat import CHAT_PATH
+from pytest_spark.serving.client.stream import (
+    Reply,
+    ServingError,
+    StreamResult,
+    post_json,
+    stream_chat,
+)
 
 Outcome = Reply | StreamResult | ServingError
 CANARY = {"max_tokens": 8, "temperature": 0, "messages": [{"role": "user", "content": "Say OK."}]}

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from pytest_spark.access.api import ApiEndpoint
-from pytest_spark.serving.load import LoadSpec
-from pytest_spark.serving.openloop import OpenLoopSpec
-from pytest_spark.serving.slo import Slo
-from pytest_spark.serving.soak import SoakSpec
+from pytest_spark.serving.load.openloop import OpenLoopSpec
+from pytest_spark.serving.load.slo import Slo
+from pytest_spark.serving.load.soak import SoakSpec
+from pytest_spark.serving.load.sweep import LoadSpec
 from pytest_spark.settings.profiles import Profile
 
 

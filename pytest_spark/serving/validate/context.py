@@ -3,7 +3,7 @@ pure reading of what came back.
 
 - Prefix cache: two chat requests share a long system prompt (unique to the run, so the
   first is cold) and differ in the question; the second's TTFT must be lower and the
-  server's ``vllm:prefix_cache_hits`` must grow (:mod:`pytest_spark.serving.metricsnap`).
+  server's ``vllm:prefix_cache_hits`` must grow (:mod:`pytest_spark.serving.load.metricsnap`).
 - Long context: ``max_model_len`` from ``/v1/models``; a prompt filled to a share of it,
   measured with the server's own ``/tokenize`` (its tokenizer and chat template), holding
   a needle fact; and a prompt just over ``max_model_len`` itself, which every vLLM
@@ -35,9 +35,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_spark.serving.client import ServingClient
-from pytest_spark.serving.metricsnap import PrefixCacheRun, Snapshot
-from pytest_spark.serving.stream import ServingError
+from pytest_spark.serving.client.chat import ServingClient
+from pytest_spark.serving.client.stream import ServingError
+from pytest_spark.serving.load.metricsnap import PrefixCacheRun, Snapshot
 
 _TOO_LONG = re.compile(
     r"You passed (?P<prompt>\d+) input tokens and requested (?P<output>\d+) output tokens\. "

@@ -9,10 +9,15 @@ from typing import Any
 import pytest
 
 from pytest_spark.facts.server import ServerCommand
-from pytest_spark.serving.client import ServingClient, TurnCache
-from pytest_spark.serving.stream import ServingError
-from pytest_spark.serving.tools import Mode, ToolRequest, calls_in_content, unstreamed_arguments
-from pytest_spark.serving.turn import Turn
+from pytest_spark.serving.client.chat import ServingClient, TurnCache
+from pytest_spark.serving.client.stream import ServingError
+from pytest_spark.serving.client.turn import Turn
+from pytest_spark.serving.validate.tools import (
+    Mode,
+    ToolRequest,
+    calls_in_content,
+    unstreamed_arguments,
+)
 from pytest_spark.settings.resolve import Settings
 
 WEATHER = {

@@ -33,7 +33,10 @@ import httpx
 from pytest_spark.access.api import ApiEndpoint
 from pytest_spark.access.files import write_json
 from pytest_spark.checks.base import Finding
-from pytest_spark.serving.accuracy import (
+from pytest_spark.serving.client.chat import CHAT_PATH
+from pytest_spark.serving.client.stream import ServingError, post_json
+from pytest_spark.serving.client.wire import reasoning_of
+from pytest_spark.serving.validate.accuracy import (
     ECHO_BODY,
     FINGERPRINT_BODY,
     Answer,
@@ -47,10 +50,7 @@ from pytest_spark.serving.accuracy import (
     grade_math,
     math_problems,
 )
-from pytest_spark.serving.client import CHAT_PATH
-from pytest_spark.serving.formatturns import DISABLED_VERDICT, IGNORED_VERDICT
-from pytest_spark.serving.stream import ServingError, post_json
-from pytest_spark.serving.wire import reasoning_of
+from pytest_spark.serving.validate.formatturns import DISABLED_VERDICT, IGNORED_VERDICT
 from pytest_spark.settings.profiles import CANARY_KINDS, AccuracySection
 
 COMPLETIONS_PATH = "/v1/completions"

@@ -9,9 +9,9 @@ the thinking gives finish_reason ``length``, all reasoning and no content.
 from __future__ import annotations
 
 from pytest_spark.checks.base import Finding
-from pytest_spark.serving.evidence import short
-from pytest_spark.serving.tools import ToolRequest, check_tool_calls
-from pytest_spark.serving.turn import Turn
+from pytest_spark.serving.client.evidence import short
+from pytest_spark.serving.client.turn import Turn
+from pytest_spark.serving.validate.tools import ToolRequest, check_tool_calls
 
 THINK_TAGS = ("<think>", "</think>")
 # stream chunks worth showing whatever the excerpt keeps: answer text, tags, the finish

@@ -28,8 +28,8 @@ from pytest_spark.access.body import MAX_BODY_BYTES, size_text
 from pytest_spark.access.body import request as capped_request
 from pytest_spark.checks.base import Finding
 from pytest_spark.parsers.codec import dump, load, load_as
-from pytest_spark.serving.evidence import Exchange, redact_headers, short
-from pytest_spark.serving.wire import ErrorBody, parse_error_body
+from pytest_spark.serving.client.evidence import Exchange, redact_headers, short
+from pytest_spark.serving.client.wire import ErrorBody, parse_error_body
 
 DONE = "[DONE]"
 MAX_ERROR_BODY = 64 * 1024

@@ -30,10 +30,10 @@ import httpx
 
 from pytest_spark.access.api import ApiEndpoint
 from pytest_spark.access.body import arequest as capped_arequest
-from pytest_spark.serving.metricsnap import level_metrics, metrics_text, scrape
-from pytest_spark.serving.stats import Summary
-from pytest_spark.serving.stream import ServingError, astream_chat
-from pytest_spark.serving.wire import kv_cache_metric, parse_metrics
+from pytest_spark.serving.client.stream import ServingError, astream_chat
+from pytest_spark.serving.client.wire import kv_cache_metric, parse_metrics
+from pytest_spark.serving.load.metricsnap import level_metrics, metrics_text, scrape
+from pytest_spark.serving.load.stats import Summary
 
 CHAT_PATH = "/v1/chat/completions"
 GEN_TOKENS = "vllm:generation_tokens_total"

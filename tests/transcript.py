@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pytest_spark.serving.evidence import Exchange
-from pytest_spark.serving.stream import _Stream
-from pytest_spark.serving.turn import Turn, assemble, from_response
+from pytest_spark.serving.client.evidence import Exchange
+from pytest_spark.serving.client.stream import _Stream
+from pytest_spark.serving.client.turn import Turn, assemble, from_response
 
 
 def read_exchange(path: Path) -> Exchange:

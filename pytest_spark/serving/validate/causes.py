@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from pytest_spark.checks.base import Finding
-from pytest_spark.serving.slo import LABELS, Goodput
-from pytest_spark.serving.stream import ServingError, StreamResult
+from pytest_spark.serving.client.stream import ServingError, StreamResult
+from pytest_spark.serving.load.slo import LABELS, Goodput
 
 # The wire verdicts (tests_e2e/test_readiness.py): the canary request, streamed and not.
 STREAM_VERDICT = "test_stream_wire"

@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_spark.serving.evidence import Exchange, sse_lines
-from pytest_spark.serving.stream import StreamResult
-from pytest_spark.serving.wire import reasoning_of
+from pytest_spark.serving.client.evidence import Exchange, sse_lines
+from pytest_spark.serving.client.stream import StreamResult
+from pytest_spark.serving.client.wire import reasoning_of
 
 
 @dataclass

@@ -35,9 +35,9 @@ from openai.lib.streaming.chat import (
 
 from pytest_spark.access.api import ApiEndpoint, tls_context
 from pytest_spark.access.body import capped_transport
-from pytest_spark.serving.evidence import Exchange, short
-from pytest_spark.serving.stream import ServingError
-from pytest_spark.serving.turn import Turn, assemble, from_response
+from pytest_spark.serving.client.evidence import Exchange, short
+from pytest_spark.serving.client.stream import ServingError
+from pytest_spark.serving.client.turn import Turn, assemble, from_response
 
 if TYPE_CHECKING:  # a name for typing only (openai >= 1.99)
     from openai.types.chat import ChatCompletionToolUnionParam

@@ -21,8 +21,8 @@ from typing import Any
 
 import httpx
 
-from pytest_spark.serving.load import LevelResult, LoadClient, RequestRecord
-from pytest_spark.serving.slo import Goodput, Slo, goodput
+from pytest_spark.serving.load.slo import Goodput, Slo, goodput
+from pytest_spark.serving.load.sweep import LevelResult, LoadClient, RequestRecord
 
 Progress = Callable[[str], None]
 

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from pytest_spark.checks.base import Finding
-from pytest_spark.serving.evidence import short
-from pytest_spark.serving.schema import validate
-from pytest_spark.serving.turn import ToolCall, Turn
-from pytest_spark.serving.wire import MISCONFIGURED_TOOLS, ErrorBody
+from pytest_spark.serving.client.evidence import short
+from pytest_spark.serving.client.turn import ToolCall, Turn
+from pytest_spark.serving.client.wire import MISCONFIGURED_TOOLS, ErrorBody
+from pytest_spark.serving.validate.schema import validate
 
 Mode = Literal["auto", "required", "named"]
 MARKUP = ("<tool_call>", "</tool_call>", "<function=", "</function>", "<parameter=", "</parameter>")

@@ -16,8 +16,8 @@ from typing import Any, Literal
 import jsonschema
 
 from pytest_spark.checks.base import Finding
-from pytest_spark.serving.evidence import short
-from pytest_spark.serving.turn import Turn
+from pytest_spark.serving.client.evidence import short
+from pytest_spark.serving.client.turn import Turn
 
 FormatKind = Literal["json_schema", "json_object"]
 FORMATS: tuple[FormatKind, ...] = ("json_schema", "json_object")

@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 
-from pytest_spark.serving.load import LoadClient, RequestRecord, fetch_metrics
+from pytest_spark.serving.load.sweep import LoadClient, RequestRecord, fetch_metrics
 
 PREEMPTIONS = ("vllm:num_preemptions_total", "vllm:num_preemptions")
 WAITING = "vllm:num_requests_waiting"

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_spark.serving.load import RequestRecord
-from pytest_spark.serving.stats import percentile
+from pytest_spark.serving.load.stats import percentile
+from pytest_spark.serving.load.sweep import RequestRecord
 
 METRICS = ("ttft", "tpot", "e2e")
 LABELS = {"ttft": "TTFT", "tpot": "TPOT", "e2e": "E2E latency"}

@@ -20,9 +20,9 @@ import json
 from typing import Any
 
 from pytest_spark.checks.base import Finding
-from pytest_spark.serving.evidence import short
-from pytest_spark.serving.sdk import SdkTurn, StreamHelper
-from pytest_spark.serving.turn import Turn
+from pytest_spark.serving.client.evidence import short
+from pytest_spark.serving.client.sdk import SdkTurn, StreamHelper
+from pytest_spark.serving.client.turn import Turn
 
 DONE_EVENT = "tool_calls.function.arguments.done"
 

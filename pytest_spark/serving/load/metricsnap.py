@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
-from prometheus_client.samples import Sample
 
 from pytest_spark.access import body
+from pytest_spark.serving.client.wire import samples
 
 WAITING = "vllm:num_requests_waiting"
 RUNNING = "vllm:num_requests_running"
@@ -35,28 +34,6 @@ PREFIX_COUNTERS = (
 )
 # request_success reasons that are not a success of the request.
 FAILED_REASONS = ("error", "abort")
-
-
-def samples(text: str) -> Iterator[Sample]:
-    """Every sample of a Prometheus text exposition (prometheus_client's ``Sample``: name,
-    labels, value). A text the parser refuses as a whole (one bad line) is parsed line by
-    line, leaving out the lines it refuses."""
-    try:
-        parsed = [s for family in text_string_to_metric_families(text) for s in family.samples]
-    except ValueError:
-        parsed = []
-        for line in text.splitlines():
-            if not line.strip() or line.startswith("#"):
-                continue
-            try:
-                parsed.extend(
-                    s
-                    for family in text_string_to_metric_families(line + "\n")
-                    for s in family.samples
-                )
-            except ValueError:
-                continue
-    yield from parsed
 
 
 @dataclass(frozen=True)

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pytest_spark.serving.metricsnap import samples
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 REASONING_FIELDS = ("reasoning", "reasoning_content")
 KV_CACHE_METRICS = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
@@ -24,6 +25,28 @@ _AUTO_REFUSED = re.compile(
     r'"?auto"?\s+tool choice requires\s+--enable-auto-tool-choice\s+and\s+--tool-call-parser', re.I
 )
 MISCONFIGURED_TOOLS = "server started without --enable-auto-tool-choice --tool-call-parser"
+
+
+def samples(text: str) -> Iterator[Sample]:
+    """Every sample of a Prometheus text exposition (prometheus_client's ``Sample``: name,
+    labels, value). A text the parser refuses as a whole (one bad line) is parsed line by
+    line, leaving out the lines it refuses."""
+    try:
+        parsed = [s for family in text_string_to_metric_families(text) for s in family.samples]
+    except ValueError:
+        parsed = []
+        for line in text.splitlines():
+            if not line.strip() or line.startswith("#"):
+                continue
+            try:
+                parsed.extend(
+                    s
+                    for family in text_string_to_metric_families(line + "\n")
+                    for s in family.samples
+                )
+            except ValueError:
+                continue
+    yield from parsed
 
 
 @dataclass(frozen=True)
@@ -110,7 +133,7 @@ def _opt(value: Any) -> str | None:
 def parse_metrics(text: str) -> dict[str, float]:
     """Prometheus text: sample name (no labels) -> sum over its label sets.
 
-    Parsed by prometheus_client's own text parser (``pytest_spark.serving.metricsnap``); a
+    Parsed by prometheus_client's own text parser (``pytest_spark.serving.load.metricsnap``); a
     line it refuses is left out and the rest still counts, as a scrape keeps going."""
     out: dict[str, float] = {}
     for sample in samples(text):

@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 
-from pytest_spark.serving.causes import cited_verdict
-from pytest_spark.serving.client import ServingClient, TurnCache
-from pytest_spark.serving.stream import ServingError
-from pytest_spark.serving.structured import (
+from pytest_spark.serving.client.chat import ServingClient, TurnCache
+from pytest_spark.serving.client.stream import ServingError
+from pytest_spark.serving.client.turn import Turn
+from pytest_spark.serving.validate.causes import cited_verdict
+from pytest_spark.serving.validate.structured import (
     QUESTION,
     FormatKind,
     FormatRequest,
@@ -20,7 +21,6 @@ from pytest_spark.serving.structured import (
     reasoning_leak,
     request_for,
 )
-from pytest_spark.serving.turn import Turn
 from pytest_spark.settings.resolve import Settings
 
 # The one verdict on response_format ignored: json_schema, non-streaming. The other

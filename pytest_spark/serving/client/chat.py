@@ -11,9 +11,15 @@ import httpx
 from pytest_spark.access.api import ApiEndpoint
 from pytest_spark.access.body import Body
 from pytest_spark.access.body import get as capped_get
-from pytest_spark.serving.evidence import Exchange
-from pytest_spark.serving.stream import Reply, ServingError, StreamResult, post_json, stream_chat
-from pytest_spark.serving.turn import Turn, from_response, from_stream
+from pytest_spark.serving.client.evidence import Exchange
+from pytest_spark.serving.client.stream import (
+    Reply,
+    ServingError,
+    StreamResult,
+    post_json,
+    stream_chat,
+)
+from pytest_spark.serving.client.turn import Turn, from_response, from_stream
 
 CHAT_PATH = "/v1/chat/completions"
 
