@@ -19,13 +19,13 @@ from pytest_spark.access.cluster import Cluster, Node
 from pytest_spark.access.testinfra import testinfra_host
 from pytest_spark.checks.base import Finding
 from pytest_spark.facts.server import ServerCommand
+from pytest_spark.readiness.launch import ServingInfo
 from pytest_spark.readiness.reachability import (
     REACHABILITY_VERDICT_KEY,
     require_reachable,
     unreachable,
     unreachable_reason,
 )
-from pytest_spark.readiness.session import ServingInfo
 from pytest_spark.readiness.watch import StartupWatch
 from pytest_spark.report.results import DATA_PREFIX, NODE_PROP, finding_property
 from pytest_spark.serving.client.stream import ServingError
@@ -197,7 +197,7 @@ def spark_serving_state(
     """Launch (--spark-launch) or attach, once; never raises. The readiness check
     ``test_cluster_serving`` reports a problem with its evidence; checks that need the
     server skip pointing at it, so one dead worker is one failure, not fifty."""
-    from pytest_spark.readiness.session import NotServing, ensure_serving
+    from pytest_spark.readiness.launch import NotServing, ensure_serving
 
     cluster = pytestconfig.stash.get(CLUSTER_KEY, None) or _cluster(pytestconfig)
     cluster.connect()

@@ -301,7 +301,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if not settings.head:
         return
     from pytest_spark.access.cluster import Cluster
-    from pytest_spark.readiness.session import stop_if_launched
+    from pytest_spark.readiness.launch import stop_if_launched
 
     try:
         cluster = config.stash.get(CLUSTER_KEY, None) or Cluster(settings)

@@ -19,7 +19,7 @@ HEAVY = (
     "pytest_spark.fixtures",
     "pytest_spark.access.cluster",
     "pytest_spark.access.ssh",
-    "pytest_spark.readiness.session",
+    "pytest_spark.readiness.launch",
     "pytest_spark.report.results",
 )
 # Run in a fresh interpreter: which modules a pytest session imported, once configured.

@@ -20,7 +20,7 @@ from pytest_spark.fixtures import (
 )
 from pytest_spark.parsers.ray import parse_ray_status
 from pytest_spark.parsers.serveargs import expected_ray_members, parse_serve_args
-from pytest_spark.readiness.session import (
+from pytest_spark.readiness.launch import (
     ServingInfo,
     head_account,
     inspected_state,

@@ -53,8 +53,8 @@ from pytest_spark.gathering.nccl import (
 )
 from pytest_spark.parsers.codec import dump, load
 from pytest_spark.parsers.nccl import NcclOutput
+from pytest_spark.readiness.launch import container_states, serving_nodes
 from pytest_spark.readiness.reachability import require_reachable
-from pytest_spark.readiness.session import container_states, serving_nodes
 from pytest_spark.settings.resolve import Settings
 from pytest_spark.state import SERVING_VERDICT_KEY
 
