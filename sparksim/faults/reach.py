@@ -23,28 +23,25 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import time
 from pathlib import Path
 from typing import Any
 
-from . import node as nodes_mod
-from .faults import FAULTS_JSON, load_faults
-from .netns import SimError, ip_batch, run
-from .topology import MGMT_IF, NodeSpec, Topology, resolve_node
+from ..netns import SimError, ip_batch, run
+from ..topology import MGMT_IF, NodeSpec, Topology
+from .common import Kinds, forget, load_faults, record, resolve
 
 KIND = "unreachable"
+KINDS = (KIND,)
 HOWS = ("cut", "sshd")
 NFT_TABLE = "sparksim_unreachable"
 
 
-def add_parser(kinds: Any, common: argparse.ArgumentParser, node_help: str) -> None:
-    k = kinds.add_parser(
+def add_parsers(kinds: Kinds) -> None:
+    k = kinds.on_node(
         KIND,
-        parents=[common],
-        help="a node unreachable on the management network: blackholed (cut: connects "
+        "a node unreachable on the management network: blackholed (cut: connects "
         "time out) or sshd stopped (sshd: connection refused)",
     )
-    k.add_argument("node", metavar="NODE", help=node_help)
     k.add_argument(
         "--how",
         choices=HOWS,
@@ -58,13 +55,10 @@ def add_parser(kinds: Any, common: argparse.ArgumentParser, node_help: str) -> N
 
 
 def apply(state_dir: Path, topo: Topology, args: argparse.Namespace) -> list[str]:
-    try:
-        node = resolve_node(topo, args.node)
-    except ValueError as exc:
-        raise SimError(str(exc)) from exc
+    node = resolve(topo, args.node)
     if args.restore:
         msgs = _undo(topo, [f for f in load_faults(state_dir) if _is_ours(f, node)])
-        _forget(state_dir, node)
+        forget(state_dir, lambda f: _is_ours(f, node))
         return msgs or [f"{node.name}: was reachable"]
     if args.how == "cut":
         _cut(topo, node)
@@ -75,7 +69,14 @@ def apply(state_dir: Path, topo: Topology, args: argparse.Namespace) -> list[str
     else:
         _refuse_ssh(node)
         what = f"{node.name} ({node.mgmt}): sshd stopped, SSH connections refused"
-    _record(state_dir, node, args.how)
+    record(
+        state_dir,
+        KIND,
+        node.name,
+        MGMT_IF,
+        args.how,
+        replaces=lambda f: _is_ours(f, node) and f.get("value") == args.how,
+    )
     return [what]
 
 
@@ -160,24 +161,3 @@ def _undo(topo: Topology, entries: list[dict[str, Any]]) -> list[str]:
             _uncut(topo, node)
             msgs.append(f"{node.name}: back on the management bridge")
     return msgs
-
-
-def _forget(state_dir: Path, node: NodeSpec) -> None:
-    kept = [f for f in load_faults(state_dir) if not _is_ours(f, node)]
-    nodes_mod.write_atomic(state_dir / FAULTS_JSON, json.dumps(kept, indent=2) + "\n")
-
-
-def _record(state_dir: Path, node: NodeSpec, how: str) -> None:
-    entries = [
-        f for f in load_faults(state_dir) if not (_is_ours(f, node) and f.get("value") == how)
-    ]
-    entries.append(
-        {
-            "kind": KIND,
-            "node": node.name,
-            "if": MGMT_IF,
-            "value": how,
-            "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        }
-    )
-    nodes_mod.write_atomic(state_dir / FAULTS_JSON, json.dumps(entries, indent=2) + "\n")

@@ -12,7 +12,7 @@
   ``vllm-node:latest`` in the node's own engine, as an image built on each node instead of
   copied from one. The next launch runs it; the ranks of a real cluster hang at NCCL init.
 
-``clear`` removes the rebuilt image (hostfaults' clear imports the original again); the
+``clear`` removes the rebuilt image (host.clear imports the original again); the
 sim core's clear resets state.json (driver, NTP).
 """
 
@@ -24,37 +24,28 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from . import hostfaults, image, serving
-from . import node as nodes_mod
-from .faults import load_faults
-from .netns import SimError
-from .topology import NodeSpec, Topology
+from .. import image, serving
+from .. import node as nodes_mod
+from ..netns import SimError
+from ..topology import NodeSpec, Topology
+from .common import Kinds, load_faults, record, resolve
 
 KINDS = ("driver", "ntp", "nccl-build")
 REBUILT = "sparksim-nccl-build-2"
 
 
-def add_parsers(kinds: Any, common: argparse.ArgumentParser, node_help: str) -> None:
-    k = kinds.add_parser(
-        "driver", parents=[common], help="a node's NVIDIA driver differs (as nvidia-smi says)"
-    )
-    k.add_argument("node", metavar="NODE", help=node_help)
+def add_parsers(kinds: Kinds) -> None:
+    k = kinds.on_node("driver", "a node's NVIDIA driver differs (as nvidia-smi says)")
     k.add_argument("version", metavar="VERSION", help="driver version, e.g. 580.82.09")
     k.add_argument("--cuda", metavar="X", help="CUDA version nvidia-smi reports with it")
-    k = kinds.add_parser(
-        "ntp", parents=[common], help="a node's NTP service off, its clock unsynchronised"
+    k = kinds.on_node("ntp", "a node's NTP service off, its clock unsynchronised")
+    k = kinds.on_node(
+        "nccl-build", "the serving image on a node carries another build of the same NCCL version"
     )
-    k.add_argument("node", metavar="NODE", help=node_help)
-    k = kinds.add_parser(
-        "nccl-build",
-        parents=[common],
-        help="the serving image on a node carries another build of the same NCCL version",
-    )
-    k.add_argument("node", metavar="NODE", help=node_help)
 
 
 def apply(state_dir: Path, topo: Topology, args: argparse.Namespace) -> list[str]:
-    node = hostfaults._node(topo, args.node)
+    node = resolve(topo, args.node)
     if args.kind == "driver":
         return driver(state_dir, node, args.version, args.cuda)
     if args.kind == "ntp":
@@ -72,7 +63,7 @@ def driver(state_dir: Path, node: NodeSpec, version: str, cuda: str | None) -> l
     if cuda:
         gpu["cuda_version"] = cuda
     nodes_mod.write_state(state_dir, node, state)
-    hostfaults._record(state_dir, "driver", node, "-", {"driver": version, "cuda": cuda})
+    record(state_dir, "driver", node.name, "-", {"driver": version, "cuda": cuda})
     return [f"{node.name}: NVIDIA driver {version}" + (f", CUDA {cuda}" if cuda else "")]
 
 
@@ -80,7 +71,7 @@ def ntp_off(state_dir: Path, node: NodeSpec) -> list[str]:
     state = nodes_mod.read_state(state_dir, node)
     state["time"] = {"ntp": False, "synchronized": False}
     nodes_mod.write_state(state_dir, node, state)
-    hostfaults._record(state_dir, "ntp", node, "-", False)
+    record(state_dir, "ntp", node.name, "-", False)
     return [f"{node.name}: NTP off, clock unsynchronised"]
 
 
@@ -108,12 +99,12 @@ def nccl_build(state_dir: Path, node: NodeSpec) -> list[str]:
         _docker(e, "commit", "--message", note, *keep, cid, image.IMAGE)
     finally:
         subprocess.run(["docker", "-H", e.host, "rm", "-f", cid], capture_output=True)
-    hostfaults._record(state_dir, "nccl-build", node, "-", REBUILT)
+    record(state_dir, "nccl-build", node.name, "-", REBUILT)
     return [f"{node.name}: {image.IMAGE} rebuilt with another build of NCCL {image.NCCL_VERSION}"]
 
 
 def clear(state_dir: Path, topo: Topology) -> list[str]:
-    """Remove the rebuilt images (hostfaults.clear imports the original on those nodes)."""
+    """Remove the rebuilt images (host.clear imports the original on those nodes)."""
     msgs = []
     for f in load_faults(state_dir):
         if f.get("kind") != "nccl-build":

@@ -28,10 +28,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import hostfaults
-from . import node as nodes_mod
-from .netns import SimError
-from .topology import NodeSpec, Topology
+from .. import node as nodes_mod
+from ..netns import SimError
+from ..topology import NodeSpec, Topology
+from .common import Kinds, record, resolve
 
 KINDS = (
     "gpu-xid",
@@ -81,14 +81,10 @@ XID_TEXT = {
 }
 
 
-def add_parsers(kinds: Any, common: argparse.ArgumentParser, node_help: str) -> None:
-    k = kinds.add_parser("gpu-xid", parents=[common], help="the driver logs an Xid on a node")
-    k.add_argument("node", metavar="NODE", help=node_help)
+def add_parsers(kinds: Kinds) -> None:
+    k = kinds.on_node("gpu-xid", "the driver logs an Xid on a node")
     k.add_argument("--xid", type=int, default=79, metavar="N", help="Xid code (default: 79)")
-    k = kinds.add_parser(
-        "gpu-throttle", parents=[common], help="a clocks event reason active, clocks down"
-    )
-    k.add_argument("node", metavar="NODE", help=node_help)
+    k = kinds.on_node("gpu-throttle", "a clocks event reason active, clocks down")
     k.add_argument(
         "--reason",
         default="hw_slowdown",
@@ -96,12 +92,9 @@ def add_parsers(kinds: Any, common: argparse.ArgumentParser, node_help: str) -> 
         metavar="R",
         help="NVML clocks event reason (default: hw_slowdown)",
     )
-    k = kinds.add_parser(
-        "gpu-low-clock",
-        parents=[common],
-        help="the GB10 low-power state under load: busy, SM clock capped, no reason set",
+    k = kinds.on_node(
+        "gpu-low-clock", "the GB10 low-power state under load: busy, SM clock capped, no reason set"
     )
-    k.add_argument("node", metavar="NODE", help=node_help)
     k.add_argument(
         "--mhz",
         type=int,
@@ -109,19 +102,13 @@ def add_parsers(kinds: Any, common: argparse.ArgumentParser, node_help: str) -> 
         metavar="M",
         help=f"the capped SM clock (default: {THROTTLED_SM_MHZ})",
     )
-    k = kinds.add_parser(
-        "gpu-persistence-off", parents=[common], help="persistence mode Disabled on a node"
-    )
-    k.add_argument("node", metavar="NODE", help=node_help)
-    k = kinds.add_parser("gpu-temp", parents=[common], help="the GPU temperature of a node")
-    k.add_argument("node", metavar="NODE", help=node_help)
+    k = kinds.on_node("gpu-persistence-off", "persistence mode Disabled on a node")
+    k = kinds.on_node("gpu-temp", "the GPU temperature of a node")
     k.add_argument("celsius", metavar="CELSIUS", type=int, help="e.g. 93")
-    k = kinds.add_parser(
+    k = kinds.on_node(
         "kernel-log-restricted",
-        parents=[common],
-        help="journalctl and dmesg refuse the kernel log (a non-root user's view)",
+        "journalctl and dmesg refuse the kernel log (a non-root user's view)",
     )
-    k.add_argument("node", metavar="NODE", help=node_help)
 
 
 def _state(state_dir: Path, node: NodeSpec) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -142,7 +129,7 @@ def _pci(state: dict[str, Any]) -> str:
 
 
 def apply(state_dir: Path, topo: Topology, args: argparse.Namespace) -> list[str]:
-    node = hostfaults._node(topo, args.node)
+    node = resolve(topo, args.node)
     state, health = _state(state_dir, node)
     if args.kind == "gpu-xid":
         if args.xid <= 0:
@@ -190,5 +177,5 @@ def apply(state_dir: Path, topo: Topology, args: argparse.Namespace) -> list[str
     else:
         raise SimError(f"unknown fault {args.kind!r}")
     nodes_mod.write_state(state_dir, node, state)
-    hostfaults._record(state_dir, args.kind, node, "-", value)
+    record(state_dir, args.kind, node.name, "-", value)
     return [msg]

