@@ -45,7 +45,7 @@ from .common import Kinds, load_faults, record, resolve
 from .link import _rates, apply_shaping
 
 KINDS = ("gid-v1", "gid-shift", "link-delay")
-DELAYER = Path(__file__).with_name("nfqdelay.py")
+DELAYER = Path(__file__).parent.parent / "nfqdelay.py"  # sparksim/nfqdelay.py
 QUEUE = 17  # the netfilter queue the delayer binds, in each node's own namespace
 RULE_TAG = "sparksim-link-delay"
 READY_TIMEOUT_S = 15.0
