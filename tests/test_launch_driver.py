@@ -1,4 +1,4 @@
-"""The launcher driver (launch.py, standup.py) against the real launch-cluster.sh's rules:
+"""The launcher driver (readiness/launch.py) against the real launch-cluster.sh's rules:
 Ray or no-Ray, the .env beside the script, containers already running, the nodes the
 launcher keeps. Pure functions on text, and standup's steps on a scripted fake head."""
 
