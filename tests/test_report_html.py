@@ -98,7 +98,7 @@ def test_failed_row_carries_evidence_fix_and_log_tails(report: tuple[SuiteRun, P
     assert "last 2 log lines of spark-head" in health and "INFO bye" in health
     assert "last 1 log lines of spark-worker-1" in health and "worker line" in health
     assert "evidence: response" in health and "evidence: request" in health
-    assert "What usually fixes it:</b> Read the head&#x27;s container log" in health
+    assert "What usually fixes it:</b> Read the head&#39;s container log" in health
     assert "plotted in the summary" in extras["test_allreduce_busbw"][0]
 
 
