@@ -16,7 +16,7 @@ from markupsafe import Markup
 from pytest_spark.report.accuracy import accuracy_html
 from pytest_spark.report.figures import key_figures
 from pytest_spark.report.results import CATEGORY_PROP, FINDING_PROP, NODE_PROP, category_of
-from pytest_spark.report.summary import measured_expected, remediation
+from pytest_spark.report.summary import measured_expected, outcome_counts, remediation
 from pytest_spark.report.templating import fragment, render
 
 if TYPE_CHECKING:
@@ -177,21 +177,38 @@ def _failing(doc: dict[str, Any]) -> str:
     return f" in {categories}; first: {name}: {headline}"
 
 
+RUN_OUTCOMES = ("passed", "failed", "xpassed", "xfailed")  # pytest-html's "N tests took"
+
+
+def _verdict_text(state: ReportState) -> str:
+    """The banner's verdict. Its count of checks run is pytest-html's "N tests took" (passed,
+    failed, xpassed, xfailed: skips and errors are not in it), and skips and errors are
+    named apart, so the two counts on the page cannot disagree."""
+    counts = outcome_counts(state.doc)
+    run = sum(counts.get(k, 0) for k in RUN_OUTCOMES)
+    errors, skipped = counts.get("error", 0), counts.get("skipped", 0)
+    others = "".join(
+        f", {n} {label}"
+        for n, label in ((errors, "error" if errors == 1 else "errors"), (skipped, "skipped"))
+        if n
+    )
+    failed = counts.get("failed", 0)
+    return {
+        "fail": f"Verdict: FAIL ({failed} of {run} checks run failed{others})"
+        + _failing(state.doc),
+        "warn": f"Verdict: PASS with warnings ({run} checks run{others})",
+        "pass": f"Verdict: PASS ({run} checks run{others})",
+        "skip": f"Verdict: nothing checked ({skipped} checks skipped)",
+        "none": "Verdict: no suite checks ran",
+    }[state.table.overall]
+
+
 def summary_html(state: ReportState) -> str:
     overall = state.table.overall
-    counts = state.table
-    failed = sum(c.counts["failed"] + c.counts["error"] for c in counts.cells.values())
-    total = sum(sum(c.counts.values()) - c.counts["warn"] for c in counts.cells.values())
     banners = []
     if state.interrupted:
         banners.append(("warn", "Session INTERRUPTED: the results below are partial"))
-    verdict = {
-        "fail": f"Verdict: FAIL ({failed} of {total} checks failed{_failing(state.doc)})",
-        "warn": f"Verdict: PASS with warnings ({total} checks)",
-        "pass": f"Verdict: PASS ({total} checks)",
-        "skip": f"Verdict: nothing checked ({total} checks skipped)",
-        "none": "Verdict: no suite checks ran",
-    }[overall]
+    verdict = _verdict_text(state)
     banners.append((overall, verdict))
     if state.regression_message:
         banners.append(("fail", f"REGRESSION (session failed): {state.regression_message}"))
