@@ -489,7 +489,7 @@ def test_a_silent_docker_daemon_is_no_answer_about_the_container() -> None:
         assert command.startswith("docker inspect -f '{{.State.Status}}' vllm_node")
         return 1, "", "Cannot connect to the Docker daemon at unix:///var/run/docker.sock."
 
-    got = container_states(FakeCluster(states(""), silent), "vllm_node")  # type: ignore[arg-type]
+    got = container_states(FakeCluster(states(""), silent), "vllm_node")
     assert got == {
         "spark-head": "",
         "spark-worker-1": f"{DOCKER_SILENT} (Cannot connect to the Docker daemon at "
