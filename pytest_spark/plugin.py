@@ -24,6 +24,7 @@ from pytest_spark.state import (
     SIM_KEY,
 )
 from pytest_spark.suitedir import (
+    SuiteRelativeSkips,
     holds_tests,
     installed_selection,
     needed,
@@ -116,11 +117,13 @@ def _installed_suite(config: pytest.Config) -> None:
     suite = suite_paths(config.rootpath)
     if not suite:
         return
+    shorten = SuiteRelativeSkips(suite_base(suite))
     if config.args_source == pytest.Config.ArgsSource.INVOCATION_DIR:
         here = config.invocation_params.dir
         if not holds_tests(here, config.getini("python_files"), config.getini("norecursedirs")):
             config.args[:] = [str(path) for path in suite]
             config.stash[SUITE_KEY] = suite
+            config.pluginmanager.register(shorten, "spark.suite-relative-skips")
         return
     if config.args_source != pytest.Config.ArgsSource.ARGS:
         return
@@ -130,6 +133,7 @@ def _installed_suite(config: pytest.Config) -> None:
         config.args[:] = [*kept, *(str(path) for path in suite)]
         config.stash[SUITE_KEY] = suite
         config.stash[SELECTED_KEY] = selectors
+        config.pluginmanager.register(shorten, "spark.suite-relative-skips")
         config.pluginmanager.register(SuiteSelection(base, selectors), "spark.selection")
 
 

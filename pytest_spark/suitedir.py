@@ -13,6 +13,9 @@ import os
 from collections.abc import Sequence
 from fnmatch import fnmatch
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 SUITE_DIRS = ("tests_infra", "tests_e2e")
 PACKAGE = Path(__file__).resolve().parent
@@ -100,3 +103,37 @@ def needed(rel: str, selectors: Sequence[str]) -> bool:
         if rel == path or path.startswith(rel + "/") or rel.startswith(path + "/"):
             return True
     return False
+
+
+def suite_relative(path: str, base: Path) -> str:
+    """``tests_infra/test_x.py`` for a file of the installed suite under ``base``; any
+    other path as given."""
+    for candidate in (Path(path), Path(path).resolve()):
+        try:
+            return candidate.relative_to(base).as_posix()
+        except ValueError:
+            continue
+    return path
+
+
+class SuiteRelativeSkips:
+    """Registered when pytest collects the installed suite: a skip's location is said as
+    the suite names it (``tests_infra/test_x.py:LINE``), not as a ``site-packages`` path
+    (pytest's skip lines, the report and the JSON read it from the report's longrepr)."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base.resolve()
+
+    def _shorten(self, report: Any) -> None:
+        longrepr = report.longrepr
+        if report.skipped and isinstance(longrepr, tuple) and len(longrepr) == 3:
+            path, line, reason = longrepr
+            report.longrepr = (suite_relative(str(path), self.base), line, reason)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_logreport(self, report: Any) -> None:
+        self._shorten(report)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collectreport(self, report: Any) -> None:
+        self._shorten(report)
