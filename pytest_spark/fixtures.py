@@ -213,7 +213,11 @@ def spark_serving_state(
             notify=_notice_writer(pytestconfig),
         )
     except NotServing as exc:
-        return ServingState(None, str(exc), _down_port_cause(request, cluster, str(exc)))
+        problem = str(exc)
+        cause = _down_port_cause(request, cluster, problem) or _no_rdma_cause(
+            request, cluster, problem
+        )
+        return ServingState(None, problem, cause)
     finally:
         _progress_done(pytestconfig)
     return ServingState(info, None)
@@ -247,6 +251,26 @@ def _down_port_cause(request: pytest.FixtureRequest, cluster: Cluster, problem: 
         return None
     headline = not_serving_reason(problem).removesuffix(" (test_cluster_serving has the evidence)")
     return f"{headline}, because {'; '.join(down)}"
+
+
+def _no_rdma_cause(request: pytest.FixtureRequest, cluster: Cluster, problem: str) -> str | None:
+    """The serving failure's root cause when nodes have no RDMA drivers (no
+    /sys/class/infiniband: ibdev2netdev lists nothing, so no fabric interface for the
+    launcher): the GID check reports every such node, so the serving checks skip citing
+    it. None otherwise, or when no GID check runs in this session."""
+    from pytest_spark.checks.roce_gid import GID_VERDICT, no_rdma_cause
+    from pytest_spark.gathering.nccl import nodes_without_rdma
+
+    if not verdict_in_session(request.session, GID_VERDICT):
+        return None
+    try:
+        cause = no_rdma_cause(nodes_without_rdma(cluster), None)
+    except (RemoteError, pytest.fail.Exception, pytest.skip.Exception):
+        return None
+    if cause is None:
+        return None
+    headline = not_serving_reason(problem).removesuffix(" (test_cluster_serving has the evidence)")
+    return f"{headline}, because {cause}"
 
 
 def _unreachable_for_serving(
