@@ -52,8 +52,7 @@ def apply(state_dir: Path, topo: Topology, args: argparse.Namespace) -> list[str
         )
         record(state_dir, "no-rdma", node.name, "-", None)
         msgs.append(
-            f"{node.name}: RDMA drivers unloaded ({SYSFS} gone, no RDMA device); "
-            f"fabric netdevs up"
+            f"{node.name}: RDMA drivers unloaded ({SYSFS} gone, no RDMA device); fabric netdevs up"
         )
     return msgs
 
