@@ -106,7 +106,6 @@ def test_api_only_advice_is_the_servers_not_the_clusters() -> None:
     alone = answers(True)
     wrong = answers(False)
     base = Fingerprint(-2.0, 0.7, 150, "prompt_logprobs")
-    kw = {"max_logprob_delta": 0.05, "max_top1_delta": 0.03, "server": SERVER}
     score = MathScore(10, 50, [(math_problems(1)[0], "7")])
     findings = {
         "alone": check_alone(wrong, SERVER, api_only=True),
@@ -114,7 +113,12 @@ def test_api_only_advice_is_the_servers_not_the_clusters() -> None:
             alone, [[alone[0], wrong[0]], [alone[1]]], 4, SERVER, api_only=True
         ),
         "drift": check_fingerprint(
-            Fingerprint(-2.2, 0.6, 150, "x"), Baseline(base, "h"), api_only=True, **kw
+            Fingerprint(-2.2, 0.6, 150, "x"),
+            Baseline(base, "h"),
+            max_logprob_delta=0.05,
+            max_top1_delta=0.03,
+            server=SERVER,
+            api_only=True,
         ),
         "math": check_math(score, 0.9, 0.08, SERVER, api_only=True),
     }
