@@ -2,7 +2,7 @@
 
 ``LINK_PROBE`` is a single shell command (``sh -c '...'``, so it runs the same under any
 login shell) that prints every link-state section a node can give, each framed by marker
-lines::
+lines (:mod:`pytest_spark.infra.probe`)::
 
     @@pytest-spark-links@@ probe v1 HOSTNAME
     @@pytest-spark-links@@ begin NAME
