@@ -17,8 +17,8 @@ from pytest_spark.access.api import ApiEndpoint
 from pytest_spark.access.base import RemoteError
 from pytest_spark.access.cluster import Cluster, Node
 from pytest_spark.access.testinfra import testinfra_host
-from pytest_spark.checks.base import Finding
-from pytest_spark.facts.server import ServerCommand
+from pytest_spark.infra.finding import Finding
+from pytest_spark.infra.server.probe import ServerCommand
 from pytest_spark.readiness.launch import ServingInfo
 from pytest_spark.readiness.reachability import (
     REACHABILITY_VERDICT_KEY,
@@ -138,7 +138,7 @@ def require_unless_twin_down(cluster: Cluster, finding: Finding, check: SparkChe
     instead, naming the down link: the launcher and NCCL leave a Down twin out of
     NCCL_IB_HCA and the transport, so the config is then right and the root cause is the
     link (its link-up check fails)."""
-    from pytest_spark.gathering.links import unusable_fabric_links
+    from pytest_spark.infra.links.gather import unusable_fabric_links
 
     if not finding.ok:
         down = unusable_fabric_links(cluster)
@@ -232,7 +232,7 @@ def _down_port_cause(request: pytest.FixtureRequest, cluster: Cluster, problem: 
     names a fabric port that is down (the engine dies when its bootstrap link drops): the
     link-up check reports that port, so the serving checks skip citing it. None otherwise,
     or when no link-up check runs in this session."""
-    from pytest_spark.gathering.nccl import down_fabric_ports, down_socket_ports, rank_envs
+    from pytest_spark.infra.nccl.gather import down_fabric_ports, down_socket_ports, rank_envs
 
     if not verdict_in_session(request.session, "test_link_up"):
         return None
@@ -258,8 +258,8 @@ def _no_rdma_cause(request: pytest.FixtureRequest, cluster: Cluster, problem: st
     /sys/class/infiniband: ibdev2netdev lists nothing, so no fabric interface for the
     launcher): the GID check reports every such node, so the serving checks skip citing
     it. None otherwise, or when no GID check runs in this session."""
-    from pytest_spark.checks.roce_gid import GID_VERDICT, no_rdma_cause
-    from pytest_spark.gathering.nccl import nodes_without_rdma
+    from pytest_spark.infra.nccl.gather import nodes_without_rdma
+    from pytest_spark.infra.nccl.gid_check import GID_VERDICT, no_rdma_cause
 
     if not verdict_in_session(request.session, GID_VERDICT):
         return None
@@ -439,7 +439,8 @@ def spark_server_command(
     """What the serving head's server was started with (its container's command, the
     ``vllm serve`` process in it, vLLM's non-default args line of this start, or
     --spark-serve-args); None when nothing says (--spark-api-url alone, not serving)."""
-    from pytest_spark.facts.server import parse_serve_args_text, read_server_command
+    from pytest_spark.infra.server.gather import read_server_command
+    from pytest_spark.infra.server.probe import parse_serve_args_text
 
     if not spark_settings.head:
         return parse_serve_args_text(spark_settings.serve_args)

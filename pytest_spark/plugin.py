@@ -187,7 +187,7 @@ def _configure_active(config: pytest.Config) -> None:
     and reports (imported here, not at the plugin's import)."""
     from pytest_spark import fixtures
     from pytest_spark.access.simcontrol import sim_attach, sim_up
-    from pytest_spark.gathering.measure import MEASURE_KEY, Measurements
+    from pytest_spark.measure.once import MEASURE_KEY, Measurements
     from pytest_spark.readiness.reachability import LostNodes, VerdictFirst
     from pytest_spark.report import register as register_reports
     from pytest_spark.report.results import RESULTS_KEY, ResultsRecorder
@@ -326,7 +326,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if cluster is not None:
         cluster.close()
     if SETTINGS_KEY in config.stash:  # active: the measurements exist (not imported inert)
-        from pytest_spark.gathering.measure import MEASURE_KEY
+        from pytest_spark.measure.once import MEASURE_KEY
 
         measurements = config.stash.get(MEASURE_KEY, None)
         if measurements is not None:

@@ -17,7 +17,7 @@ import pytest
 from pytest_spark.access.base import CommandResult
 from pytest_spark.access.cluster import Cluster, Node
 from pytest_spark.access.files import write_json
-from pytest_spark.parsers.serveargs import mode_of_processes, parse_serve_args
+from pytest_spark.infra.server.parse import mode_of_processes, parse_serve_args
 from pytest_spark.readiness.launch import (
     STATE,
     Launcher,
@@ -502,9 +502,9 @@ def test_no_fabric_address_says_when_no_rdma_device_is_listed(
 ) -> None:
     """A node without RDMA drivers: ibdev2netdev and `rdma link` list nothing, so the
     launcher's -n list cannot be built; the message says why, not only that."""
-    import pytest_spark.gathering.links as gathering
-    from pytest_spark.facts.links import NodeLinkFacts
-    from pytest_spark.parsers.links import RoceMapping
+    import pytest_spark.infra.links.gather as gathering
+    from pytest_spark.infra.links.parse import RoceMapping
+    from pytest_spark.infra.links.probe import NodeLinkFacts
     from pytest_spark.readiness.launch import NotServing, fabric_addresses
 
     node = SimpleNamespace(name="spark-head")

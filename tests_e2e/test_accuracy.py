@@ -15,8 +15,8 @@ from dataclasses import replace
 
 import pytest
 
-from pytest_spark.checks.base import Finding
 from pytest_spark.fixtures import SparkCheck, verdict_in_session
+from pytest_spark.infra.finding import Finding
 from pytest_spark.serving import ServingError
 from pytest_spark.serving.validate.accuracy import (
     ALONE_VERDICT,

@@ -17,8 +17,8 @@ from collections.abc import Iterator
 import pytest
 
 from pytest_spark.access.api import ApiEndpoint
-from pytest_spark.checks.base import Finding
 from pytest_spark.fixtures import SparkCheck
+from pytest_spark.infra.finding import Finding
 from pytest_spark.serving import ServingClient, ServingError, Turn
 from pytest_spark.serving.validate.context import (
     LongPrompt,

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from pytest_spark.access.api import ApiEndpoint
-from pytest_spark.checks.base import Finding
 from pytest_spark.fixtures import SparkCheck, Sweep, progress_line_writer, verdict_in_session
-from pytest_spark.gathering.measure import measure_once
+from pytest_spark.infra.finding import Finding
+from pytest_spark.measure.once import measure_once
 from pytest_spark.serving import ServingError
 from pytest_spark.serving.load.openloop import run_rate_sweep
 from pytest_spark.serving.load.slo import LABELS, goodput

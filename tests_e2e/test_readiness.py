@@ -18,14 +18,14 @@ from pytest_spark.fixtures import (
     server_log_hint,
     verdict_in_session,
 )
-from pytest_spark.parsers.ray import parse_ray_status
-from pytest_spark.parsers.serveargs import expected_ray_members, parse_serve_args
+from pytest_spark.infra.server.parse import expected_ray_members, parse_serve_args
 from pytest_spark.readiness.launch import (
     ServingInfo,
     head_account,
     inspected_state,
     serving_nodes,
 )
+from pytest_spark.readiness.ray import parse_ray_status
 from pytest_spark.readiness.wait import SINCE_START, parse_probe, probe_command
 from pytest_spark.serving import ServingError
 from pytest_spark.serving.client.stream import Reply

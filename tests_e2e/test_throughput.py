@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from pytest_spark.checks.base import Finding
 from pytest_spark.fixtures import SparkCheck, Sweep, verdict_in_session
+from pytest_spark.infra.finding import Finding
 from pytest_spark.serving import LevelResult
 from pytest_spark.serving.load.metricsnap import health_fixes, level_health
 from pytest_spark.serving.load.slo import failure_text, goodput

@@ -10,8 +10,10 @@ from __future__ import annotations
 import pytest
 
 from pytest_spark import Cluster, Node, SparkCheck
-from pytest_spark.checks.nccl import FABRIC_DEVS
-from pytest_spark.checks.roce_gid import (
+from pytest_spark.fixtures import verdict_in_session
+from pytest_spark.infra.nccl.check import FABRIC_DEVS
+from pytest_spark.infra.nccl.gather import fabric_devs, gid_tables, nodes_without_rdma, rank_envs
+from pytest_spark.infra.nccl.gid_check import (
     GID_VERDICT,
     GidChoice,
     check_gid_same,
@@ -19,9 +21,7 @@ from pytest_spark.checks.roce_gid import (
     gid_choices,
     no_rdma_cause,
 )
-from pytest_spark.fixtures import verdict_in_session
-from pytest_spark.gathering.nccl import fabric_devs, gid_tables, nodes_without_rdma, rank_envs
-from pytest_spark.parsers.roce_gid import GidTable
+from pytest_spark.infra.nccl.gid_parse import GidTable
 from pytest_spark.readiness.reachability import require_reachable
 from pytest_spark.settings.resolve import Settings
 
