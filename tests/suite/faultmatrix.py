@@ -69,6 +69,7 @@ class Row:
     over: int = 0  # failures over the causes, known and not yet folded into one (see the doc)
     mode: str = "ray"  # launch rows: --spark-ray=on (ray) or off (no-ray, issue #17)
     options: tuple[str, ...] = ()  # suite options the row adds (+opt: the heavy modes)
+    only: tuple[str, ...] = ()  # +only CAT...: the row runs only these categories (-m)
 
     @property
     def id(self) -> str:
@@ -95,7 +96,7 @@ def parse_matrix(text: str, heading: str = "## Matrix") -> list[Row]:
         if len(cells) != len(COLUMNS):
             raise ValueError(f"{MATRIX}: {len(cells)} cells in {line!r}")
         values = dict(zip(COLUMNS, cells, strict=True))
-        inject, serve_args, drop_args, options = [], "", "", []
+        inject, serve_args, drop_args, options, only = [], "", "", [], []
         for part in (_cell(values["inject"]) or "").split(";"):
             part = part.strip()
             if part.startswith("+serve-args "):
@@ -104,6 +105,8 @@ def parse_matrix(text: str, heading: str = "## Matrix") -> list[Row]:
                 drop_args = part.removeprefix("-serve-args ").strip()
             elif part.startswith("+opt "):
                 options += shlex.split(part.removeprefix("+opt "))
+            elif part.startswith("+only "):
+                only += part.removeprefix("+only ").split()
             elif part:
                 inject.append(tuple(shlex.split(part)))
         if any(not o.startswith("--spark-") for o in options):
@@ -118,7 +121,9 @@ def parse_matrix(text: str, heading: str = "## Matrix") -> list[Row]:
             words.remove(word)
         fails = tuple(w for w in words if not w.endswith("?"))
         may_fail = tuple(w.removesuffix("?") for w in words if w.endswith("?"))
-        unknown = set(fails + may_fail) - set(CATEGORIES)
+        unknown = set(fails + may_fail + tuple(only)) - set(CATEGORIES)
+        if only and not set(fails + may_fail) <= set(only):
+            raise ValueError(f"{MATRIX}: +only leaves out a category the row fails: {line!r}")
         if unknown or values["run"] not in RUNS:
             raise ValueError(f"{MATRIX}: bad row {line!r}")
         if fails and counts["causes"] + counts["over"] < len(fails):
@@ -138,6 +143,7 @@ def parse_matrix(text: str, heading: str = "## Matrix") -> list[Row]:
                 causes=counts["causes"],
                 over=counts["over"],
                 options=tuple(options),
+                only=tuple(only),
             )
         )
     return rows
@@ -412,6 +418,8 @@ def run_row(
     for argv in row.inject:
         sim_fault(sim, *argv)
     args = [str(REPO / "tests_infra"), str(REPO / "tests_e2e"), *TRIM, *options]
+    if row.only:  # a row that needs a few categories runs only those (CI time)
+        args += ["-m", " or ".join(row.only)]
     if row.run == "restart":  # serving first, so that the watch attaches while it loads
         args[:2] = reversed(args[:2])
     container = sim.info["launch"]["container"]

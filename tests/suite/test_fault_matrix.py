@@ -95,6 +95,10 @@ def test_matrix_parser_rejects_what_it_cannot_hold_to() -> None:
     (row,) = parse_matrix(head + good.replace("engine http-5xx", soak, 1))
     assert row.inject == (("engine", "heat-throttle"),)
     assert row.options == ("--spark-soak=8s", "--spark-threshold=soak.window_s=2")
+    assert row.only == ()
+    only = "engine http-5xx; +only readiness tool_calls"
+    (row,) = parse_matrix(head + good.replace("engine http-5xx", only, 1))
+    assert row.only == ("readiness", "tool_calls") and row.inject == (("engine", "http-5xx"),)
     for bad in (
         "| x | - | serving | - | - | - |\n",  # a cell missing
         "| x | - | somewhere | - | - | - | - |\n",  # unknown run
@@ -105,6 +109,8 @@ def test_matrix_parser_rejects_what_it_cannot_hold_to() -> None:
         "| x | - | launch | link roots=1 | - | - | - |\n",  # an unknown count
         "| x | - | launch | link nccl causes=1 | - | - | - |\n",  # two categories, one failure
         "| x | +opt soak=8s | launch | link | - | - | - |\n",  # +opt takes suite options only
+        "| x | +only nccl | launch | link | - | - | - |\n",  # +only leaves its failure out
+        "| x | +only links | launch | link | - | - | - |\n",  # +only: an unknown category
     ):
         with pytest.raises(ValueError):
             parse_matrix(head + bad)
