@@ -19,7 +19,6 @@ from pytest_spark.settings.resolve import add_options, asked_for, refuse_spaced_
 from pytest_spark.state import (
     CLUSTER_KEY,
     RUN_DIR_KEY,
-    SERVING_VERDICT_KEY,
     SETTINGS_KEY,
     SIM_KEY,
 )
@@ -189,7 +188,7 @@ def _configure_active(config: pytest.Config) -> None:
     from pytest_spark.report.results import RESULTS_KEY, ResultsRecorder
     from pytest_spark.settings.resolve import resolve
 
-    config.addinivalue_line("filterwarnings", "default::pytest_spark.fixtures.SparkCheckWarning")
+    config.addinivalue_line("filterwarnings", "default::pytest_spark.verdict.SparkCheckWarning")
     config.pluginmanager.register(fixtures, "spark.fixtures")
     # NodeUnreachable out of a check: one failure per lost node, later checks skip citing it
     config.pluginmanager.register(
@@ -373,6 +372,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if not _active(config):
         return
     from pytest_spark.readiness.reachability import REACHABILITY_VERDICT_KEY
+    from pytest_spark.readiness.serving import SERVING_VERDICT_KEY
 
     config.stash[SERVING_VERDICT_KEY] = any(
         item.get_closest_marker("spark_serving_verdict") for item in session.items

@@ -37,7 +37,9 @@ MAY_IMPORT: dict[str, set[str]] = {
     "readiness": {"serving", "gathering", "checks", "facts", "parsers", "access", "settings"},
     "gathering": {"collective", "checks", "facts", "parsers", "access", "settings"},
     "collective": {"checks", "facts", "parsers", "access", "settings"},
-    "report": {WIRING, "checks", "parsers", "access", "settings"},
+    # the report's live lines show the launch's progress (readiness.watch); nothing there
+    # imports the report
+    "report": {WIRING, "readiness", "checks", "parsers", "access", "settings"},
     "serving": {"checks", "facts", "parsers", "access", "settings"},
     "checks": {"facts", "parsers", "settings"},
     "facts": {"parsers", "access", "settings"},
@@ -159,9 +161,11 @@ def test_every_module_is_in_a_part() -> None:
     )
 
 
-def test_at_most_six_loose_modules() -> None:
+def test_at_most_seven_loose_modules() -> None:
+    """The wiring: __init__, plugin, hooks, fixtures, state, suitedir and verdict (the
+    check's verdict API the suite imports through the root)."""
     loose = sorted(p.name for p in PACKAGE.glob("*.py"))
-    assert len(loose) <= 6, f"pytest_spark/ has {len(loose)} loose modules: {loose}"
+    assert len(loose) <= 7, f"pytest_spark/ has {len(loose)} loose modules: {loose}"
 
 
 def test_no_new_circle() -> None:

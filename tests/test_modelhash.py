@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from pytest_spark import progress_line_writer
 from pytest_spark.checks.preflight import check_model_identical
 from pytest_spark.facts.modelhash import (
     HashProgress,
@@ -18,7 +19,6 @@ from pytest_spark.facts.modelhash import (
     with_full_hashes,
 )
 from pytest_spark.facts.preflight import EDGE_BYTES, SAMPLES, ModelListing, sampled_sha256
-from pytest_spark.fixtures import progress_line_writer
 from pytest_spark.parsers.links import ParseError
 from pytest_spark.settings.options import OPTIONS_BY_ATTR
 

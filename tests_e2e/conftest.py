@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
+from pytest_spark import Settings, progress_line_writer, verdict_in_session
 from pytest_spark.access.api import ApiEndpoint
 from pytest_spark.facts.server import ServerCommand
-from pytest_spark.fixtures import Sweep, progress_line_writer, verdict_in_session
 from pytest_spark.gathering.measure import measure_once
 from pytest_spark.report.history import resolve_history_dir
 from pytest_spark.serving import ServingClient
@@ -27,8 +27,8 @@ from pytest_spark.serving.causes import STREAM_VERDICT, wire_cause, wire_verdict
 from pytest_spark.serving.closedloop import decode_sweep, encode_sweep, measure_sweep
 from pytest_spark.serving.formatturns import FormatTurns
 from pytest_spark.serving.specs import load_spec
+from pytest_spark.serving.sweep import Sweep
 from pytest_spark.serving.toolturns import ToolTurns
-from pytest_spark.settings.resolve import Settings
 
 # The soak runs last in the session: it holds the GPUs under a steady batch for its whole
 # duration (minutes on a Spark), heating them and filling the KV cache, and the checks

@@ -14,9 +14,8 @@ from typing import Any
 
 import pytest
 
+from pytest_spark import Finding, Settings, SparkCheck, progress_line_writer, verdict_in_session
 from pytest_spark.access.api import ApiEndpoint
-from pytest_spark.checks.base import Finding
-from pytest_spark.fixtures import SparkCheck, Sweep, progress_line_writer, verdict_in_session
 from pytest_spark.gathering.measure import measure_once
 from pytest_spark.serving import ServingError
 from pytest_spark.serving.causes import DECODE_VERDICT, GOODPUT_VERDICT, knee_cause
@@ -24,7 +23,7 @@ from pytest_spark.serving.load import LoadClient
 from pytest_spark.serving.openloop import run_rate_sweep
 from pytest_spark.serving.slo import LABELS, goodput
 from pytest_spark.serving.specs import load_spec, open_loop_spec, slo_of
-from pytest_spark.settings.resolve import Settings
+from pytest_spark.serving.sweep import Sweep
 
 pytestmark = pytest.mark.load
 

@@ -6,20 +6,27 @@ import shlex
 
 import pytest
 
-from pytest_spark import Cluster, Finding, Node, SparkCheck
+from pytest_spark import (
+    Cluster,
+    Finding,
+    Node,
+    RemoteError,
+    Settings,
+    SparkCheck,
+    verdict_in_session,
+)
 from pytest_spark.access import body
 from pytest_spark.access.api import ApiEndpoint
-from pytest_spark.access.base import RemoteError
 from pytest_spark.access.cluster import node_names
-from pytest_spark.fixtures import (
+from pytest_spark.parsers.ray import parse_ray_status
+from pytest_spark.parsers.serveargs import expected_ray_members, parse_serve_args
+from pytest_spark.readiness.serving import (
+    SERVING_VERDICT_KEY,
     ApiState,
     ServingState,
     not_serving_reason,
     server_log_hint,
-    verdict_in_session,
 )
-from pytest_spark.parsers.ray import parse_ray_status
-from pytest_spark.parsers.serveargs import expected_ray_members, parse_serve_args
 from pytest_spark.readiness.session import (
     ServingInfo,
     head_account,
@@ -31,8 +38,6 @@ from pytest_spark.serving import ServingError
 from pytest_spark.serving.canary import WireProbe
 from pytest_spark.serving.causes import body_failure, check_stream_wire
 from pytest_spark.serving.stream import Reply
-from pytest_spark.settings.resolve import Settings
-from pytest_spark.state import SERVING_VERDICT_KEY
 
 pytestmark = pytest.mark.readiness
 

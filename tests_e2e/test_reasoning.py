@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
+from pytest_spark import Finding, Settings, SparkCheck, verdict_in_session
 from pytest_spark.access.api import ApiEndpoint
-from pytest_spark.checks.base import Finding
 from pytest_spark.checks.preflight import Skip
 from pytest_spark.checks.server import (
     REASONING_VERDICT,
@@ -25,7 +25,6 @@ from pytest_spark.checks.server import (
     missing_tool_parser,
 )
 from pytest_spark.facts.server import ServerCommand
-from pytest_spark.fixtures import SparkCheck, verdict_in_session
 from pytest_spark.serving import (
     MISCONFIGURED_TOOLS,
     NO_REASONING_FIELD,
@@ -47,7 +46,6 @@ from pytest_spark.serving.accuracyprobe import cited_wrong_model
 from pytest_spark.serving.causes import cited_verdict
 from pytest_spark.serving.formatturns import DISABLED_VERDICT
 from pytest_spark.serving.toolturns import cited_calls_in_content, cited_unstreamed_arguments
-from pytest_spark.settings.resolve import Settings
 
 pytestmark = pytest.mark.reasoning
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_spark.fixtures import SparkCheck
+from pytest_spark import SparkCheck
 from pytest_spark.serving import ServingError, Turn
 from pytest_spark.serving.formatturns import FormatTurns, cited_ignored, cited_reasoning_leak
 from pytest_spark.serving.structured import FORMATS, FormatKind, FormatRequest, check_structured

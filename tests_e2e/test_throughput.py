@@ -16,8 +16,7 @@ from typing import Any
 
 import pytest
 
-from pytest_spark.checks.base import Finding
-from pytest_spark.fixtures import SparkCheck, Sweep, verdict_in_session
+from pytest_spark import Finding, Settings, SparkCheck, verdict_in_session
 from pytest_spark.serving import LevelResult
 from pytest_spark.serving.causes import (
     DECODE_VERDICT,
@@ -27,7 +26,7 @@ from pytest_spark.serving.causes import (
 from pytest_spark.serving.metricsnap import health_fixes, level_health
 from pytest_spark.serving.slo import failure_text, goodput
 from pytest_spark.serving.specs import slo_of
-from pytest_spark.settings.resolve import Settings
+from pytest_spark.serving.sweep import Sweep
 
 pytestmark = pytest.mark.throughput
 

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import pytest
 
+from pytest_spark import Finding, Settings, SparkCheck, verdict_in_session
 from pytest_spark.access.api import ApiEndpoint
-from pytest_spark.checks.base import Finding
 from pytest_spark.checks.preflight import Skip
 from pytest_spark.checks.server import TOOLS_VERDICT, check_tool_parser, missing_tool_parser
 from pytest_spark.facts.server import ServerCommand
-from pytest_spark.fixtures import SparkCheck, verdict_in_session
 from pytest_spark.serving import (
     MISCONFIGURED_TOOLS,
     ServingError,
@@ -32,7 +31,6 @@ from pytest_spark.serving.toolturns import (
     cited_calls_in_content,
     cited_unstreamed_arguments,
 )
-from pytest_spark.settings.resolve import Settings
 
 pytestmark = pytest.mark.tool_calls
 

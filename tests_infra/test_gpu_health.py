@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_spark import Cluster, Node, SparkCheck
-from pytest_spark.access.base import RemoteError
+from pytest_spark import Cluster, Node, RemoteError, SparkCheck, verdict_in_session
 from pytest_spark.checks.gpuhealth import (
     KERNEL_VERDICT,
     TEMPERATURE_VERDICT,
@@ -25,7 +24,6 @@ from pytest_spark.checks.gpuhealth import (
 from pytest_spark.checks.preflight import Skip
 from pytest_spark.facts.gpuhealth import GpuHealth
 from pytest_spark.facts.preflight import NodePreflight
-from pytest_spark.fixtures import verdict_in_session
 from pytest_spark.gathering.preflight import all_preflight
 
 pytestmark = pytest.mark.preflight

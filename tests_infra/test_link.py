@@ -7,9 +7,7 @@ from typing import Any
 
 import pytest
 
-from pytest_spark import Cluster, Node, SparkCheck
-from pytest_spark.access.base import RemoteError
-from pytest_spark.checks.base import Finding
+from pytest_spark import Cluster, Finding, Node, RemoteError, SparkCheck
 from pytest_spark.checks.links import (
     check_fabric_twins,
     check_link_rate,

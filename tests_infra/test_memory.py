@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_spark import Cluster, Node, SparkCheck
+from pytest_spark import Cluster, Node, SparkCheck, verdict_in_session
 from pytest_spark.checks.memory import check_memory_headroom
 from pytest_spark.checks.preflight import Skip, check_gpu_holders
 from pytest_spark.facts.preflight import NodePreflight
-from pytest_spark.fixtures import verdict_in_session
 from pytest_spark.gathering.memory import engine_claim, engine_state, node_memory
 from pytest_spark.gathering.preflight import all_preflight
 

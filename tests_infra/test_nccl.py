@@ -8,7 +8,16 @@ from collections.abc import Sequence
 
 import pytest
 
-from pytest_spark import Cluster, Finding, Node, SparkCheck
+from pytest_spark import (
+    Cluster,
+    Finding,
+    Node,
+    Settings,
+    SparkCheck,
+    progress_line_writer,
+    require_unless_twin_down,
+    verdict_in_session,
+)
 from pytest_spark.checks.collectives import (
     check_all_gather,
     check_latency,
@@ -30,13 +39,6 @@ from pytest_spark.checks.nccl import (
 from pytest_spark.checks.preflight import ENV_VERDICT
 from pytest_spark.checks.roce_gid import GID_VERDICT, no_rdma_cause
 from pytest_spark.facts.collective import CollectiveRun
-from pytest_spark.fixtures import (
-    ServingState,
-    not_serving_reason,
-    progress_line_writer,
-    require_unless_twin_down,
-    verdict_in_session,
-)
 from pytest_spark.gathering.links import (
     fabric_ifs,
     node_link_facts,
@@ -54,9 +56,8 @@ from pytest_spark.gathering.nccl import (
 from pytest_spark.parsers.codec import dump, load
 from pytest_spark.parsers.nccl import NcclOutput
 from pytest_spark.readiness.reachability import require_reachable
+from pytest_spark.readiness.serving import SERVING_VERDICT_KEY, ServingState, not_serving_reason
 from pytest_spark.readiness.session import container_states, serving_nodes
-from pytest_spark.settings.resolve import Settings
-from pytest_spark.state import SERVING_VERDICT_KEY
 
 pytestmark = pytest.mark.nccl
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_spark import Cluster, Node, SparkCheck
+from pytest_spark import Cluster, Node, Settings, SparkCheck
 from pytest_spark.checks.nccl import FABRIC_DEVS
 from pytest_spark.checks.roce_gid import (
     GidChoice,
@@ -21,7 +21,6 @@ from pytest_spark.checks.roce_gid import (
 from pytest_spark.gathering.nccl import fabric_devs, gid_tables, nodes_without_rdma, rank_envs
 from pytest_spark.parsers.roce_gid import GidTable
 from pytest_spark.readiness.reachability import require_reachable
-from pytest_spark.settings.resolve import Settings
 
 pytestmark = pytest.mark.nccl
 

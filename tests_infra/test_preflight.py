@@ -10,8 +10,17 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_spark import Cluster, Finding, Node, SparkCheck
-from pytest_spark.access.base import HostKeyError, RemoteError
+from pytest_spark import (
+    Cluster,
+    Finding,
+    HostKeyError,
+    Node,
+    RemoteError,
+    SparkCheck,
+    progress_line_writer,
+    require_unless_twin_down,
+    verdict_in_session,
+)
 from pytest_spark.checks.gpuhealth import KERNEL_VERDICT, gpu_lost_in_kernel_log
 from pytest_spark.checks.preflight import (
     ENV_VERDICT,
@@ -30,11 +39,6 @@ from pytest_spark.checks.preflight import (
     same_env_note,
 )
 from pytest_spark.facts.preflight import ClockSample, ModelListing, NodePreflight
-from pytest_spark.fixtures import (
-    progress_line_writer,
-    require_unless_twin_down,
-    verdict_in_session,
-)
 from pytest_spark.gathering.links import unusable_fabric_links
 from pytest_spark.gathering.modelhash import full_hash_listings
 from pytest_spark.gathering.preflight import (

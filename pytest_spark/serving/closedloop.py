@@ -1,7 +1,7 @@
 """The closed-loop concurrency sweep as the serving checks share it: measured once per
 session (:func:`pytest_spark.gathering.measure.measure_once`, alone on the cluster) and
 carried between processes as JSON. The session fixture that measures it is ``_sweep`` in
-tests_e2e/conftest.py; the verdicts on it (:class:`pytest_spark.fixtures.Sweep`) are read by
+tests_e2e/conftest.py; the verdicts on it (:class:`pytest_spark.serving.sweep.Sweep`) are read by
 the throughput checks (tests_e2e/test_throughput.py) and, where its goodput gate owns a
 broken SLO, cited by the open-loop knee (tests_e2e/test_open_loop.py).
 """
