@@ -96,12 +96,8 @@ class Active:
             LostNodes(lambda: config.stash.get(CLUSTER_KEY, None)), "spark.lost"
         )
         # test_node_reachable runs first and whatever the selection (-m link, -k, -x)
-        config.pluginmanager.register(
-            VerdictFirst(
-                lambda item: bool(set(getattr(item, "fixturenames", ())) & CLUSTER_FIXTURES)
-            ),
-            "spark.reachability",
-        )
+        first = VerdictFirst(lambda item: bool(_fixtures(item) & CLUSTER_FIXTURES))
+        config.pluginmanager.register(first, "spark.reachability")
         settings = resolve(config)
         if settings.sim:
             config.stash[SIM_KEY] = self.sim(settings)
