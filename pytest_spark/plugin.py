@@ -204,15 +204,9 @@ class Controller(Active):
 
     def start(self) -> None:
         from pytest_spark.report import register_controller
-        from pytest_spark.report.results import RESULTS_KEY, ResultsRecorder, cluster_info
 
         super().start()
-        config, settings = self.config, self.config.stash[SETTINGS_KEY]
-        info = cluster_info(settings)
-        recorder = ResultsRecorder(config, settings.results, info, config.stash[RUN_DIR_KEY])
-        config.stash[RESULTS_KEY] = recorder
-        config.pluginmanager.register(recorder, "spark.results")
-        register_controller(config)  # HTML, history, terminal summary, redaction (report/)
+        register_controller(self.config)  # results, HTML, history, summary, redaction (report/)
         if threading.current_thread() is threading.main_thread():
             self.previous_sigterm = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
 

@@ -20,14 +20,19 @@ if TYPE_CHECKING:
 
 def register_controller(config: pytest.Config) -> None:
     """Register the report plugins of the controller (the process that writes the report;
-    from ``pytest_configure``, once settings are resolved): the report, the pytest-html
-    hooks when pytest-html is active, and redaction."""
+    from ``pytest_configure``, once settings are resolved): the JSON results, the report,
+    the pytest-html hooks when pytest-html is active, and redaction."""
     from pytest_spark.report.html import HtmlHooks, html_active, report_title
     from pytest_spark.report.redact import Redactor
+    from pytest_spark.report.results import RESULTS_KEY, ResultsRecorder, cluster_info
     from pytest_spark.report.session import ReportPlugin, validate
-    from pytest_spark.state import SETTINGS_KEY
+    from pytest_spark.state import RUN_DIR_KEY, SETTINGS_KEY
 
     settings = config.stash[SETTINGS_KEY]
+    info, run_dir = cluster_info(settings), config.stash[RUN_DIR_KEY]
+    recorder = ResultsRecorder(config, settings.results, info, run_dir)
+    config.stash[RESULTS_KEY] = recorder
+    config.pluginmanager.register(recorder, "spark.results")
     redactor = Redactor.from_settings(settings)
     validate(settings)
     plugin = ReportPlugin(config, settings, redactor)
