@@ -14,7 +14,7 @@ import signal
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -31,6 +31,11 @@ from pytest_spark.suitedir import (
     select_installed_suite,
     suite_header,
 )
+
+if TYPE_CHECKING:
+    from pytest_spark.access.simcontrol import SimCluster
+    from pytest_spark.gathering.measure import Measurements
+    from pytest_spark.settings.resolve import Settings
 
 SIM_INFO = "spark_sim_cluster_json"  # workerinput keys: what a worker attaches to
 RUN_DIR = "spark_run_dir"
@@ -106,13 +111,13 @@ class Active:
         config.stash[RUN_DIR_KEY] = self.run_dir()
         config.stash[MEASURE_KEY] = self.measurements(config.stash[RUN_DIR_KEY])
 
-    def sim(self, settings: Any) -> Any:
+    def sim(self, settings: Settings) -> SimCluster:
         raise NotImplementedError
 
     def run_dir(self) -> Path:
         raise NotImplementedError
 
-    def measurements(self, run_dir: Path) -> Any:
+    def measurements(self, run_dir: Path) -> Measurements:
         raise NotImplementedError
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
@@ -210,7 +215,7 @@ class Controller(Active):
         if threading.current_thread() is threading.main_thread():
             self.previous_sigterm = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
 
-    def sim(self, settings: Any) -> Any:
+    def sim(self, settings: Settings) -> SimCluster:
         from pytest_spark.access.simcontrol import sim_up
 
         engine = settings.sim_engine
@@ -219,7 +224,7 @@ class Controller(Active):
     def run_dir(self) -> Path:
         return Path(tempfile.mkdtemp(prefix="pytest-spark-run-"))
 
-    def measurements(self, run_dir: Path) -> Any:
+    def measurements(self, run_dir: Path) -> Measurements:
         from pytest_spark.gathering.measure import Measurements
 
         return Measurements(run_dir, "main", shared=False)
@@ -271,7 +276,7 @@ class Worker(Active):
         super().start()
         register_worker(self.config)  # redaction of the reports this worker builds
 
-    def sim(self, settings: Any) -> Any:
+    def sim(self, settings: Settings) -> SimCluster:
         from pytest_spark.access.simcontrol import sim_attach
 
         return sim_attach(Path(self.config.workerinput[SIM_INFO]))  # type: ignore[attr-defined]
@@ -279,7 +284,7 @@ class Worker(Active):
     def run_dir(self) -> Path:
         return Path(self.config.workerinput[RUN_DIR])  # type: ignore[attr-defined]
 
-    def measurements(self, run_dir: Path) -> Any:
+    def measurements(self, run_dir: Path) -> Measurements:
         from pytest_spark.gathering.measure import Measurements
 
         worker = self.config.workerinput["workerid"]  # type: ignore[attr-defined]
