@@ -9,15 +9,16 @@ import json
 
 import pytest
 
+# Named by the process (not PYTEST_XDIST_WORKER: an outer xdist run sets it for pytester too).
 PROBE = """
-import json, os
+import json
 
 NAMES = ("spark.controller", "spark.worker", "spark.results", "spark.report",
          "spark.measure", "spark.redact")
 
 def test_roles(request):
     pm = request.config.pluginmanager
-    who = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    who = getattr(request.config, "workerinput", {}).get("workerid", "main")
     seen = {name: pm.get_plugin(name) is not None for name in NAMES}
     (request.config.rootpath / f"roles-{who}.json").write_text(json.dumps(seen))
 """
