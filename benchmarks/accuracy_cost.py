@@ -12,7 +12,7 @@ paces of the vLLM emulator (the same one sparksim serves, on 127.0.0.1):
 - ``sim``: sparksim's default pace (``scripts/run-sim``: 40 tok/s).
 
 and each one's share of the budget (tokens / budget_tokens, seconds / 60). The suite's own
-probe (pytest_spark.serving.accuracyprobe) sends the requests, exactly as the checks do.
+probe (pytest_spark.serving.validate.accuracyprobe) sends the requests, exactly as the checks do.
 
     .venv/bin/python benchmarks/accuracy_cost.py [--math] [--profile dgx-spark-2node]
 """
@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from pytest_spark.access.api import ApiEndpoint
-from pytest_spark.serving.accuracyprobe import AccuracyProbe
+from pytest_spark.serving.validate.accuracyprobe import AccuracyProbe
 from pytest_spark.settings.profiles import load_profile
 
 REPO = Path(__file__).resolve().parents[1]

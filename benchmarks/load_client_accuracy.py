@@ -44,14 +44,14 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from pytest_spark.access.api import ApiEndpoint  # noqa: E402
-from pytest_spark.serving.load import (  # noqa: E402
+from pytest_spark.serving.client.wire import parse_metrics  # noqa: E402
+from pytest_spark.serving.load.sweep import (  # noqa: E402
     LevelResult,
     LoadClient,
     LoadSpec,
     RequestRecord,
     request_body,
 )
-from pytest_spark.serving.wire import parse_metrics  # noqa: E402
 
 
 def free_port() -> int:

@@ -18,12 +18,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from pytest_spark.serving.metricsnap import Snapshot  # noqa: E402
-from pytest_spark.serving.wire import parse_metrics  # noqa: E402
+from pytest_spark.serving.client.wire import parse_metrics  # noqa: E402
+from pytest_spark.serving.load.metricsnap import Snapshot  # noqa: E402
 
 
 def hand_parser(text: str) -> dict[str, float]:
-    """The parser before prometheus_client (pytest_spark.serving.wire until issue #16)."""
+    """The parser before prometheus_client (pytest_spark.serving.client.wire until issue #16)."""
     out: dict[str, float] = {}
     for line in text.splitlines():
         if not line or line.startswith("#"):

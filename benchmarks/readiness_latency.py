@@ -22,12 +22,13 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
 from pytest_spark.access.cluster import Cluster
 from pytest_spark.access.simcontrol import SimCluster, sim_up
-from pytest_spark.readiness.wait import StartupFailed, remote_now, wait_ready
+from pytest_spark.readiness.wait import StartupFailed, WaitSpec, remote_now, wait_ready
 from pytest_spark.settings.profiles import load_profile
 from pytest_spark.settings.resolve import defaults
 
@@ -97,9 +98,7 @@ def first_200(url: str, stop: threading.Event, seen: list[float]) -> None:
         time.sleep(0.02)
 
 
-def attach_after_restart(
-    cluster: Cluster, sim: SimCluster, wait: dict[str, object]
-) -> tuple[float, float]:
+def attach_after_restart(cluster: Cluster, sim: SimCluster, wait: WaitSpec) -> tuple[float, float]:
     """(c): seconds from /health 200 to the attached wait returning, and from the restart
     to /health 200 (the load)."""
     url = f"http://{sim.head}:8000/health"
@@ -113,7 +112,7 @@ def attach_after_restart(
         seen.clear()
         poller = threading.Thread(target=first_200, args=(url, done, seen), daemon=True)
         poller.start()
-        wait_ready(cluster, nodes=[cluster.head], **wait)  # type: ignore[arg-type]
+        wait_ready(cluster, replace(wait, nodes=(cluster.head,)))
         returned = time.time()
         poller.join(timeout=5)
         done.set()
@@ -129,7 +128,7 @@ def main() -> None:
     try:
         cluster = cluster_for(sim)
         cluster.connect()
-        wait = dict(
+        wait = WaitSpec(
             container="vllm_node",
             port=8000,
             ready_timeout=300,
@@ -138,7 +137,7 @@ def main() -> None:
         )
         # (a) ready
         t0, since = launch(cluster, sim)
-        wait_ready(cluster, since=since, **wait)
+        wait_ready(cluster, replace(wait, since=since))
         returned = time.time()
         ready_line = line_time(cluster, "vllm_node", "Application startup complete.")
         ours_ready = returned - ready_line
@@ -148,7 +147,7 @@ def main() -> None:
         sim.cli("fault", "engine", "crash-oom")
         t0, since = launch(cluster, sim)
         try:
-            wait_ready(cluster, since=since, **wait)
+            wait_ready(cluster, replace(wait, since=since))
             raise SystemExit("the crash was not detected")
         except StartupFailed:
             failed = time.time()

@@ -13,6 +13,7 @@ from pytest_spark.access.base import RemoteError
 from pytest_spark.access.cluster import Cluster, Node
 from pytest_spark.access.testinfra import testinfra_host
 from pytest_spark.facts.server import ServerCommand
+from pytest_spark.readiness.launch import ServingInfo
 from pytest_spark.readiness.reachability import require_reachable
 from pytest_spark.readiness.serving import (
     ApiState,
@@ -23,7 +24,6 @@ from pytest_spark.readiness.serving import (
     server_log_hint,
     unreachable_for_serving,
 )
-from pytest_spark.readiness.session import ServingInfo
 from pytest_spark.report.live import notice_writer, progress_done, progress_writer
 from pytest_spark.report.results import NODE_PROP
 from pytest_spark.settings.resolve import Settings
@@ -107,7 +107,7 @@ def spark_serving_state(
     """Launch (--spark-launch) or attach, once; never raises. The readiness check
     ``test_cluster_serving`` reports a problem with its evidence; checks that need the
     server skip pointing at it, so one dead worker is one failure, not fifty."""
-    from pytest_spark.readiness.session import NotServing, ensure_serving
+    from pytest_spark.readiness.launch import NotServing, ensure_serving
 
     cluster = pytestconfig.stash.get(CLUSTER_KEY, None) or _cluster(pytestconfig)
     cluster.connect()

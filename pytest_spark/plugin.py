@@ -244,7 +244,7 @@ class Controller(Active):
         if settings is None or not settings.head or RUN_DIR_KEY not in config.stash:
             return
         from pytest_spark.access.cluster import Cluster
-        from pytest_spark.readiness.session import stop_if_launched
+        from pytest_spark.readiness.launch import stop_if_launched
 
         try:
             cluster = config.stash.get(CLUSTER_KEY, None) or Cluster(settings)

@@ -14,36 +14,23 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import (
-    alikefaults,
-    cluster,
-    engines,
-    fabricfaults,
-    faults,
-    gpufaults,
-    hostfaults,
-    memfaults,
-    perturb,
-    reachfaults,
-    serving,
-)
+from . import cluster, engines, serving
 from .emulator.config import Knobs
+from .faults import alike, fabric, gpu, host, link, mem, perturb, reach
+from .faults import serving as serving_faults
+from .faults.common import Kinds, positive_int
 from .netns import SimError
 from .topology import MAX_NODES, TOPOLOGIES
 
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+# The fault modules besides link (sparksim/faults/): each has KINDS, add_parsers(kinds),
+# apply(state_dir, topo, args) and clear(state_dir, topo).
+FAULTS = (serving_faults, host, alike, reach, gpu, mem, fabric, perturb)
+# `fault clear`: the network state last (link.clear resets state.json and faults.json).
+CLEAR_ORDER = (reach, mem, alike, host, serving_faults, fabric, perturb, link)
 
 
 def _nodes(text: str) -> int:
-    value = _positive_int(text)
+    value = positive_int(text)
     if not 2 <= value <= MAX_NODES:
         raise argparse.ArgumentTypeError(f"--nodes {value}: expected 2..{MAX_NODES}")
     return value
@@ -119,86 +106,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     p_fault = sub.add_parser("fault", parents=[common], help="inject or clear a fault")
-    kinds = p_fault.add_subparsers(dest="kind", required=True, metavar="KIND")
-    node_help = "node: index (1..N), hostname, 'head' or 'worker-N'"
-    twin_help = "twin: 0, 1 or interface name (default: both)"
-    k = kinds.add_parser("link-down", parents=[common], help="take a fabric link down")
-    k.add_argument("node", metavar="NODE", help=node_help)
-    k.add_argument("twin", metavar="TWIN", nargs="?", help=twin_help)
-    k = kinds.add_parser("link-rate", parents=[common], help="degrade a link's rate")
-    k.add_argument("node", metavar="NODE", help=node_help)
-    k.add_argument(
-        "mbps", metavar="MBPS", type=_positive_int, help="rate in Mb/s (healthy: 200000)"
-    )
-    k.add_argument("twin", metavar="TWIN", nargs="?", help=twin_help)
-    k = kinds.add_parser("mtu", parents=[common], help="set a fabric port's MTU")
-    k.add_argument("node", metavar="NODE", help=node_help)
-    k.add_argument("mtu", metavar="MTU", type=_positive_int, help="MTU (healthy: 9000)")
-    k.add_argument("twin", metavar="TWIN", nargs="?", help=twin_help)
-    k = kinds.add_parser(
-        "switch-mtu", parents=[common], help="set the MTU of a node's port on the switch"
-    )
-    k.add_argument("node", metavar="NODE", help=node_help)
-    k.add_argument("mtu", metavar="MTU", type=_positive_int, help="MTU (healthy: 9000)")
-    k.add_argument("twin", metavar="TWIN", nargs="?", help=twin_help)
-    kinds.add_parser("clear", parents=[common], help="undo every fault: back to a healthy cluster")
-    _add_serving_faults(kinds, common, node_help)
-    hostfaults.add_parsers(kinds, common, node_help)  # docker, gpu, disk, clock, ssh, ...
-    alikefaults.add_parsers(kinds, common, node_help)  # driver, ntp, nccl-build
-    reachfaults.add_parser(kinds, common, node_help)  # unreachable NODE --how cut|sshd
-    gpufaults.add_parsers(kinds, common, node_help)  # gpu-xid, gpu-throttle, ...
-    memfaults.add_parsers(kinds, common, node_help)  # memory-held NODE --gib N
-    fabricfaults.add_parsers(kinds, common, node_help)  # gid-v1, gid-shift, link-delay
-    perturb.add_parser(kinds, common)  # model-perturb --scale S --layers all|upper
+    kinds = Kinds(p_fault.add_subparsers(dest="kind", required=True, metavar="KIND"), common)
+    link.add_parsers(kinds)  # link-down, link-rate, mtu, switch-mtu
+    kinds.add("clear", "undo every fault: back to a healthy cluster")
+    for module in FAULTS:  # in this order in `spark-sim fault --help`
+        module.add_parsers(kinds)
     return parser
-
-
-def _add_serving_faults(kinds: Any, common: argparse.ArgumentParser, node_help: str) -> None:
-    """Faults of the serving stack (sim/serving.py)."""
-    k = kinds.add_parser(
-        "stale-container",
-        parents=[common],
-        help="an earlier run's vLLM container left running, holding the GPU",
-    )
-    k.add_argument("node", metavar="NODE", help=node_help)
-    k.add_argument("--name", default="vllm_stale", help="container name (default: vllm_stale)")
-    k.add_argument(
-        "--port",
-        type=_positive_int,
-        default=8001,
-        help="port its vllm serve listens on (default: 8001)",
-    )
-    k = kinds.add_parser(
-        "worker-kill", parents=[common], help="kill the serving container(s) on a node"
-    )
-    k.add_argument("node", metavar="NODE", help=node_help)
-    k.add_argument("--name", default=None, help="container (default: every vllm-node one)")
-    k.add_argument(
-        "--stop",
-        action="store_true",
-        help="docker stop (the container exits as on a shutdown) instead of docker kill",
-    )
-    k = kinds.add_parser(
-        "engine",
-        parents=[common],
-        help="vLLM emulator faults: load faults (crash-oom, hang-silent, ...) "
-        "for the next `vllm serve`, run-time ones (worker-death, "
-        "slow-decode, ...) at once",
-    )
-    k.add_argument("names", metavar="FAULT", nargs="+", help="fault name(s)")
-    k.add_argument("--node", default="head", help=f"{node_help} (default: head)")
-    k = kinds.add_parser(
-        "model", parents=[common], help="make one node's copy of the checkpoint differ"
-    )
-    k.add_argument("node", metavar="NODE", help=node_help)
-    k.add_argument(
-        "how",
-        metavar="HOW",
-        nargs="?",
-        default="corrupt",
-        choices=["corrupt", "missing", "truncated"],
-        help="corrupt (default), missing or truncated shard",
-    )
 
 
 def _state_dir(args: argparse.Namespace) -> Path:
@@ -278,47 +191,11 @@ def run(argv: list[str] | None = None) -> int:
     cluster.require_topology(state_dir)
     with cluster.lock(state_dir):
         topo = cluster.require_topology(state_dir)
-        if args.kind == "link-down":
-            msgs = faults.link_down(state_dir, topo, args.node, args.twin)
-        elif args.kind == "link-rate":
-            msgs = faults.link_rate(state_dir, topo, args.node, args.mbps, args.twin)
-        elif args.kind == "mtu":
-            msgs = faults.mtu(state_dir, topo, args.node, args.mtu, args.twin)
-        elif args.kind == "switch-mtu":
-            msgs = faults.switch_mtu(state_dir, topo, args.node, args.mtu, args.twin)
-        elif args.kind == "stale-container":
-            msgs = serving.stale_container(state_dir, topo, args.node, args.name, args.port)
-        elif args.kind == "worker-kill":
-            msgs = serving.worker_kill(state_dir, topo, args.node, args.name, stop=args.stop)
-        elif args.kind == "engine":
-            msgs = serving.engine_fault(state_dir, topo, args.names, args.node)
-        elif args.kind == "model":
-            msgs = serving.model_fault(state_dir, topo, args.node, args.how)
-        elif args.kind in alikefaults.KINDS:
-            msgs = alikefaults.apply(state_dir, topo, args)
-        elif args.kind in hostfaults.KINDS:
-            msgs = hostfaults.apply(state_dir, topo, args)
-        elif args.kind == reachfaults.KIND:
-            msgs = reachfaults.apply(state_dir, topo, args)
-        elif args.kind in gpufaults.KINDS:
-            msgs = gpufaults.apply(state_dir, topo, args)
-        elif args.kind in memfaults.KINDS:
-            msgs = memfaults.apply(state_dir, topo, args)
-        elif args.kind in fabricfaults.KINDS:
-            msgs = fabricfaults.apply(state_dir, topo, args)
-        elif args.kind == perturb.KIND:
-            msgs = perturb.apply_fault(state_dir, args)
+        if args.kind == "clear":
+            msgs = [msg for module in CLEAR_ORDER for msg in module.clear(state_dir, topo)]
         else:
-            msgs = (
-                reachfaults.clear(state_dir, topo)
-                + memfaults.clear(state_dir, topo)
-                + alikefaults.clear(state_dir, topo)
-                + hostfaults.clear(state_dir, topo)
-                + serving.clear(state_dir, topo)
-                + fabricfaults.clear(state_dir, topo)
-                + perturb.clear(state_dir)
-                + faults.clear(state_dir, topo)
-            )
+            (module,) = [m for m in (link, *FAULTS) if args.kind in m.KINDS]
+            msgs = module.apply(state_dir, topo, args)
     for msg in msgs:
         print(msg)
     return 0

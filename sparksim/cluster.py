@@ -10,7 +10,8 @@ from typing import Any
 
 from . import engines, registry, serving
 from . import node as nodes_mod
-from .faults import apply_shaping, load_faults
+from .faults.common import load_faults
+from .faults.link import apply_shaping
 from .netns import (
     SimError,
     ip_batch,
@@ -211,7 +212,7 @@ def _build(
     )
     lib = nodes_mod.install_tools(state_dir)
     for n in topo.nodes:
-        nodes_mod.write_node_files(state_dir, topo, n, lib)
+        nodes_mod.write_node_files(state_dir, topo, n, lib, serving.sshd_setenv(state_dir, n))
     nodes_mod.write_client_files(state_dir, topo)
 
     ip_batch(_network_lines(topo))
@@ -221,7 +222,8 @@ def _build(
         ip_batch(_node_lines(topo, i), netns=n.netns)
     apply_shaping(state_dir, topo)
     for n in topo.nodes:
-        nodes_mod.start_sshd(state_dir, n)
+        binds = serving.node_binds(state_dir, n)
+        nodes_mod.start_sshd(state_dir, n, binds, serving.container_sources(state_dir))
     nodes_mod.wait_sshd(state_dir, topo.nodes)
     serving.start(state_dir, topo, time_scale, emu)  # Docker engine, image, model, launcher
 

@@ -13,7 +13,7 @@ holds every queued packet D ms and then lets it go. It speaks nfnetlink_queue ov
   for all, so one ``NFQNL_MSG_VERDICT_BATCH`` accepting every id up to the newest due one
   releases them in order, one syscall for many packets.
 
-Started by ``spark-sim fault link-delay`` (fabricfaults.py) when netem is missing; it
+Started by ``spark-sim fault link-delay`` (faults/fabric.py) when netem is missing; it
 prints ``ready`` once the queue is bound. SIGTERM (``fault clear``) lets every held packet
 go at once, unbinds and exits; killed outright (``spark-sim down``), the kernel drops what
 it held and ``--queue-bypass`` passes later packets, so nothing waits on a dead delayer.

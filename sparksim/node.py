@@ -26,7 +26,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import ModuleType
 
 from . import rdmasysfs
 from .meminfo import write_meminfo
@@ -42,7 +41,7 @@ TOOLS = (
     "nvidia-smi",
     "ethtool",
     "timedatectl",
-    "journalctl",  # the node's kernel log (tools/kernellog.py; gpufaults add to it)
+    "journalctl",  # the node's kernel log (tools/kernellog.py; faults/gpu.py adds to it)
     "dmesg",
 )
 TOOLS_PKG = "sparksim_tools"
@@ -152,7 +151,7 @@ def initial_state(node: NodeSpec) -> dict[str, object]:
                 }
             ],
             "processes": [],
-            "health": dict(GPU_HEALTH),  # tools/gpu.py; gpufaults change it
+            "health": dict(GPU_HEALTH),  # tools/gpu.py; faults/gpu.py changes it
         },
         "kernel_log": [dict(line) for line in BOOT_LOG],  # tools/kernellog.py
         "time": {"ntp": True, "synchronized": True},  # timedatectl (tools/timesync.py)
@@ -226,7 +225,11 @@ def sshd_log_level() -> str:
     return level
 
 
-def write_node_files(state_dir: Path, topo: Topology, node: NodeSpec, lib: Path) -> None:
+def write_node_files(
+    state_dir: Path, topo: Topology, node: NodeSpec, lib: Path, setenv: str
+) -> None:
+    """The node's tools, keys, hosts and sshd_config; ``setenv``: the one ``SetEnv`` line
+    of its sshd (the serving stack's, serving.sshd_setenv)."""
     nd = node_dir(state_dir, node)
     ssh_dir = nd / "ssh"
     bin_dir = nd / "bin"
@@ -254,11 +257,9 @@ def write_node_files(state_dir: Path, topo: Topology, node: NodeSpec, lib: Path)
         "PrintMotd no\n"
         "PrintLastLog no\n"
         "X11Forwarding no\n"
-        "AcceptEnv LANG LC_*\n"
+        "AcceptEnv LANG LC_*\n" + setenv + "MaxStartups 200:30:400\n"
         # The node's own Docker engine (sim/docker.py), never the host's /run/docker.sock,
         # and the launcher's docker args (sim/serving.py): one SetEnv line, sshd reads one.
-        + _serving().sshd_setenv(state_dir, node)
-        + "MaxStartups 200:30:400\n"
         "MaxSessions 100\n"
         f"LogLevel {sshd_log_level()}\n"
         "Subsystem sftp internal-sftp\n",
@@ -303,18 +304,13 @@ def write_node_files(state_dir: Path, topo: Topology, node: NodeSpec, lib: Path)
     rdmasysfs.write(nd, node)
 
 
-def _serving() -> ModuleType:
-    """sim/serving.py (imported late: it imports this module)."""
-    from . import serving
-
-    return serving
-
-
-def _mount_script(state_dir: Path, node: NodeSpec) -> str:
+def _mount_script(
+    state_dir: Path, node: NodeSpec, home_binds: list[tuple[Path, str]], keep: list[Path]
+) -> str:
     nd = node_dir(state_dir, node)
     q = shlex.quote
     binds = [
-        *_serving().node_binds(state_dir, node),  # the node-private /root, first
+        *home_binds,  # the node-private /root, first
         (nd / "bin", "/usr/local/sbin"),
         (nd / "ssh", "/root/.ssh"),
         (nd / "hosts", "/etc/hosts"),
@@ -334,7 +330,7 @@ def _mount_script(state_dir: Path, node: NodeSpec) -> str:
     ]
     for src, dst in binds:
         steps.append(f"if [ -e {q(dst)} ]; then mount --bind {q(str(src))} {q(dst)}; fi")
-    steps += _private_tmp_steps(state_dir, node)
+    steps += _private_tmp_steps(state_dir, node, keep)
     steps.append(f"exec {SSHD} -D -f {q(str(nd / 'sshd_config'))} -E {q(str(nd / 'sshd.log'))}")
     return " && ".join(steps)
 
@@ -342,7 +338,7 @@ def _mount_script(state_dir: Path, node: NodeSpec) -> str:
 PRIVATE_TMP = ("/tmp", "/var/tmp")
 
 
-def _private_tmp_steps(state_dir: Path, node: NodeSpec) -> list[str]:
+def _private_tmp_steps(state_dir: Path, node: NodeSpec, keep: list[Path]) -> list[str]:
     """A node of its own /tmp and /var/tmp (DIR/nodes/<name>/tmp, .../var-tmp) and /dev/shm
     (a tmpfs), as a real node has: what one node leaves there is not seen, nor cleaned up,
     by another or by the host. The state dir and the folders the serving containers mount
@@ -351,7 +347,7 @@ def _private_tmp_steps(state_dir: Path, node: NodeSpec) -> list[str]:
     live in the state dir; the node's dockerd resolves ``-v`` sources in the node)."""
     q = shlex.quote
     nd = node_dir(state_dir, node)
-    keep = [state_dir.resolve(), *(p.resolve() for p in _serving().container_sources(state_dir))]
+    keep = [state_dir.resolve(), *(p.resolve() for p in keep)]
     steps = []
     for path in PRIVATE_TMP:
         own = nd / path.strip("/").replace("/", "-")
@@ -367,8 +363,14 @@ def _private_tmp_steps(state_dir: Path, node: NodeSpec) -> list[str]:
     return steps
 
 
-def start_sshd(state_dir: Path, node: NodeSpec) -> int:
-    """Launch the node's sshd detached from us; return the host PID of its wrapper."""
+def start_sshd(
+    state_dir: Path, node: NodeSpec, home_binds: list[tuple[Path, str]], keep: list[Path]
+) -> int:
+    """Launch the node's sshd detached from us; return the host PID of its wrapper.
+
+    ``home_binds``: the node's private /root and what it must see inside it, mounted before
+    the sim core's own binds (serving.node_binds); ``keep``: host folders under /tmp that
+    the node must still see at their own paths (serving.container_sources)."""
     if not os.access(SSHD, os.X_OK):
         raise SimError(f"{SSHD} missing: apt-get install openssh-server")
     os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # sshd's privilege separation dir
@@ -378,7 +380,7 @@ def start_sshd(state_dir: Path, node: NodeSpec) -> int:
         "nsenter", f"--net=/run/netns/{node.netns}",
         "unshare", "--uts", "--pid", "--fork", "--kill-child", "--mount-proc",
         "--propagation", "private", *boot_now(),
-        "/bin/sh", "-c", _mount_script(state_dir, node),
+        "/bin/sh", "-c", _mount_script(state_dir, node, home_binds, keep),
     ]  # fmt: skip
     launch = f"{shlex.join(argv)} </dev/null >>{shlex.quote(str(nd / 'node.log'))} 2>&1 & echo $!"
     out = run(["/bin/sh", "-c", launch]).strip()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_spark.serving.accuracy import (
+from pytest_spark.serving.validate.accuracy import (
     Answer,
     Baseline,
     Fingerprint,
@@ -22,7 +22,7 @@ from pytest_spark.serving.accuracy import (
     fingerprint_of,
     math_problems,
 )
-from pytest_spark.serving.accuracyprobe import (
+from pytest_spark.serving.validate.accuracyprobe import (
     BaselineKey,
     BaselineStore,
     computing_args,

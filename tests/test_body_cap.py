@@ -109,7 +109,7 @@ class _Huge(BaseHTTPRequestHandler):
 def test_sdk_reads_bodies_up_to_the_cap() -> None:
     """The openai SDK reads its bodies itself: its transport stops at the ceiling too."""
     from pytest_spark.access.api import ApiEndpoint
-    from pytest_spark.serving.sdk import SdkClient
+    from pytest_spark.serving.client.sdk import SdkClient
 
     httpd = _QuietServer(("127.0.0.1", 0), _Huge)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)

@@ -543,7 +543,7 @@ def test_sim_low_clock_fault_reads_as_a_capped_gb10_under_load(tmp_path: Path) -
     """sparksim's gpu-low-clock: busy, P0, the SM clock capped and no reason set, as
     hoesing/spark-gpu-throttle-check read a capped GB10. The throttle check fails on the
     busy clock alone; the same clock idle is a healthy idle GB10 and passes."""
-    from sparksim.gpufaults import low_clock_health
+    from sparksim.faults.gpu import low_clock_health
 
     (g,) = _sim_readings(tmp_path, **low_clock_health(504)).gpus
     assert (g.sm_clock_mhz, g.util_pct, g.pstate, g.active()) == (504, 100, "P0", [])

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "pytest_spark"
+SPARKSIM = PACKAGE.parent / "sparksim"
 WIRING = "wiring"  # pytest_spark/*.py: plugin, hooks, fixtures, state, __init__
 
 # part -> the parts it may import (besides itself). The direction of issue #14.
@@ -48,6 +49,14 @@ MAY_IMPORT: dict[str, set[str]] = {
     "settings": set(),
 }
 
+# Inside serving, the three parts run one way too: validate -> load -> client. The package's
+# own __init__ (the public surface) may import all three.
+SERVING_MAY_IMPORT: dict[str, set[str]] = {
+    "client": set(),
+    "load": {"client"},
+    "validate": {"client", "load"},
+}
+
 # Known exceptions, each named: none left (the last went with issue #14 §1). A new circle or
 # arrow fails; fix the code (move the type or function down to its owner), do not list it.
 # BEGIN KNOWN
@@ -56,10 +65,10 @@ KNOWN_ARROWS: dict[tuple[str, str], str] = {}
 # END KNOWN
 
 
-def modules() -> dict[str, Path]:
+def modules(package: Path = PACKAGE) -> dict[str, Path]:
     found = {}
-    for path in sorted(PACKAGE.rglob("*.py")):
-        rel = path.relative_to(PACKAGE.parent).with_suffix("")
+    for path in sorted(package.rglob("*.py")):
+        rel = path.relative_to(package.parent).with_suffix("")
         parts = list(rel.parts)
         if parts[-1] == "__init__":
             parts.pop()
@@ -100,8 +109,8 @@ def imports_of(name: str, path: Path, known: set[str]) -> Iterator[str]:
                 yield target
 
 
-def graph() -> dict[str, set[str]]:
-    mods = modules()
+def graph(package: Path = PACKAGE) -> dict[str, set[str]]:
+    mods = modules(package)
     known = set(mods)
     return {name: set(imports_of(name, path, known)) for name, path in mods.items()}
 
@@ -178,6 +187,15 @@ def test_no_new_circle() -> None:
     )
 
 
+def test_no_circle_in_sparksim() -> None:
+    """The simulator keeps the rule too (issue #26 broke node -> serving -> faults -> node,
+    hidden by a function-level import, and emulator engine <-> raystatus)."""
+    edges = graph(SPARKSIM)
+    assert "sparksim.faults.common" in edges["sparksim.cluster"]  # the graph sees imports
+    found = [sorted(c) for c in circles(edges)]
+    assert not found, f"import circles among sparksim's modules: {found}"
+
+
 def test_known_circles_still_exist() -> None:
     found = set(circles(graph()))
     gone = [name for name, c in KNOWN_CIRCLES.items() if c not in found]
@@ -193,6 +211,37 @@ def test_arrows_run_one_way() -> None:
     )
 
 
+def serving_part(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if len(parts) > 3 and parts[1] == "serving" else None
+
+
+def test_serving_parts_run_one_way() -> None:
+    bad = sorted(
+        (src, dst)
+        for src, targets in graph().items()
+        for dst in targets
+        if (a := serving_part(src)) is not None
+        and (b := serving_part(dst)) is not None
+        and a != b
+        and b not in SERVING_MAY_IMPORT[a]
+    )
+    assert not bad, f"serving imports against validate -> load -> client: {bad}"
+
+
+def test_serving_modules_sit_in_a_part() -> None:
+    loose = sorted(
+        m
+        for m in modules()
+        if m.startswith("pytest_spark.serving.") and serving_part(m) not in SERVING_MAY_IMPORT
+    )
+    assert loose == [
+        "pytest_spark.serving.client",
+        "pytest_spark.serving.load",
+        "pytest_spark.serving.validate",
+    ], f"serving modules outside client, load and validate: {loose}"
+
+
 def test_known_arrows_still_exist() -> None:
     gone = sorted(set(KNOWN_ARROWS) - wrong_arrows(graph()))
     assert not gone, f"these arrows are gone: remove them from KNOWN_ARROWS: {gone}"
@@ -203,4 +252,6 @@ def test_the_graph_sees_imports() -> None:
     edges = graph()
     assert "pytest_spark.fixtures" in edges["pytest_spark.plugin"]
     assert "pytest_spark.checks.base" in edges["pytest_spark.checks.links"]
+    assert "pytest_spark.serving.client.stream" in edges["pytest_spark.serving.load.sweep"]
+    assert serving_part("pytest_spark.serving.validate.tools") == "validate"
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [frozenset({"a", "b", "c"})]

@@ -22,7 +22,7 @@ HEAVY = (
     "pytest_spark.report.live",
     "pytest_spark.access.cluster",
     "pytest_spark.access.ssh",
-    "pytest_spark.readiness.session",
+    "pytest_spark.readiness.launch",
     "pytest_spark.report.results",
 )
 # Run in a fresh interpreter: which modules a pytest session imported, once configured.

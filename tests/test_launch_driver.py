@@ -1,4 +1,4 @@
-"""The launcher driver (launch.py, standup.py) against the real launch-cluster.sh's rules:
+"""The launcher driver (readiness/launch.py) against the real launch-cluster.sh's rules:
 Ray or no-Ray, the .env beside the script, containers already running, the nodes the
 launcher keeps. Pure functions on text, and standup's steps on a scripted fake head."""
 
@@ -19,21 +19,19 @@ from pytest_spark.access.cluster import Cluster, Node
 from pytest_spark.access.files import write_json
 from pytest_spark.parsers.serveargs import mode_of_processes, parse_serve_args
 from pytest_spark.readiness.launch import (
+    STATE,
     Launcher,
     LaunchError,
     LaunchSpec,
-    dotenv_path,
-    parse_dotenv,
-    shell_path,
-)
-from pytest_spark.readiness.session import (
-    STATE,
     NotServing,
     apply_dotenv,
     configured_mode,
+    dotenv_path,
+    parse_dotenv,
     ray_only_script,
     refuse_running,
     serving_nodes,
+    shell_path,
     stop_if_launched,
 )
 from pytest_spark.settings.options import OPTIONS_BY_ATTR

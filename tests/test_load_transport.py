@@ -1,4 +1,4 @@
-"""The load client's transport (serving/load.py LaneTransport): one keep-alive connection per
+"""The load client's transport (serving/load/sweep.py LaneTransport): one keep-alive connection per
 request in flight, reused across requests, and no per-request bookkeeping that grows with
 the number of connections (httpcore's shared pool checked every connection against every
 idle one each time a request started or ended: ~270,000 checks before a 64-stream level's
@@ -16,7 +16,7 @@ import pytest
 from test_serving_load import Paced, QuietServer  # type: ignore[import-not-found]
 
 from pytest_spark.access.api import ApiEndpoint
-from pytest_spark.serving.load import LaneTransport, LoadClient, LoadSpec
+from pytest_spark.serving.load.sweep import LaneTransport, LoadClient, LoadSpec
 
 STREAMS = 32
 

@@ -253,7 +253,7 @@ def test_vllm_flag_fixes_also_name_the_profile_switch() -> None:
 
 
 def test_ignored_response_format_fix_names_the_profile_switch() -> None:
-    from pytest_spark.serving.structured import FIX_IGNORED
+    from pytest_spark.serving.validate.structured import FIX_IGNORED
 
     assert "--structured-outputs-config" in FIX_IGNORED
     assert "--spark-threshold=structured_output.expected=false" in FIX_IGNORED

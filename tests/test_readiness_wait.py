@@ -21,6 +21,7 @@ from pytest_spark.readiness.wait import (
     NodeProbe,
     ReadinessWait,
     Stage,
+    WaitSpec,
 )
 
 CONTAINER = "vllm_node"
@@ -59,12 +60,13 @@ def machine(**kwargs: Any) -> ReadinessWait:
         "ready_timeout": 600.0,
         "hang_timeout": 300.0,
         "placement_timeout": 120.0,
-        "started": 0.0,
-        "policy": for_connection(1.0, 1.0),  # retries after 1, 1, 1 s
         "since": SINCE,
         "launcher_pid": 4242,
     }
-    return ReadinessWait(head, [head, worker], **{**options, **kwargs})
+    notify = kwargs.pop("notify", None)
+    spec = WaitSpec(**{**options, **kwargs})
+    policy = for_connection(1.0, 1.0)  # retries after 1, 1, 1 s
+    return ReadinessWait(head, [head, worker], spec, 0.0, policy, notify)
 
 
 def probe(
@@ -301,7 +303,7 @@ def test_a_docker_daemon_that_is_down_is_not_a_container_state() -> None:
     """Issue #25 part 3: a docker daemon that is down was read as the container's state
     (``container 'Cannot connect to the Docker daemon ...'``): stderr taken for stdout."""
     from pytest_spark.access.base import CommandResult
-    from pytest_spark.readiness.session import inspected_state
+    from pytest_spark.readiness.launch import inspected_state
 
     def inspect(rc: int, stdout: str, stderr: str = "") -> tuple[str, str | None]:
         return inspected_state(

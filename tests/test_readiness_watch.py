@@ -12,7 +12,7 @@ import itertools
 import re
 import shlex
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
@@ -23,7 +23,7 @@ from pytest_spark.access.base import CommandResult, NodeUnreachable
 from pytest_spark.access.cluster import Cluster, Node
 from pytest_spark.access.retry import for_connection
 from pytest_spark.readiness import wait as readiness
-from pytest_spark.readiness.wait import SEP, StartupFailed, wait_ready
+from pytest_spark.readiness.wait import SEP, SINCE_START, StartupFailed, WaitSpec, wait_ready
 from pytest_spark.readiness.watch import StartupWatch
 
 CONTAINER = "vllm_node"
@@ -215,6 +215,7 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
 # in polls half a second apart; the product's default (readiness.POLL_S) is held by
 # test_the_default_pause_between_polls_is_a_second.
 POLL_S = 0.5
+SPEC_FIELDS = {f.name for f in fields(WaitSpec)}
 
 
 def watch(cluster: FakeCluster, clock: Clock, **kwargs: Any) -> StartupWatch:
@@ -226,11 +227,14 @@ def watch(cluster: FakeCluster, clock: Clock, **kwargs: Any) -> StartupWatch:
         "placement_timeout": 120.0,
         "since": SINCE,
         "launcher_pid": PID,
-        "clock": clock,
-        "retry": for_connection(1.0, 1.0),  # retries after 1, 1, 1 s
         "poll_s": POLL_S,
     }
-    return wait_ready(cluster, **{**options, **kwargs})
+    calls: dict[str, Any] = {"clock": clock, "retry": for_connection(1.0, 1.0)}  # 1, 1, 1 s
+    for name, value in kwargs.items():
+        if name == "nodes":
+            value = tuple(value)
+        (options if name in SPEC_FIELDS else calls)[name] = value
+    return wait_ready(cluster, WaitSpec(**options), **calls)
 
 
 def fails(cluster: FakeCluster, clock: Clock, **kwargs: Any) -> StartupFailed:
@@ -433,10 +437,10 @@ def test_the_default_pause_between_polls_is_a_second(clock: Clock) -> None:
     three docker commands on every node, and a 15-minute load needs no more."""
     cluster = FakeCluster([State()] * 3 + [State(health="200")], [State()])
     options = {"container": CONTAINER, "port": PORT, "ready_timeout": 600.0}
-    done = wait_ready(
-        cluster, **options, hang_timeout=300.0, placement_timeout=120.0, since=SINCE,
-        launcher_pid=PID, clock=clock, retry=for_connection(1.0, 1.0),
-    )  # fmt: skip
+    spec = WaitSpec(
+        **options, hang_timeout=300.0, placement_timeout=120.0, since=SINCE, launcher_pid=PID
+    )
+    done = wait_ready(cluster, spec, clock=clock, retry=for_connection(1.0, 1.0))
     assert done.ready
     assert readiness.POLL_S == 1.0 and clock.slept == pytest.approx([1.0] * 3)
 
@@ -471,7 +475,7 @@ def test_attach_after_a_restart_reads_only_this_start(clock: Clock) -> None:
     done = watch(
         cluster,
         clock,
-        since=None,
+        since=SINCE_START,
         launcher_pid=None,
         progress=lambda w, now: lines.append(w.status_line(now)),
     )
@@ -494,7 +498,7 @@ def test_each_node_is_read_on_its_own_clock(clock: Clock) -> None:
     skew = -300
     worker = [State(started=log_time(skew)), State(started=log_time(skew), logs=(OOM,))]
     cluster = FakeCluster([State()], worker, worker_skew=skew)
-    failed = fails(cluster, clock, since=None)
+    failed = fails(cluster, clock, since=SINCE_START)
     assert failed.failure.kind == "fatal" and failed.failure.node == WORKER
     assert failed.failure.signature == "cuda-oom"
     assert cluster.conn(WORKER).sinces[0] == log_time(skew)  # its own StartedAt

@@ -27,9 +27,9 @@ from pytest_spark.facts.server import (
     serve_line_of,
 )
 from pytest_spark.readiness.reachability import unreachable_reason
-from pytest_spark.serving.evidence import Exchange
-from pytest_spark.serving.tools import ToolRequest, calls_in_content, check_tool_calls
-from pytest_spark.serving.turn import Turn, from_response
+from pytest_spark.serving.client.evidence import Exchange
+from pytest_spark.serving.client.turn import Turn, from_response
+from pytest_spark.serving.validate.tools import ToolRequest, calls_in_content, check_tool_calls
 
 REPO = Path(__file__).resolve().parents[1]
 LOGS = REPO / "fixtures" / "vllm_logs"
@@ -401,7 +401,7 @@ def test_the_heads_engine_killed_says_so_in_the_serving_failure() -> None:
     """Issue #25 part 4: with the head's engine killed, test_cluster_serving said only
     "Connection refused" with evidence {}; the container state and the head's last log
     lines were elsewhere. The failure carries them again."""
-    from pytest_spark.readiness.session import head_account
+    from pytest_spark.readiness.launch import head_account
 
     refused = (
         "API at http://10.0.0.1:8000 not reachable: ConnectError: [Errno 111] Connection refused"

@@ -16,10 +16,10 @@ import pytest
 
 from pytest_spark.access.api import ApiEndpoint
 from pytest_spark.serving import LevelResult, LoadSpec, Summary, percentile, run_sweep
-from pytest_spark.serving.load import LoadClient, RequestRecord, request_body
-from pytest_spark.serving.openloop import OpenLoopSpec, poisson_schedule, run_rate_sweep
-from pytest_spark.serving.slo import Slo
-from pytest_spark.serving.soak import SoakSpec, run_soak
+from pytest_spark.serving.load.openloop import OpenLoopSpec, poisson_schedule, run_rate_sweep
+from pytest_spark.serving.load.slo import Slo
+from pytest_spark.serving.load.soak import SoakSpec, run_soak
+from pytest_spark.serving.load.sweep import LoadClient, RequestRecord, request_body
 
 
 def delta_chunk(**delta: Any) -> dict[str, Any]:
@@ -179,7 +179,7 @@ def test_server_metrics_view_detects_the_kv_metric_name() -> None:
     from pathlib import Path
 
     from pytest_spark.serving import kv_cache_metric, parse_metrics
-    from pytest_spark.serving.load import server_view
+    from pytest_spark.serving.load.sweep import server_view
 
     real = Path(__file__).resolve().parents[1] / "fixtures" / "vllm" / "vllm-0.32.0-cpu"
     metrics = parse_metrics((real / "metrics_vllm.txt").read_text().split("\n\n", 1)[1])

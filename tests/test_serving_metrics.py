@@ -11,7 +11,14 @@ import httpx
 import pytest
 
 from pytest_spark.serving import parse_metrics
-from pytest_spark.serving.context import (
+from pytest_spark.serving.load.metricsnap import (
+    PrefixCacheRun,
+    Snapshot,
+    level_health,
+    level_metrics,
+    prefix_cache_problem,
+)
+from pytest_spark.serving.validate.context import (
     fit,
     haystack,
     max_model_len,
@@ -19,13 +26,6 @@ from pytest_spark.serving.context import (
     needle_verdict,
     parse_too_long,
     too_long_problem,
-)
-from pytest_spark.serving.metricsnap import (
-    PrefixCacheRun,
-    Snapshot,
-    level_health,
-    level_metrics,
-    prefix_cache_problem,
 )
 
 REAL = Path(__file__).resolve().parents[1] / "fixtures" / "vllm" / "vllm-0.32.0-cpu"
@@ -250,7 +250,7 @@ def test_needle_verdict_tells_lost_context_from_no_retrieval() -> None:
 
 
 def test_health_fixes_name_only_the_causes_found() -> None:
-    from pytest_spark.serving.metricsnap import health_fixes
+    from pytest_spark.serving.load.metricsnap import health_fixes
 
     preempted = ["concurrency 4: vllm:num_preemptions +6 (expected <= 0)"]
     assert health_fixes(preempted).startswith("Preemptions mean the KV cache is too small")

@@ -8,7 +8,7 @@ import statistics
 
 import pytest
 
-from pytest_spark.serving.openloop import knee, poisson_schedule, rising_rates
+from pytest_spark.serving.load.openloop import knee, poisson_schedule, rising_rates
 
 
 def test_poisson_schedule_is_seeded_exponential() -> None:

@@ -1,5 +1,5 @@
-"""The openai SDK client (serving/sdk.py) against a loopback server that sends recorded
-and broken answers, and the structured-output check (serving/structured.py) on turns:
+"""The openai SDK client (serving/client/sdk.py) against a loopback server that sends recorded
+and broken answers, and the structured-output check (serving/validate/structured.py) on turns:
 what the SDK parses, what it cannot (the field named, the bytes quoted), the settings it
 honours; JSON that validates, a format ignored, a schema broken, reasoning left in content.
 """
@@ -17,12 +17,12 @@ import pytest
 
 from pytest_spark.access.api import ApiEndpoint
 from pytest_spark.serving import ServingError, assemble
-from pytest_spark.serving.evidence import Exchange
-from pytest_spark.serving.sdk import SdkClient, SdkTurn, StreamHelper
-from pytest_spark.serving.sdkchecks import check_stream_helper, compare_sdk
-from pytest_spark.serving.structured import check_structured, request_for
-from pytest_spark.serving.tools import ToolRequest, check_tool_calls
-from pytest_spark.serving.turn import Turn, from_response
+from pytest_spark.serving.client.evidence import Exchange
+from pytest_spark.serving.client.sdk import SdkClient, SdkTurn, StreamHelper
+from pytest_spark.serving.client.turn import Turn, from_response
+from pytest_spark.serving.validate.sdkchecks import check_stream_helper, compare_sdk
+from pytest_spark.serving.validate.structured import check_structured, request_for
+from pytest_spark.serving.validate.tools import ToolRequest, check_tool_calls
 
 MESSAGE = {
     "role": "assistant",

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from pytest_spark.serving.load import RequestRecord
-from pytest_spark.serving.slo import Slo, broken, failure_text, goodput
+from pytest_spark.serving.load.slo import Slo, broken, failure_text, goodput
+from pytest_spark.serving.load.sweep import RequestRecord
 
 
 def rec(ttft: float, e2e: float, tokens: int = 11, error: str | None = None) -> RequestRecord:

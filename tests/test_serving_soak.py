@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_spark.serving.load import RequestRecord
-from pytest_spark.serving.soak import (
+from pytest_spark.serving.load.soak import (
     Sample,
     drift_pct,
     preemptions_during,
@@ -18,6 +17,7 @@ from pytest_spark.serving.soak import (
     waiting_growth,
     window_tok_s,
 )
+from pytest_spark.serving.load.sweep import RequestRecord
 
 
 def rec(start: float, ttft: float, e2e: float, tokens: int) -> RequestRecord:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from transcript import read_turn
 
 from pytest_spark.serving import (
     ToolRequest,
@@ -27,8 +28,7 @@ from pytest_spark.serving import (
     parse_error_body,
     validate,
 )
-from pytest_spark.serving.evidence import Exchange
-from pytest_spark.serving.transcript import read_turn
+from pytest_spark.serving.client.evidence import Exchange
 
 VLLM = Path(__file__).resolve().parents[1] / "fixtures" / "vllm"
 SMOL = VLLM / "vllm-0.32.0-cpu"

@@ -10,7 +10,7 @@ import pytest
 
 from pytest_spark.access import api as api_module
 from pytest_spark.access.api import ApiEndpoint
-from pytest_spark.serving.sdk import SdkClient
+from pytest_spark.serving.client.sdk import SdkClient
 
 
 def test_clients_share_one_ca_bundle_load(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from transcript import read_turn
+
 from pytest_spark.serving import ToolRequest, auto_declined
-from pytest_spark.serving.transcript import read_turn
 from pytest_spark.settings.profiles import load_profile
 
 VLLM = Path(__file__).resolve().parents[1] / "fixtures" / "vllm"

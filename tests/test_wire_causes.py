@@ -17,7 +17,11 @@ from pytest_spark.checks.nccl import socket_forced_by_env
 from pytest_spark.checks.preflight import check_serving_env, same_env_as, same_env_note
 from pytest_spark.facts.preflight import parse_container_env
 from pytest_spark.parsers.nccl import parse_nccl_tests
-from pytest_spark.serving.causes import (
+from pytest_spark.serving.client.evidence import Exchange
+from pytest_spark.serving.client.stream import ServingError, post_json, stream_chat
+from pytest_spark.serving.client.turn import assemble
+from pytest_spark.serving.load.slo import Goodput
+from pytest_spark.serving.validate.causes import (
     BODY_VERDICT,
     STREAM_VERDICT,
     body_failure,
@@ -30,11 +34,7 @@ from pytest_spark.serving.causes import (
     wire_cause,
     wire_verdict,
 )
-from pytest_spark.serving.evidence import Exchange
-from pytest_spark.serving.slo import Goodput
-from pytest_spark.serving.stream import ServingError, post_json, stream_chat
-from pytest_spark.serving.tools import unstreamed_arguments
-from pytest_spark.serving.turn import assemble
+from pytest_spark.serving.validate.tools import unstreamed_arguments
 
 REPO = Path(__file__).resolve().parents[1]
 PREFLIGHT = REPO / "fixtures" / "preflight"

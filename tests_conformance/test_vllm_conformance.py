@@ -32,7 +32,7 @@ import pytest
 
 from pytest_spark.access.api import ApiEndpoint
 from pytest_spark.parsers.serveargs import parse_serve_args
-from pytest_spark.serving.context import parse_too_long
+from pytest_spark.serving.validate.context import parse_too_long
 from pytest_spark.settings.resolve import Settings
 
 REPO = Path(__file__).resolve().parents[1]

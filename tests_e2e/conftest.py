@@ -15,20 +15,19 @@ from pytest_spark.facts.server import ServerCommand
 from pytest_spark.gathering.measure import measure_once
 from pytest_spark.report.history import resolve_history_dir
 from pytest_spark.serving import ServingClient
-from pytest_spark.serving.accuracy import ALONE_VERDICT
-from pytest_spark.serving.accuracyprobe import (
+from pytest_spark.serving.load.closedloop import Sweep, decode_sweep, encode_sweep, measure_sweep
+from pytest_spark.serving.load.specs import load_spec
+from pytest_spark.serving.validate.accuracy import ALONE_VERDICT
+from pytest_spark.serving.validate.accuracyprobe import (
     AccuracyProbe,
     BaselineKey,
     BaselineStore,
     computing_args,
 )
-from pytest_spark.serving.canary import WireProbe
-from pytest_spark.serving.causes import STREAM_VERDICT, wire_cause, wire_verdict
-from pytest_spark.serving.closedloop import decode_sweep, encode_sweep, measure_sweep
-from pytest_spark.serving.formatturns import FormatTurns
-from pytest_spark.serving.specs import load_spec
-from pytest_spark.serving.sweep import Sweep
-from pytest_spark.serving.toolturns import ToolTurns
+from pytest_spark.serving.validate.canary import WireProbe
+from pytest_spark.serving.validate.causes import STREAM_VERDICT, wire_cause, wire_verdict
+from pytest_spark.serving.validate.formatturns import FormatTurns
+from pytest_spark.serving.validate.toolturns import ToolTurns
 
 # The soak runs last in the session: it holds the GPUs under a steady batch for its whole
 # duration (minutes on a Spark), heating them and filling the KV cache, and the checks

@@ -17,7 +17,7 @@ import pytest
 
 from pytest_spark import Finding, Settings, SparkCheck, verdict_in_session
 from pytest_spark.serving import ServingError
-from pytest_spark.serving.accuracy import (
+from pytest_spark.serving.validate.accuracy import (
     ALONE_VERDICT,
     FingerprintError,
     check_alone,
@@ -25,7 +25,7 @@ from pytest_spark.serving.accuracy import (
     check_math,
     check_under_load,
 )
-from pytest_spark.serving.accuracyprobe import AccuracyProbe, BaselineKey, BaselineStore
+from pytest_spark.serving.validate.accuracyprobe import AccuracyProbe, BaselineKey, BaselineStore
 
 pytestmark = pytest.mark.accuracy
 

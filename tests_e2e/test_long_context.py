@@ -6,7 +6,7 @@
   lost beyond some length (served past the model's native context without its rope
   scaling); not answered, the model does not retrieve at all;
 - a prompt just over ``max_model_len`` gets vLLM's 400, and the message is
-  vLLM's own (``pytest_spark.serving.context``).
+  vLLM's own (``pytest_spark.serving.validate.context``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 from pytest_spark import Finding, Settings, SparkCheck
 from pytest_spark.access.api import ApiEndpoint
 from pytest_spark.serving import ServingClient, ServingError, Turn
-from pytest_spark.serving.context import (
+from pytest_spark.serving.validate.context import (
     LongPrompt,
     long_prompt,
     max_model_len,

@@ -18,12 +18,12 @@ from pytest_spark import Finding, Settings, SparkCheck, progress_line_writer, ve
 from pytest_spark.access.api import ApiEndpoint
 from pytest_spark.gathering.measure import measure_once
 from pytest_spark.serving import ServingError
-from pytest_spark.serving.causes import DECODE_VERDICT, GOODPUT_VERDICT, knee_cause
-from pytest_spark.serving.load import LoadClient
-from pytest_spark.serving.openloop import run_rate_sweep
-from pytest_spark.serving.slo import LABELS, goodput
-from pytest_spark.serving.specs import load_spec, open_loop_spec, slo_of
-from pytest_spark.serving.sweep import Sweep
+from pytest_spark.serving.load.closedloop import Sweep
+from pytest_spark.serving.load.openloop import run_rate_sweep
+from pytest_spark.serving.load.slo import LABELS, goodput
+from pytest_spark.serving.load.specs import load_spec, open_loop_spec, slo_of
+from pytest_spark.serving.load.sweep import LoadClient
+from pytest_spark.serving.validate.causes import DECODE_VERDICT, GOODPUT_VERDICT, knee_cause
 
 pytestmark = pytest.mark.load
 

@@ -12,8 +12,8 @@ import pytest
 from pytest_spark import Finding, Settings, SparkCheck
 from pytest_spark.access.api import ApiEndpoint
 from pytest_spark.serving import ServingClient, ServingError
-from pytest_spark.serving.context import run_prefix_pair
-from pytest_spark.serving.metricsnap import prefix_cache_problem
+from pytest_spark.serving.load.metricsnap import prefix_cache_problem
+from pytest_spark.serving.validate.context import run_prefix_pair
 
 pytestmark = pytest.mark.context
 

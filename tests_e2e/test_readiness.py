@@ -20,6 +20,12 @@ from pytest_spark.access.api import ApiEndpoint
 from pytest_spark.access.cluster import node_names
 from pytest_spark.parsers.ray import parse_ray_status
 from pytest_spark.parsers.serveargs import expected_ray_members, parse_serve_args
+from pytest_spark.readiness.launch import (
+    ServingInfo,
+    head_account,
+    inspected_state,
+    serving_nodes,
+)
 from pytest_spark.readiness.serving import (
     SERVING_VERDICT_KEY,
     ApiState,
@@ -27,17 +33,11 @@ from pytest_spark.readiness.serving import (
     not_serving_reason,
     server_log_hint,
 )
-from pytest_spark.readiness.session import (
-    ServingInfo,
-    head_account,
-    inspected_state,
-    serving_nodes,
-)
 from pytest_spark.readiness.wait import SINCE_START, parse_probe, probe_command
 from pytest_spark.serving import ServingError
-from pytest_spark.serving.canary import WireProbe
-from pytest_spark.serving.causes import body_failure, check_stream_wire
-from pytest_spark.serving.stream import Reply
+from pytest_spark.serving.client.stream import Reply
+from pytest_spark.serving.validate.canary import WireProbe
+from pytest_spark.serving.validate.causes import body_failure, check_stream_wire
 
 pytestmark = pytest.mark.readiness
 

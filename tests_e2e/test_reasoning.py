@@ -42,10 +42,13 @@ from pytest_spark.serving import (
     check_truncated,
     compare_stream,
 )
-from pytest_spark.serving.accuracyprobe import cited_wrong_model
-from pytest_spark.serving.causes import cited_verdict
-from pytest_spark.serving.formatturns import DISABLED_VERDICT
-from pytest_spark.serving.toolturns import cited_calls_in_content, cited_unstreamed_arguments
+from pytest_spark.serving.validate.accuracyprobe import cited_wrong_model
+from pytest_spark.serving.validate.causes import cited_verdict
+from pytest_spark.serving.validate.formatturns import DISABLED_VERDICT
+from pytest_spark.serving.validate.toolturns import (
+    cited_calls_in_content,
+    cited_unstreamed_arguments,
+)
 
 pytestmark = pytest.mark.reasoning
 

@@ -10,8 +10,17 @@ import pytest
 
 from pytest_spark import SparkCheck
 from pytest_spark.serving import ServingError, Turn
-from pytest_spark.serving.formatturns import FormatTurns, cited_ignored, cited_reasoning_leak
-from pytest_spark.serving.structured import FORMATS, FormatKind, FormatRequest, check_structured
+from pytest_spark.serving.validate.formatturns import (
+    FormatTurns,
+    cited_ignored,
+    cited_reasoning_leak,
+)
+from pytest_spark.serving.validate.structured import (
+    FORMATS,
+    FormatKind,
+    FormatRequest,
+    check_structured,
+)
 
 pytestmark = pytest.mark.structured_output
 

@@ -18,15 +18,15 @@ import pytest
 
 from pytest_spark import Finding, Settings, SparkCheck, verdict_in_session
 from pytest_spark.serving import LevelResult
-from pytest_spark.serving.causes import (
+from pytest_spark.serving.load.closedloop import Sweep
+from pytest_spark.serving.load.metricsnap import health_fixes, level_health
+from pytest_spark.serving.load.slo import failure_text, goodput
+from pytest_spark.serving.load.specs import slo_of
+from pytest_spark.serving.validate.causes import (
     DECODE_VERDICT,
     decode_explains_aggregate,
     decode_explains_goodput,
 )
-from pytest_spark.serving.metricsnap import health_fixes, level_health
-from pytest_spark.serving.slo import failure_text, goodput
-from pytest_spark.serving.specs import slo_of
-from pytest_spark.serving.sweep import Sweep
 
 pytestmark = pytest.mark.throughput
 

@@ -24,9 +24,9 @@ from pytest_spark.serving import (
     check_tool_calls,
     compare_arguments,
 )
-from pytest_spark.serving.accuracyprobe import cited_wrong_model
-from pytest_spark.serving.tools import Mode
-from pytest_spark.serving.toolturns import (
+from pytest_spark.serving.validate.accuracyprobe import cited_wrong_model
+from pytest_spark.serving.validate.tools import Mode
+from pytest_spark.serving.validate.toolturns import (
     ToolTurns,
     cited_calls_in_content,
     cited_unstreamed_arguments,

@@ -38,19 +38,19 @@ from pytest_spark.serving import (
     check_reasoning,
     check_tool_calls,
 )
-from pytest_spark.serving.accuracyprobe import cited_wrong_model
-from pytest_spark.serving.causes import cited_verdict
-from pytest_spark.serving.formatturns import (
+from pytest_spark.serving.client.sdk import SdkClient, SdkTurn
+from pytest_spark.serving.validate.accuracyprobe import cited_wrong_model
+from pytest_spark.serving.validate.causes import cited_verdict
+from pytest_spark.serving.validate.formatturns import (
     SEPARATION_VERDICT,
     FormatTurns,
     cited_ignored,
     cited_reasoning_leak,
 )
-from pytest_spark.serving.sdk import SdkClient, SdkTurn
-from pytest_spark.serving.sdkchecks import check_stream_helper, compare_sdk
-from pytest_spark.serving.structured import FORMATS, FormatKind, check_structured
-from pytest_spark.serving.tools import Mode
-from pytest_spark.serving.toolturns import (
+from pytest_spark.serving.validate.sdkchecks import check_stream_helper, compare_sdk
+from pytest_spark.serving.validate.structured import FORMATS, FormatKind, check_structured
+from pytest_spark.serving.validate.tools import Mode
+from pytest_spark.serving.validate.toolturns import (
     ToolTurns,
     cited_calls_in_content,
     cited_unstreamed_arguments,

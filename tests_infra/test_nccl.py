@@ -55,9 +55,9 @@ from pytest_spark.gathering.nccl import (
 )
 from pytest_spark.parsers.codec import dump, load
 from pytest_spark.parsers.nccl import NcclOutput
+from pytest_spark.readiness.launch import container_states, serving_nodes
 from pytest_spark.readiness.reachability import require_reachable
 from pytest_spark.readiness.serving import SERVING_VERDICT_KEY, ServingState, not_serving_reason
-from pytest_spark.readiness.session import container_states, serving_nodes
 
 pytestmark = pytest.mark.nccl
 

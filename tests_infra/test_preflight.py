@@ -50,12 +50,12 @@ from pytest_spark.gathering.preflight import (
     serving_env,
     ssh_from_head,
 )
+from pytest_spark.readiness.launch import NotServing, ServingInfo, fabric_addresses
 from pytest_spark.readiness.reachability import (
     require_reachable,
     through_unreachable_jump,
     unreachable,
 )
-from pytest_spark.readiness.session import NotServing, ServingInfo, fabric_addresses
 
 pytestmark = pytest.mark.preflight
 

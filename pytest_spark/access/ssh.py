@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import paramiko
 
@@ -231,7 +231,9 @@ class SSHConnection:
                 t.hostname,
                 port=t.port,
                 username=t.user,
-                key_filename=list(t.identity_files) or None,
+                # one file or a list of them (paramiko's SSHClient.connect); its stubs
+                # name only the one
+                key_filename=cast("str | None", list(t.identity_files) or None),
                 look_for_keys=not t.identities_only,
                 allow_agent=not t.identities_only,
                 sock=sock,

@@ -8,6 +8,8 @@ import select
 import socket
 import threading
 
+import paramiko
+
 from pytest_spark.access.ssh import SSHConnection
 
 
@@ -47,9 +49,10 @@ class Tunnel:
         except Exception:
             client.close()
             return
+        ends: list[socket.socket | paramiko.Channel] = [client, chan]
         try:
             while not self._stop.is_set():
-                readable, _, _ = select.select([client, chan], [], [], 0.5)
+                readable, _, _ = select.select(ends, [], [], 0.5)
                 if client in readable:
                     data = client.recv(65536)
                     if not data:

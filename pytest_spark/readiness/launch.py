@@ -1,18 +1,48 @@
-"""Drive ``launch-cluster.sh`` on the head over SSH, the way operators do by hand:
+"""Launch the serving cluster (or attach to it), once per session, even under xdist; and
+stop what this session started.
+
+The launcher driver: ``launch-cluster.sh`` on the head over SSH, the way operators do by
+hand::
 
     nohup ./launch-cluster.sh -n IP,IP -t IMAGE --name NAME exec vllm serve ... &
 
-and stop it again with ``launch-cluster.sh --name NAME stop``. Works unchanged against
-the real script on real Sparks and the one sparksim installs."""
+and ``launch-cluster.sh --name NAME stop`` again. Works unchanged against the real script on
+real Sparks and the one sparksim installs.
+
+The session: the first process to take the lock launches and waits (``wait.wait_ready``);
+the others read the outcome from the run directory. Teardown happens once, in the
+controller (``stop_if_launched``), also after a failure or Ctrl-C, and only for what this
+session started."""
 
 from __future__ import annotations
 
+import json
 import posixpath
 import shlex
+import time
+import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
 
-from pytest_spark.access.base import RemoteError
-from pytest_spark.access.cluster import Node
+from filelock import FileLock
+
+from pytest_spark.access.base import CommandResult, RemoteError
+from pytest_spark.access.cluster import Cluster, Node
+from pytest_spark.access.files import write_json
+from pytest_spark.parsers.serveargs import mode_of_processes, parse_serve_args
+from pytest_spark.readiness.wait import (
+    SINCE_START,
+    NodeProbe,
+    StartupFailed,
+    WaitSpec,
+    parse_probe,
+    probe_command,
+    wait_ready,
+)
+from pytest_spark.readiness.watch import StartupWatch
+from pytest_spark.settings.resolve import Settings
 
 # How a launch-cluster.sh that has Ray as an option parses it (`--ray)` in its case, or
 # `--ray|...`); the scripts from before mid-2026 always start Ray and have no such flag.
@@ -180,3 +210,452 @@ class Launcher:
         except RemoteError:
             return ""
         return result.stdout
+
+
+STATE = "serving.json"
+STOP_TIMEOUT_S = 120.0  # the launcher's stop (docker stop on every node through the head)
+DEFAULT_CONTAINER = "vllm_node"  # launch-cluster.sh's default --name
+
+
+class NotServing(Exception):
+    """The cluster is not (and will not become) ready; the message says what was found."""
+
+
+@dataclass(frozen=True)
+class ServingInfo:
+    launched: bool
+    ready_s: float | None
+    timeline: list[dict[str, Any]]
+    facts: dict[str, str]
+    mode: str | None = None  # "ray" | "no-ray" | None (not known)
+    mode_source: str = ""  # how the mode was known
+
+
+def fabric_addresses(cluster: Cluster) -> tuple[str, ...]:
+    """Each node's address on its primary fabric interface, as launch-cluster.sh wants them
+    in -n (it checks that the local fabric IP is in that list)."""
+    from pytest_spark.facts.links import primary_fabric_if
+    from pytest_spark.gathering.links import node_link_facts
+
+    addresses = []
+    for node in cluster.nodes:
+        facts = node_link_facts(cluster, node)
+        ifname = primary_fabric_if(facts)
+        addrs = facts.ip_addrs.get(ifname or "", [])
+        if not addrs:
+            raise NotServing(
+                f"{node.name}: no fabric interface with an IPv4 address (ibdev2netdev Up): "
+                "cannot give launch-cluster.sh its -n list; set --spark-launch-nodes"
+            )
+        addresses.append(str(addrs[0].ip))
+    return tuple(addresses)
+
+
+def launch_spec(settings: Settings, cluster: Cluster, ray: bool = False) -> LaunchSpec:
+    if not settings.serve_args:
+        raise NotServing(
+            "--spark-launch needs --spark-serve-args='vllm serve MODEL ...' (the "
+            "command the launcher runs in the head container)"
+        )
+    nodes = settings.launch_nodes or fabric_addresses(cluster)
+    return LaunchSpec(
+        settings.launch_script,
+        tuple(nodes),
+        settings.image,
+        settings.container,
+        tuple(shlex.split(settings.serve_args)),
+        settings.nccl_debug,
+        log_path=f"/tmp/pytest-spark-launch-{uuid.uuid4().hex[:12]}.log",
+        ray=ray,
+    )
+
+
+def configured_mode(settings: Settings) -> tuple[str | None, str]:
+    """Ray or no-Ray as the settings and the serve args say, and how that is known."""
+    if settings.ray != "auto":
+        return ("ray" if settings.ray == "on" else "no-ray"), settings.source("ray")
+    if settings.serve_args:
+        mode = parse_serve_args(settings.serve_args).mode
+        if mode is not None:
+            return mode, "the serve args"
+    if settings.launch:
+        return "no-ray", "launch-cluster.sh's default (no --ray)"
+    return None, ""
+
+
+def ray_only_script(
+    launcher: Launcher, settings: Settings, mode: str | None, mode_source: str
+) -> tuple[str | None, str]:
+    """A launch-cluster.sh without ``--ray`` (before mid-2026) always starts Ray: pass no
+    flag, and watch a Ray cluster; asked for no Ray explicitly, say it cannot."""
+    if launcher.knows_ray:
+        return mode, mode_source
+    if mode == "no-ray" and settings.ray == "off":
+        raise LaunchError(
+            f"{launcher.head.name}: {launcher.spec.script} has no --ray option: it predates "
+            "launch-cluster.sh's no-Ray mode and always starts Ray, but "
+            f"{settings.source('ray')} asks for no Ray (--spark-ray=off); update the "
+            "script's checkout (git pull) or give --spark-ray=on"
+        )
+    launcher.without_ray_flag()
+    return "ray", f"{launcher.spec.script} has no --ray option (it always starts Ray)"
+
+
+def serving_nodes(cluster: Cluster, settings: Settings) -> list[Node]:
+    """The nodes the launcher keeps: it trims its node list to TP x PP x DP (one GPU a
+    node on a Spark), head first."""
+    if not settings.serve_args:
+        return list(cluster.nodes)
+    used = parse_serve_args(settings.serve_args).nodes_used()
+    return list(cluster.nodes[: max(1, used)])
+
+
+LEFTOVER_WAIT_S = 30.0  # dockerd removes a stopped --rm container just after `docker stop`
+
+
+def inspected_state(result: CommandResult) -> tuple[str, str | None]:
+    """``docker inspect -f '{{.State.Status}}' NAME``'s answer: ``(state, None)`` with
+    state running, exited, ... or "missing" (no such container); ``("unknown", error)``
+    when docker itself did not answer (a daemon that is down, no permission on its
+    socket): its stderr is docker's error, never a state or a container name."""
+    state = result.stdout.strip()
+    error = result.stderr.strip()
+    if result.ok and state:
+        return state.split()[0], None
+    if "No such" in error or "No such" in state:
+        return "missing", None
+    return "unknown", (error or state or f"docker inspect exited {result.rc}").splitlines()[0]
+
+
+HEAD_TAIL_LINES = 15  # the head's last log lines a not-serving failure quotes
+
+
+def head_account(
+    problem: str, node: str, container: str, status: str, lines: list[str]
+) -> tuple[str, dict[str, str]]:
+    """A not-serving failure that only says what the API answered (``Connection refused``)
+    with the head's own account added: its serving container's state (``exited (code
+    137)``: the engine was killed) and its last log lines, in the message and as evidence.
+    A problem that already names the container (the readiness watch's), or a container
+    that runs (an API key, a proxy: not the engine's story), is kept as it is."""
+    if container in problem or status in ("", "running") or status.startswith("unknown"):
+        return problem, {}
+    tail = [line.rstrip() for line in lines if line.strip()][-HEAD_TAIL_LINES:]
+    state = f"{node}: container {container!r} {status}"
+    message = (
+        f"{problem}\n  {state} (its engine is gone: `docker logs {container}` on {node} says why)"
+    )
+    if tail:
+        message += f"\n  {node} log (last {len(tail)} lines):\n" + "\n".join(
+            f"    {line}" for line in tail
+        )
+    return message, {"container": state, f"{node} log": "\n".join(tail)}
+
+
+def container_states(cluster: Cluster, container: str) -> dict[str, str]:
+    """Each reachable node's state of ``container`` (``docker inspect``: running, exited,
+    removing, ...), or "" where there is none."""
+    command = f"docker inspect -f '{{{{.State.Status}}}}' {shlex.quote(container)} 2>/dev/null"
+    reachable = [node for node in cluster.nodes if cluster.unreachable(node) is None]
+    results = cluster.map(lambda node: node.run(command, timeout=15), reachable)
+    states = {}
+    for node in reachable:
+        result = results[node.name]
+        if not isinstance(result, RemoteError) and result.ok:
+            states[node.name] = result.stdout.strip()
+        else:
+            states[node.name] = ""
+    return states
+
+
+def wait_gone(
+    cluster: Cluster,
+    container: str,
+    wait_s: float = LEFTOVER_WAIT_S,
+    sleep: Callable[[float], None] = time.sleep,
+    now: Callable[[], float] = time.monotonic,
+) -> dict[str, str]:
+    """Wait up to ``wait_s`` for stopped containers of that name to go (a ``--rm``
+    container is removed by dockerd after ``docker stop`` returns). Returns what is still
+    there: every running one at once, else the stopped ones left after the wait."""
+    deadline = now() + wait_s
+    while True:
+        states = {
+            name: state for name, state in container_states(cluster, container).items() if state
+        }
+        if not states or "running" in states.values() or now() >= deadline:
+            return states
+        sleep(1.0)
+
+
+def refuse_running(
+    cluster: Cluster,
+    container: str,
+    wait_s: float = LEFTOVER_WAIT_S,
+    sleep: Callable[[float], None] = time.sleep,
+    now: Callable[[], float] = time.monotonic,
+) -> None:
+    """--spark-launch on a cluster that already runs containers of that name: the launcher
+    would skip the launch and exec into them, an old server would answer /health, and
+    teardown would stop what this session did not start. A stopped one of that name (an
+    earlier run's, still being removed, or kept) would make the launcher's unchecked
+    ``docker run --name`` fail, and its ``docker exec`` would reach a dying container."""
+    left = wait_gone(cluster, container, wait_s, sleep, now)
+    running = [name for name, state in left.items() if state == "running"]
+    if running:
+        raise NotServing(
+            f"--spark-launch: container {container!r} is already running on "
+            f"{', '.join(running)}. launch-cluster.sh would skip the launch and exec into it "
+            "(an old server would answer /health). Attach to it instead (run without "
+            f"--spark-launch), or stop it first (launch-cluster.sh --name {container} stop)"
+        )
+    if left:
+        found = ", ".join(f"{name} ({state})" for name, state in left.items())
+        raise NotServing(
+            f"--spark-launch: a stopped container {container!r} is still there on {found} "
+            f"after {wait_s:.0f} s: launch-cluster.sh's `docker run --name {container}` "
+            "would fail on the name and its `docker exec` would reach no server. Remove it "
+            f"on that node (docker rm -f {container}) and run again"
+        )
+
+
+def apply_dotenv(cluster: Cluster, settings: Settings, launcher: Launcher) -> Launcher:
+    """The launcher's ``.env`` wins over some of its flags. Its CONTAINER_NAME wins over
+    ``--name vllm_node`` (the script's default name, even when given): the watch then uses
+    it, or fails when --spark-container was set to vllm_node on purpose. LOCAL_IP (the
+    head's address, always wins) and ETH_IF (used as no --eth-if is given) are checked."""
+    env = launcher.dotenv()
+    where = f"{cluster.head.name}: {launcher.spec.script}'s .env"
+    name = env.get("CONTAINER_NAME")
+    spec = launcher.spec
+    if name and name != spec.container and spec.container == DEFAULT_CONTAINER:
+        if settings.source("container") != "default":
+            raise NotServing(
+                f"{where} sets CONTAINER_NAME={name}, but --spark-container is "
+                f"{spec.container!r} ({settings.source('container')}): the launcher names "
+                f"its containers after the .env when --name is {DEFAULT_CONTAINER}. Give the "
+                "same name to both, or remove it from the .env"
+            )
+        spec = replace(spec, container=name)
+    local_ip = env.get("LOCAL_IP")
+    if local_ip and local_ip not in spec.nodes:
+        raise NotServing(
+            f"{where} sets LOCAL_IP={local_ip}, not among the launcher's nodes "
+            f"{','.join(spec.nodes)}: the head would not find itself in -n. Fix LOCAL_IP, or "
+            "set --spark-launch-nodes"
+        )
+    eth_if = env.get("ETH_IF")
+    if eth_if:
+        check = cluster.head.run(f"ip -o link show dev {shlex.quote(eth_if)}", timeout=15)
+        if not check.ok:
+            raise NotServing(
+                f"{where} sets ETH_IF={eth_if}, which {cluster.head.name} does not have: "
+                f"{(check.stderr or check.stdout).strip()[:200]}. Fix ETH_IF (ibdev2netdev "
+                "lists the fabric interfaces)"
+            )
+    return launcher if spec is launcher.spec else Launcher(launcher.head, spec)
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    try:
+        data: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data
+
+
+def ensure_serving(
+    cluster: Cluster,
+    settings: Settings,
+    run_dir: Path,
+    progress: Callable[[StartupWatch, float], None] | None = None,
+    notify: Callable[[str], None] | None = None,
+) -> ServingInfo:
+    state_path = run_dir / STATE
+    with FileLock(str(run_dir / "serving.lock")):
+        state = _read(state_path)
+        if state is not None and state.get("status") != "launching":
+            if state["status"] == "failed":
+                raise NotServing(state["message"])
+            return ServingInfo(
+                state["launched"],
+                state.get("ready_s"),
+                state["timeline"],
+                state["facts"],
+                state.get("mode"),
+                state.get("mode_source", ""),
+            )
+        if cluster.unreachable(cluster.head) is not None:
+            raise NotServing(f"head unreachable: {cluster.head._error}")
+        profile = settings.profile
+        launcher: Launcher | None = None
+        doc: dict[str, Any] = {
+            "status": "launching",
+            "launched": False,
+            "timeline": [],
+            "facts": {},
+        }
+        t0 = time.monotonic()
+        mode, mode_source = configured_mode(settings)
+        container = settings.container
+        try:
+            log_path: str | None = None
+            head_log_visible = True
+            if settings.launch:
+                launcher = Launcher(cluster.head, launch_spec(settings, cluster, mode == "ray"))
+                launcher.preflight()
+                mode, mode_source = ray_only_script(launcher, settings, mode, mode_source)
+                launcher = apply_dotenv(cluster, settings, launcher)
+                container = launcher.spec.container
+                if notify is not None and container != settings.container:
+                    notify(f"the launcher's .env names the container {container!r}: watching it")
+                refuse_running(cluster, container)
+                pid = launcher.start()
+                doc.update(
+                    launched=True,
+                    container=container,
+                    launch_pid=pid,
+                    signal_launcher=launcher.spec.signal_command(pid),
+                    wait_launcher=launcher.spec.wait_command(pid),
+                    stop_command=launcher.spec.stop_command(),
+                    launch_log=launcher.spec.log_path,
+                )
+                write_json(state_path, doc)
+                # Ray mode: the head's vLLM output is the launcher's stdout. Without Ray the
+                # head writes to its container log, which the launcher only echoes.
+                log_path = launcher.spec.log_path if mode == "ray" else None
+            else:
+                head = attach_precheck(cluster, settings)
+                if mode is None and head.processes:
+                    mode = mode_of_processes(head.processes)
+                    mode_source = "the head container's processes" if mode else ""
+                log_path = settings.serve_log
+                if log_path is None and mode != "no-ray":
+                    head_log_visible = False
+                    if notify is not None:
+                        notify(
+                            f"{cluster.head.name}'s vLLM output is not visible: in Ray mode "
+                            "launch-cluster.sh prints it to its own stdout (the operator's "
+                            "log), not to docker logs; give --spark-serve-log=PATH to follow "
+                            "it. Waiting on /health and the workers' logs"
+                        )
+            doc.update(mode=mode, mode_source=mode_source)
+            spec = WaitSpec(
+                container=container,
+                port=settings.port,
+                ready_timeout=settings.ready_timeout,
+                hang_timeout=settings.hang_timeout,
+                placement_timeout=profile.readiness.placement_group_timeout_s,
+                since=SINCE_START,
+                nodes=tuple(serving_nodes(cluster, settings)),
+                head_log_visible=head_log_visible,
+                launcher_pid=launcher.pid if launcher else None,
+                launcher_log=launcher.launcher_log if launcher else None,
+                launcher_log_path=log_path,
+            )
+            watch = wait_ready(cluster, spec, progress=progress, notify=notify)
+        except StartupFailed as exc:
+            doc.update(
+                status="failed",
+                failed_s=round(time.monotonic() - t0, 3),
+                message=str(exc),
+                timeline=exc.watch.timeline(),
+                facts=exc.watch.facts,
+            )
+            write_json(state_path, doc)
+            raise NotServing(str(exc)) from None
+        except (LaunchError, NotServing, RemoteError) as exc:
+            doc.update(status="failed", failed_s=round(time.monotonic() - t0, 3), message=str(exc))
+            write_json(state_path, doc)
+            raise NotServing(str(exc)) from None
+        doc.update(
+            status="ready",
+            ready_s=round(time.monotonic() - t0, 3),
+            timeline=watch.timeline(),
+            facts=watch.facts,
+        )
+        write_json(state_path, doc)
+        return ServingInfo(
+            doc["launched"],
+            doc["ready_s"],
+            doc["timeline"],
+            doc["facts"],
+            doc.get("mode"),
+            doc.get("mode_source", ""),
+        )
+
+
+def attach_precheck(cluster: Cluster, settings: Settings) -> NodeProbe:
+    """Attach mode: report what is there instead of waiting on nothing. Returns the
+    head's probe (its serving processes tell Ray from no-Ray)."""
+    cmd = probe_command(settings.container, SINCE_START, settings.port, None, processes=True)
+    head = parse_probe(cluster.head.run(cmd, timeout=15))
+    if head.health == "200":
+        return head
+    states = {cluster.head.name: head.status}
+    reachable = [node for node in cluster.workers if cluster.unreachable(node) is None]
+    command = probe_command(settings.container, "1s", None, None)
+    # All workers at once (a serial loop grew with the node count); the first worker's
+    # error, in worker order, is raised as the loop raised it.
+    results = cluster.map(lambda node: node.run(command, timeout=15), reachable)
+    for node in reachable:
+        result = results[node.name]
+        if isinstance(result, RemoteError):
+            raise result
+        states[node.name] = parse_probe(result, with_health=False).status
+    if all(status == "missing" or status.startswith("unknown") for status in states.values()):
+        found = ", ".join(f"{n}: {s}" for n, s in states.items())
+        raise NotServing(
+            f"attach mode: the cluster is not serving. API /health on {cluster.head.name} port "
+            f"{settings.port}: {_health_text(head.health)}; container {settings.container!r}: "
+            f"{found}. Start it (launch-cluster.sh, or run with --spark-launch), or point "
+            "--spark-container / --spark-port at what is running"
+        )
+    return head
+
+
+def _health_text(code: str | None) -> str:
+    return {"000": "connection refused or timed out", None: "not probed"}.get(code, f"HTTP {code}")
+
+
+def stop_if_launched(
+    cluster: Cluster,
+    run_dir: Path,
+    keep: bool,
+    sleep: Callable[[float], None] = time.sleep,
+    now: Callable[[], float] = time.monotonic,
+) -> str | None:
+    """Controller teardown: stop what this session launched (and nothing else)."""
+    state = _read(run_dir / STATE)
+    if not state or not state.get("launched") or state.get("stopped") or keep:
+        return None
+    try:
+        cluster.connect()
+        # The launcher is signalled, the containers stopped, then the launcher waited for:
+        # its own cleanup (a trap on TERM, run once its foreground command returns) stops
+        # the containers by name, and must be over before anyone launches again.
+        if state.get("signal_launcher"):
+            cluster.head.run(state["signal_launcher"], timeout=15)
+        result = cluster.head.run(state["stop_command"], timeout=STOP_TIMEOUT_S)
+        if state.get("wait_launcher"):
+            cluster.head.run(state["wait_launcher"], timeout=LAUNCHER_EXIT_WAIT_S + 15)
+        if state.get("launch_log"):  # the launcher's output, kept only while it serves
+            cluster.head.run(f"rm -f {shlex.quote(state['launch_log'])}; true", timeout=10)
+        # `docker stop` returns before dockerd has removed a --rm container: wait, so that
+        # the next launch (this suite's or an operator's) finds the name free.
+        container = state.get("container")
+        left = wait_gone(cluster, container, sleep=sleep, now=now) if container else {}
+    except RemoteError as exc:
+        return f"could not stop the cluster: {exc}"
+    state["stopped"] = True
+    write_json(run_dir / STATE, state)
+    if not result.ok:
+        return f"launcher stop exited {result.rc}: {result.stderr[-500:]}"
+    if left:
+        found = ", ".join(f"{name} ({status})" for name, status in left.items())
+        return (
+            f"after launch-cluster.sh stop, container {state['container']!r} is still there "
+            f"on {found} after {LEFTOVER_WAIT_S:.0f} s; remove it (docker rm -f "
+            f"{state['container']}) before the next launch"
+        )
+    return None

@@ -17,12 +17,12 @@ import pytest
 from pytest_spark.access.api import ApiEndpoint
 from pytest_spark.access.base import RemoteError
 from pytest_spark.access.cluster import Cluster
+from pytest_spark.readiness.launch import ServingInfo
 from pytest_spark.readiness.reachability import (
     REACHABILITY_VERDICT_KEY,
     unreachable,
     unreachable_reason,
 )
-from pytest_spark.readiness.session import ServingInfo
 from pytest_spark.settings.resolve import Settings
 
 # Whether a spark_serving_verdict check (test_cluster_serving) runs in this session: only

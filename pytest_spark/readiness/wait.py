@@ -32,7 +32,7 @@ import re
 import shlex
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Protocol
@@ -287,6 +287,34 @@ class Stage(Enum):
 Outcome = NodeProbe | RemoteError
 
 
+@dataclass(frozen=True)
+class WaitSpec:
+    """What the readiness wait watches, and how long each phase may take.
+
+    ``since``: where every node's log starts (default ``SINCE_START``: each container's
+    current start, on that node's clock). ``nodes``: the nodes that serve (the launcher
+    trims the list to TP x PP x DP; empty: all). ``head_log_visible=False``: the head's
+    vLLM output is not where the watch can read it (attached, Ray mode, no
+    ``--spark-serve-log``), so silence is no evidence of a stall: the wait goes on until
+    ``/health`` answers, a process or container dies, or ``ready_timeout``. The launcher's
+    ``pid`` (launching; None: attached), its log (a reader) and the path of the head's
+    vLLM output when the launcher writes it. ``poll_s``: from one poll's start to the
+    next."""
+
+    container: str
+    port: int
+    ready_timeout: float
+    hang_timeout: float
+    placement_timeout: float
+    since: str = SINCE_START
+    nodes: tuple[Node, ...] = ()
+    head_log_visible: bool = True
+    launcher_pid: int | None = None
+    launcher_log: Callable[[], str] | None = None
+    launcher_log_path: str | None = None
+    poll_s: float = POLL_S
+
+
 @dataclass
 class ReadinessWait:
     """The readiness wait's state and its transitions, without I/O: ``due`` says which
@@ -296,19 +324,10 @@ class ReadinessWait:
 
     head: Node
     nodes: list[Node]  # the serving nodes, the head first
-    container: str
-    port: int
-    ready_timeout: float
-    hang_timeout: float
-    placement_timeout: float
+    spec: WaitSpec
     started: float
     policy: Backoff
-    since: str = SINCE_START
-    launcher_pid: int | None = None
-    launcher_log: Callable[[], str] | None = None
-    launcher_log_path: str | None = None
     notify: Callable[[str], None] | None = None
-    head_log_visible: bool = True
     watch: StartupWatch = field(init=False)
     stage: Stage = field(init=False)
     cursors: dict[str, LogCursor] = field(init=False)
@@ -333,16 +352,16 @@ class ReadinessWait:
     held: StartupFailure | None = None  # a dead-rank verdict waiting for its confirmation
 
     def __post_init__(self) -> None:
-        self.watch = StartupWatch(self.hang_timeout, self.placement_timeout, self.started)
-        self.stage = Stage.STARTING if self.launcher_pid is not None else Stage.LOADING
-        self.cursors = {node.name: LogCursor(self.since) for node in self.nodes}
+        self.watch = StartupWatch(self.spec.hang_timeout, self.spec.placement_timeout, self.started)
+        self.stage = Stage.STARTING if self.spec.launcher_pid is not None else Stage.LOADING
+        self.cursors = {node.name: LogCursor(self.spec.since) for node in self.nodes}
         for node in self.nodes:
             self.watch.node_seen(node.name)
 
     @property
     def missing_limit(self) -> float:
         """How long a container may stay missing before it is gone (at least hang_timeout)."""
-        return max(self.hang_timeout, MISSING_LIMIT_S)
+        return max(self.spec.hang_timeout, MISSING_LIMIT_S)
 
     @property
     def launcher_name(self) -> str:
@@ -358,11 +377,11 @@ class ReadinessWait:
     def command(self, node: Node) -> str:
         is_head = node is self.head
         return probe_command(
-            self.container,
+            self.spec.container,
             self.cursors[node.name].since,
-            self.port if is_head else None,
-            self.launcher_pid if is_head else None,
-            self.launcher_log_path if is_head else None,
+            self.spec.port if is_head else None,
+            self.spec.launcher_pid if is_head else None,
+            self.spec.launcher_log_path if is_head else None,
             self.launcher_offset,
             processes=True,
         )
@@ -525,7 +544,9 @@ class ReadinessWait:
             if self._may_blame(name):
                 note = self._peer_note()
                 self.watch.failure = None
-                self.watch.container_exited(name, f"container {self.container} {probe.status}", now)
+                self.watch.container_exited(
+                    name, f"container {self.spec.container} {probe.status}", now
+                )
                 if note and self.watch.failure is not None:
                     failure = self.watch.failure
                     self.watch.failure = replace(failure, remediation=failure.remediation + note)
@@ -537,12 +558,12 @@ class ReadinessWait:
         self.missing_since.setdefault(name, now)
         exited = probe.launcher_alive is False or self.launcher_exited
         launcher_dead = exited or (
-            self.launcher_pid is None and now - self.started > ATTACH_MISSING_S
+            self.spec.launcher_pid is None and now - self.started > ATTACH_MISSING_S
         )
         waited = now - self.missing_since[name]
         if not (launcher_dead or waited > self.missing_limit) or not self._may_blame(name):
             return
-        log = self.launcher_log() if self.launcher_log else ""
+        log = self.spec.launcher_log() if self.spec.launcher_log else ""
         why = (
             "the launcher has exited"
             if exited
@@ -551,7 +572,7 @@ class ReadinessWait:
         self.watch.failure = self.dead = StartupFailure(
             "exited",
             name,
-            f"no container named {self.container!r} ({why})",
+            f"no container named {self.spec.container!r} ({why})",
             log.strip().splitlines()[-1] if log.strip() else "",
             "the launcher did not start the container on this node: read the "
             "launcher output below (SSH from head to workers, image present, "
@@ -570,7 +591,7 @@ class ReadinessWait:
         else:
             self.idle_since.setdefault(name, now)
         idle = now - self.idle_since.get(name, now)
-        container = self.container
+        container = self.spec.container
         if lost_kinds and self._may_blame(name):
             what = " and ".join(f"`{PROCESS_NAMES[k]}`" for k in sorted(lost_kinds))
             self._rank_dead(
@@ -583,7 +604,9 @@ class ReadinessWait:
             )
         elif (
             not kinds
-            and (self.launcher_exited or (self.launcher_pid is None and idle > MISSING_LIMIT_S))
+            and (
+                self.launcher_exited or (self.spec.launcher_pid is None and idle > MISSING_LIMIT_S)
+            )
             and self._may_blame(name)
         ):
             self._rank_dead(
@@ -603,20 +626,20 @@ class ReadinessWait:
         """/health answers but not 200: 5xx is a dead engine (its gone or empty rank named
         when one is seen; while STARTING, a node not started yet is why); no curl on the
         head is a verdict of its own."""
-        watch, container = self.watch, self.container
+        watch, container = self.watch, self.spec.container
         if health[:1] == "5":
             gone = [
                 (name, p.status)
                 for name, p in probes.items()
                 if p.status.startswith(("exited", "dead"))
-                or (p.status == "missing" and (self.launcher_pid is None or name in self.seen))
+                or (p.status == "missing" and (self.spec.launcher_pid is None or name in self.seen))
             ]
             # Attached: a container that runs (sleep infinity) with nothing serving in it
             # while /health answers 5xx is the dead rank (launching, it may wait for its
             # docker exec).
             empty = (
                 [n for n in self.idle_since if n not in self.retrying]
-                if self.launcher_pid is None
+                if self.spec.launcher_pid is None
                 else []
             )
             if empty and not gone and self._may_blame(empty[0]):
@@ -667,13 +690,13 @@ class ReadinessWait:
         """Silence (``hang_timeout``, only while the head's log is visible and no node is
         being retried), a placement group not formed (``placement_timeout``), and the
         whole wait (``ready_timeout``)."""
-        if not self.retrying and self.head_log_visible:
+        if not self.retrying and self.spec.head_log_visible:
             self.watch.check_stall(now)
-        if self.watch.failure is None and now - self.started >= self.ready_timeout:
+        if self.watch.failure is None and now - self.started >= self.spec.ready_timeout:
             self.watch.failure = StartupFailure(
                 "timeout",
                 None,
-                f"not ready after {self.ready_timeout:.0f} s (phase {self.watch.phase})",
+                f"not ready after {self.spec.ready_timeout:.0f} s (phase {self.watch.phase})",
                 "",
                 "raise --spark-ready-timeout if the load is progressing, else read the log tails",
                 self.watch.snapshot_tails(),
@@ -682,53 +705,29 @@ class ReadinessWait:
 
 def wait_ready(
     cluster: Cluster,
+    spec: WaitSpec,
     *,
-    container: str,
-    port: int,
-    ready_timeout: float,
-    hang_timeout: float,
-    placement_timeout: float,
-    since: str | None = None,
-    launcher_pid: int | None = None,
-    launcher_log: Callable[[], str] | None = None,
-    launcher_log_path: str | None = None,
     progress: Callable[[StartupWatch, float], None] | None = None,
+    notify: Callable[[str], None] | None = None,
     clock: Clock = REAL_CLOCK,
     retry: Backoff | None = None,
-    notify: Callable[[str], None] | None = None,
-    nodes: Sequence[Node] | None = None,
-    head_log_visible: bool = True,
-    poll_s: float = POLL_S,
 ) -> StartupWatch:
     """Return the watch once the head's /health answers 200; raise StartupFailed otherwise.
 
-    ``since``: where every node's log starts (default ``SINCE_START``: each container's
-    current start, on that node's clock). ``nodes``: the nodes that serve (the launcher
-    trims the list to TP x PP x DP; default all). ``head_log_visible=False``: the head's
-    vLLM output is not where the watch can read it (attached, Ray mode, no
-    ``--spark-serve-log``), so silence is no evidence of a stall: the wait goes on until
-    ``/health`` answers, a process or container dies, or ``ready_timeout``. ``clock``:
-    the one time source (``now`` for every limit, ``sleep`` between polls); ``poll_s``: from
-    one poll's start to the next."""
-    serving_nodes = list(nodes) if nodes else list(cluster.nodes)
+    ``spec``: what to watch and the limits (:class:`WaitSpec`). ``progress``: called after
+    each poll that settles nothing; ``notify``: one-off notes for the operator. ``clock``:
+    the one time source (``now`` for every limit, ``sleep`` between polls); ``retry``: the
+    back-off for a node that does not answer (default: the connection's)."""
+    serving_nodes = list(spec.nodes) if spec.nodes else list(cluster.nodes)
     if cluster.head not in serving_nodes:
         serving_nodes.insert(0, cluster.head)
     wait = ReadinessWait(
         cluster.head,
         serving_nodes,
-        container,
-        port,
-        ready_timeout,
-        hang_timeout,
-        placement_timeout,
+        spec,
         clock.now(),
         retry or for_connection(cluster.settings.connect_timeout, PROBE_TIMEOUT_S),
-        since or SINCE_START,
-        launcher_pid,
-        launcher_log,
-        launcher_log_path,
         notify,
-        head_log_visible,
     )
 
     def probe(node: Node) -> NodeProbe:
@@ -750,4 +749,4 @@ def wait_ready(
             raise StartupFailed(wait.watch.failure, wait.watch)
         if progress is not None:
             progress(wait.watch, now)
-        clock.sleep(max(0.0, poll_s - (clock.now() - tick)))
+        clock.sleep(max(0.0, spec.poll_s - (clock.now() - tick)))

@@ -239,7 +239,7 @@ class MetricsHealthSection:
     max_drain_s: float = 5.0  # vllm:num_requests_waiting back to 0 after a level
 
 
-# The built-in accuracy canaries by name (pytest_spark.serving.accuracy builds them).
+# The built-in accuracy canaries by name (pytest_spark.serving.validate.accuracy builds them).
 CANARY_KINDS = ("add", "multiply", "arithmetic", "count", "copy", "reverse", "sort", "json_sum")
 
 
@@ -247,7 +247,7 @@ CANARY_KINDS = ("add", "multiply", "arithmetic", "count", "copy", "reverse", "so
 class AccuracySection:
     """``[accuracy]``: does the model answer correctly (tests_e2e/test_accuracy.py, issue
     #24). ``canaries``: the built-in canaries this model is expected to answer
-    (pytest_spark.serving.accuracy.CANARY_KINDS; an empty list: none, the fingerprint alone
+    (pytest_spark.serving.validate.accuracy.CANARY_KINDS; an empty list: none, the fingerprint alone
     then reads the model's numbers). The fingerprint tolerances are set from the spread of
     healthy runs (the profile says where it was measured); the math floor is
     ``math_expected - math_tolerance`` (vLLM's tests/evals/gsm8k: 0.08)."""

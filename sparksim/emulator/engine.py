@@ -15,7 +15,7 @@ import time
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from . import errors as err
 from .config import Knobs, ServeArgs, checkpoint_gib, reasoning_fields, version_tuple
@@ -85,7 +85,18 @@ class Engine:
         self._stop = threading.Event()
         # `ray status` reads what the engine writes; ranks without Ray have no Ray to report.
         writes = bool(knobs.ray_status_file) and not args.multi_node
-        self.status = StatusWriter(knobs.ray_status_file, self) if writes else None
+        self.status = StatusWriter(knobs.ray_status_file, self.ray_snapshot) if writes else None
+
+    def ray_snapshot(self) -> dict[str, Any]:
+        """The Ray cluster as ``ray status`` shows it: nodes, placement group, bundles."""
+        nodes = [{"ip": self.knobs.head_ip, "role": "head"}]
+        if self.peer is not None:  # every worker node whose rank is on the link
+            nodes += [{"ip": p.ip, "role": "worker"} for p in self.peer.live()]
+        elif self.args.world_size > 1 and not (self.dead and self.dead_reason == "worker-death"):
+            nodes.append({"ip": self.knobs.worker_ip, "role": "worker"})
+        bundles = [{"GPU": 1.0, f"node:{self.knobs.head_ip}": 0.001}]
+        bundles += [{"GPU": 1.0}] * (self.args.world_size - 1)
+        return {"nodes": nodes, "placement_group": self.placement_group, "bundles": bundles}
 
     # --- prefixes -------------------------------------------------------------------------
     @property

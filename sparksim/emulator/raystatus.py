@@ -14,11 +14,9 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from .engine import Engine
+from typing import Any
 
 CPUS_PER_NODE = 20.0
 GPUS_PER_NODE = 1.0
@@ -32,28 +30,15 @@ def node_id(ip: str) -> str:
 
 
 class StatusWriter:
-    def __init__(self, path: str, engine: Engine) -> None:
-        self.path = path
-        self.engine = engine
+    """Writes what ``ray status`` reads (:func:`render`) to ``path``: the engine's
+    ``snapshot`` (nodes, placement group, bundles), stamped with the time."""
 
-    def snapshot(self) -> dict[str, Any]:
-        e = self.engine
-        nodes = [{"ip": e.knobs.head_ip, "role": "head"}]
-        if e.peer is not None:  # every worker node whose rank is on the link
-            nodes += [{"ip": p.ip, "role": "worker"} for p in e.peer.live()]
-        elif e.args.world_size > 1 and not (e.dead and e.dead_reason == "worker-death"):
-            nodes.append({"ip": e.knobs.worker_ip, "role": "worker"})
-        bundles = [{"GPU": 1.0, f"node:{e.knobs.head_ip}": 0.001}]
-        bundles += [{"GPU": 1.0}] * (e.args.world_size - 1)
-        return {
-            "updated": time.time(),
-            "nodes": nodes,
-            "placement_group": e.placement_group,
-            "bundles": bundles,
-        }
+    def __init__(self, path: str, snapshot: Callable[[], dict[str, Any]]) -> None:
+        self.path = path
+        self.snapshot = snapshot
 
     def write(self) -> None:
-        data = json.dumps(self.snapshot())
+        data = json.dumps({"updated": time.time(), **self.snapshot()})
         folder = os.path.dirname(os.path.abspath(self.path))
         try:
             fd, tmp = tempfile.mkstemp(dir=folder, prefix=".raystatus-")

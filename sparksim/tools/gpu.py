@@ -9,7 +9,7 @@ utilisation, P-state, persistence mode, the active clocks event reasons) answer
 ``--query-gpu`` (``clocks_event_reasons.*`` and the pre-535 ``clocks_throttle_reasons.*``
 names) and ``-q [-d PERFORMANCE,TEMPERATURE,...]`` in driver 580's layout; what GB10
 reports as N/A (power limit, slowdown temperatures, memory) is N/A here too
-(fixtures/gpu/README.md). The gpufaults module changes the readings.
+(fixtures/gpu/README.md). The faults.gpu module changes the readings.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The emulated model answers the accuracy canaries as a healthy model does, by rules read
 from the prompt, and fails them the ways issue #24's broken clusters do: ``garble`` (wrong
 at any batch), ``garble-under-batch`` (wrong with 4+ requests in flight), ``logprob-drift``
-(right answers, moved logprobs). The suite's own probe (pytest_spark.serving.accuracyprobe)
+(right answers, moved logprobs). The suite's own probe (pytest_spark.serving.validate.accuracyprobe)
 asks it, so these tests hold the emulator to what the checks read."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 
 from conftest import Emu
 from pytest_spark.access.api import ApiEndpoint
-from pytest_spark.serving.accuracy import (
+from pytest_spark.serving.validate.accuracy import (
     Baseline,
     canaries,
     check_alone,
@@ -24,7 +24,7 @@ from pytest_spark.serving.accuracy import (
     grade_math,
     math_problems,
 )
-from pytest_spark.serving.accuracyprobe import AccuracyProbe
+from pytest_spark.serving.validate.accuracyprobe import AccuracyProbe
 from pytest_spark.settings.profiles import AccuracySection
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "sparksim"))
@@ -125,7 +125,7 @@ def test_logprob_drift_moves_the_fingerprint_only(qwen: Emu, faulty: Any) -> Non
 
 def test_echo_logprobs_give_the_same_fingerprint(qwen: Emu) -> None:
     """OpenAI's echo + logprobs, for servers without vLLM's prompt_logprobs."""
-    from pytest_spark.serving.accuracy import ECHO_BODY, FINGERPRINT_BODY, fingerprint_of
+    from pytest_spark.serving.validate.accuracy import ECHO_BODY, FINGERPRINT_BODY, fingerprint_of
 
     echo = fingerprint_of(
         qwen.request("POST", "/v1/completions", {"model": "qwen", **ECHO_BODY}).json()

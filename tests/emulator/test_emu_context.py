@@ -13,8 +13,8 @@ import time
 from typing import Any
 
 from conftest import Emu
-from pytest_spark.serving.context import parse_too_long
-from pytest_spark.serving.metricsnap import Snapshot
+from pytest_spark.serving.load.metricsnap import Snapshot
+from pytest_spark.serving.validate.context import parse_too_long
 
 PREFILL = {"SPARKSIM_EMU_PREFILL_TOK_S": "2000", "SPARKSIM_EMU_TTFT_S": "0.02"}
 ARGS = ["--served-model-name", "m", "--max-model-len", "4096"]

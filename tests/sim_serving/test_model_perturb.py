@@ -1,5 +1,5 @@
 """``spark-sim fault model-perturb`` without a sim and without vLLM: the perturbed copy
-(sparksim/perturb.py) keeps every file, tensor name, dtype, shape and offset and adds
+(sparksim/faults/perturb.py) keeps every file, tensor name, dtype, shape and offset and adds
 noise of the requested size only to the chosen layers' weight matrices; the engine's
 model mount follows the fault and ``clear``. One test reads the real setup's model
 (``scripts/setup-vllm-cpu``) and is skipped without it."""
@@ -19,8 +19,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from sparksim import engines, perturb
-from sparksim.faults import load_faults
+from sparksim import engines
+from sparksim.faults import perturb
+from sparksim.faults.common import load_faults
 from sparksim.netns import SimError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -157,7 +158,7 @@ def test_fault_repoints_the_engine_mount_and_clear_restores_it(
     assert link.resolve() == model.resolve()
 
     args = argparse.Namespace(scale=0.05, layers="upper", seed=3)
-    (msg,) = perturb.apply_fault(state, args)
+    (msg,) = perturb.apply(state, None, args)
     assert "4 weight matrices" in msg and "next launch" in msg
     assert link.resolve() == (state / perturb.COPY_DIR / model.name).resolve()
     assert engines.docker_args(state) == engines.docker_args(state)  # the same line
@@ -173,7 +174,7 @@ def test_fault_repoints_the_engine_mount_and_clear_restores_it(
 def test_fault_needs_the_vllm_cpu_engine(tmp_path: Path) -> None:
     args = argparse.Namespace(scale=0.05, layers="all", seed=1)
     with pytest.raises(SimError, match="--engine vllm-cpu"):
-        perturb.apply_fault(tmp_path, args)
+        perturb.apply(tmp_path, None, args)
 
 
 def test_cli_knows_the_verb() -> None:

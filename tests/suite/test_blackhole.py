@@ -26,7 +26,7 @@ import pytest
 from conftest import REPO, launch_args, serving_containers, sim_fault  # type: ignore[import-not-found]
 from pytest_spark.access.retry import for_connection
 from pytest_spark.access.simcontrol import SimCluster
-from pytest_spark.readiness.session import STOP_TIMEOUT_S
+from pytest_spark.readiness.launch import STOP_TIMEOUT_S
 from pytest_spark.readiness.wait import PROBE_TIMEOUT_S
 
 pytestmark = pytest.mark.sim

@@ -1,0 +1,120 @@
+"""Faults that make one node unlike the others (the nodes-alike preflight catches them):
+
+- ``driver NODE VERSION [--cuda X]``: the node's NVIDIA driver (and with ``--cuda`` the
+  CUDA version nvidia-smi reports) is VERSION, as after ``apt upgrade`` on that node alone.
+  nvidia-smi reads it from state.json.
+- ``ntp NODE``: the node's NTP service is off and its clock unsynchronised
+  (``timedatectl show``: ``NTP=no``, ``NTPSynchronized=no``); the clock itself stays the
+  machine's, so the skew check still passes: the state, not a measured drift.
+- ``nccl-build NODE``: the serving image on NODE is rebuilt with another build of the same
+  NCCL version (``libnccl.so.2`` carries the same ``NCCL version 2.27.7+cuda13.0``
+  string, different bytes): ``docker create`` + ``docker cp`` + ``docker commit`` over
+  ``vllm-node:latest`` in the node's own engine, as an image built on each node instead of
+  copied from one. The next launch runs it; the ranks of a real cluster hang at NCCL init.
+
+``clear`` removes the rebuilt image (host.clear imports the original again); the
+sim core's clear resets state.json (driver, NTP).
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .. import image, serving
+from .. import node as nodes_mod
+from ..netns import SimError
+from ..topology import NodeSpec, Topology
+from .common import Kinds, load_faults, record, resolve
+
+KINDS = ("driver", "ntp", "nccl-build")
+REBUILT = "sparksim-nccl-build-2"
+
+
+def add_parsers(kinds: Kinds) -> None:
+    k = kinds.on_node("driver", "a node's NVIDIA driver differs (as nvidia-smi says)")
+    k.add_argument("version", metavar="VERSION", help="driver version, e.g. 580.82.09")
+    k.add_argument("--cuda", metavar="X", help="CUDA version nvidia-smi reports with it")
+    k = kinds.on_node("ntp", "a node's NTP service off, its clock unsynchronised")
+    k = kinds.on_node(
+        "nccl-build", "the serving image on a node carries another build of the same NCCL version"
+    )
+
+
+def apply(state_dir: Path, topo: Topology, args: argparse.Namespace) -> list[str]:
+    node = resolve(topo, args.node)
+    if args.kind == "driver":
+        return driver(state_dir, node, args.version, args.cuda)
+    if args.kind == "ntp":
+        return ntp_off(state_dir, node)
+    if args.kind == "nccl-build":
+        return nccl_build(state_dir, node)
+    raise SimError(f"unknown fault {args.kind!r}")
+
+
+def driver(state_dir: Path, node: NodeSpec, version: str, cuda: str | None) -> list[str]:
+    state = nodes_mod.read_state(state_dir, node)
+    gpu = state["gpu"]
+    assert isinstance(gpu, dict)
+    gpu["driver_version"] = version
+    if cuda:
+        gpu["cuda_version"] = cuda
+    nodes_mod.write_state(state_dir, node, state)
+    record(state_dir, "driver", node.name, "-", {"driver": version, "cuda": cuda})
+    return [f"{node.name}: NVIDIA driver {version}" + (f", CUDA {cuda}" if cuda else "")]
+
+
+def ntp_off(state_dir: Path, node: NodeSpec) -> list[str]:
+    state = nodes_mod.read_state(state_dir, node)
+    state["time"] = {"ntp": False, "synchronized": False}
+    nodes_mod.write_state(state_dir, node, state)
+    record(state_dir, "ntp", node.name, "-", False)
+    return [f"{node.name}: NTP off, clock unsynchronised"]
+
+
+def _docker(e: Any, *argv: str) -> str:
+    proc = subprocess.run(["docker", "-H", e.host, *argv], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SimError(f"docker {' '.join(argv)}: {proc.stderr.strip()}")
+    return proc.stdout.strip()
+
+
+def nccl_build(state_dir: Path, node: NodeSpec) -> list[str]:
+    if serving.enabled() is not None:
+        raise SimError(f"this sim has no Docker engines ({serving.enabled()})")
+    e = serving.engine(state_dir, node)
+    target = image.nccl_path_in_image()
+    cid = _docker(e, "create", image.IMAGE, "true")
+    try:
+        with tempfile.TemporaryDirectory(prefix="sparksim-nccl-") as tmp:
+            lib = Path(tmp) / "libnccl.so.2"
+            lib.write_bytes(image.nccl_library(REBUILT))
+            lib.chmod(0o755)
+            _docker(e, "cp", str(lib), f"{cid}:{target}")
+        note = f"sparksim fault nccl-build ({REBUILT})"
+        keep = [a for c in image.import_changes() for a in ("--change", c)]  # not `true`
+        _docker(e, "commit", "--message", note, *keep, cid, image.IMAGE)
+    finally:
+        subprocess.run(["docker", "-H", e.host, "rm", "-f", cid], capture_output=True)
+    record(state_dir, "nccl-build", node.name, "-", REBUILT)
+    return [f"{node.name}: {image.IMAGE} rebuilt with another build of NCCL {image.NCCL_VERSION}"]
+
+
+def clear(state_dir: Path, topo: Topology) -> list[str]:
+    """Remove the rebuilt images (host.clear imports the original on those nodes)."""
+    msgs = []
+    for f in load_faults(state_dir):
+        if f.get("kind") != "nccl-build":
+            continue
+        node = next((n for n in topo.nodes if n.name == f.get("node")), None)
+        if node is None or serving.enabled() is not None:
+            continue
+        e = serving.engine(state_dir, node)
+        subprocess.run(
+            ["docker", "-H", e.host, "rmi", "-f", image.IMAGE], capture_output=True, text=True
+        )
+        msgs.append(f"{node.name}: rebuilt {image.IMAGE} removed")
+    return msgs
