@@ -16,6 +16,7 @@ import os
 from collections.abc import Sequence
 from fnmatch import fnmatch
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -141,11 +142,13 @@ def select_installed_suite(config: pytest.Config) -> None:
     suite = suite_paths(config.rootpath)
     if not suite:
         return
+    shorten = SuiteRelativeSkips(suite_base(suite))
     if config.args_source == pytest.Config.ArgsSource.INVOCATION_DIR:
         here = config.invocation_params.dir
         if not holds_tests(here, config.getini("python_files"), config.getini("norecursedirs")):
             config.args[:] = [str(path) for path in suite]
             config.stash[SUITE_KEY] = suite
+            config.pluginmanager.register(shorten, "spark.suite-relative-skips")
         return
     if config.args_source != pytest.Config.ArgsSource.ARGS:
         return
@@ -155,6 +158,7 @@ def select_installed_suite(config: pytest.Config) -> None:
         config.args[:] = [*kept, *(str(path) for path in suite)]
         config.stash[SUITE_KEY] = suite
         config.stash[SELECTED_KEY] = selectors
+        config.pluginmanager.register(shorten, "spark.suite-relative-skips")
         config.pluginmanager.register(SuiteSelection(base, selectors), "spark.selection")
 
 
@@ -245,3 +249,37 @@ def suite_header(config: pytest.Config) -> list[str]:
             f"({', '.join(map(str, suite))}); name paths to run other checks"
         )
     return lines
+
+
+def suite_relative(path: str, base: Path) -> str:
+    """``tests_infra/test_x.py`` for a file of the installed suite under ``base``; any
+    other path as given."""
+    for candidate in (Path(path), Path(path).resolve()):
+        try:
+            return candidate.relative_to(base).as_posix()
+        except ValueError:
+            continue
+    return path
+
+
+class SuiteRelativeSkips:
+    """Registered when pytest collects the installed suite: a skip's location is said as
+    the suite names it (``tests_infra/test_x.py:LINE``), not as a ``site-packages`` path
+    (pytest's skip lines, the report and the JSON read it from the report's longrepr)."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base.resolve()
+
+    def _shorten(self, report: Any) -> None:
+        longrepr = report.longrepr
+        if report.skipped and isinstance(longrepr, tuple) and len(longrepr) == 3:
+            path, line, reason = longrepr
+            report.longrepr = (suite_relative(str(path), self.base), line, reason)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_logreport(self, report: Any) -> None:
+        self._shorten(report)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collectreport(self, report: Any) -> None:
+        self._shorten(report)

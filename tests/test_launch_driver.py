@@ -477,3 +477,21 @@ def test_a_script_without_ray_flag_is_launched_without_it_and_watched_as_ray() -
         ray_only_script(explicit, fake_settings(ray="off"), "no-ray", "command line")
     assert "predates launch-cluster.sh's no-Ray mode" in str(info.value)
     assert "--spark-ray=on" in str(info.value)
+
+
+def test_a_silent_docker_daemon_is_no_answer_about_the_container() -> None:
+    """container_states() read a docker daemon that does not answer as "no container"."""
+    from pytest_spark.readiness.launch import DOCKER_SILENT, container_states
+
+    def silent(command: str) -> tuple[int, str, str]:
+        assert command.startswith("docker inspect -f '{{.State.Status}}' vllm_node")
+        return 1, "", "Cannot connect to the Docker daemon at unix:///var/run/docker.sock."
+
+    got = container_states(FakeCluster(states(""), silent), "vllm_node")
+    assert got == {
+        "spark-head": "",
+        "spark-worker-1": f"{DOCKER_SILENT} (Cannot connect to the Docker daemon at "
+        "unix:///var/run/docker.sock.)",
+    }
+    # a launch is not refused for it (the docker check owns a silent daemon)
+    refuse_running(FakeCluster(states(""), silent), "vllm_node", wait_s=0)

@@ -86,6 +86,8 @@ def test_wheel_carries_the_suite_and_no_top_level_tests(wheel: Path) -> None:
         "sparksim/launcher/launch-cluster.sh",
         "sparksim/launcher/image/vllm",
         "pytest_spark/settings/profiles/sim.toml",
+        "pytest_spark/report/templates/summary.html",
+        "pytest_spark/report/templates/style.css",
     ):
         assert data in names
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pytest_spark.report.accuracy import accuracy_block, accuracy_html
-from pytest_spark.report.html import esc
 
 
 def checks() -> list[dict]:  # type: ignore[type-arg]
@@ -59,13 +58,13 @@ def test_block_joins_alone_and_under_load_per_canary() -> None:
 
 
 def test_section_escapes_and_shows_the_verdicts() -> None:
-    html = accuracy_html(accuracy_block(checks()), esc)
+    html = accuracy_html(accuracy_block(checks()))
     assert "<h3>Accuracy</h3>" in html and 'id="spark-accuracy"' in html
     assert "What is 19 + 13? &lt;b&gt;" in html and "13? <b>" not in html
     assert 'class="spark-fail">19 + 13 = 19<' in html
     assert "under load (8 in flight)" in html
     assert "baseline -1.0000 nats/token" in html and "40/50" in html
-    assert accuracy_html(None, esc) == ""
+    assert accuracy_html(None) == ""
 
 
 def test_the_report_and_the_json_read_the_same_document(tmp_path) -> None:  # type: ignore[no-untyped-def]

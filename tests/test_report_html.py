@@ -4,6 +4,7 @@ failure evidence and fix, plots, environment; hostile strings stay text."""
 from __future__ import annotations
 
 import base64
+import re
 from pathlib import Path
 
 import pytest
@@ -66,7 +67,11 @@ def test_summary_table_per_category_and_node(report: tuple[SuiteRun, Path]) -> N
     assert "SKIP" in row["tool_calls"]
     assert row["preflight"].count("spark-none") == 3
     assert len(cells) == len(CATEGORIES) * 4  # every category, also one with no check
-    banner = text.split("Verdict: FAIL (2 of 8 checks failed in ", 1)[1].split("</div>")[0]
+    # the banner's count of checks run is pytest-html's "N tests took" (skips named apart:
+    # it said "2 of 8 checks" beside pytest-html's "7 tests")
+    banner = text.split("Verdict: FAIL (2 of 7 checks run failed, 1 skipped) in ", 1)[1]
+    banner = banner.split("</div>")[0]
+    assert re.search(r'class="run-count">7 tests took', text), re.findall("run-count.{40}", text)
     assert {"link", "readiness"} <= set(banner.split(";")[0].split(", ")), banner
     assert "; first: test_" in banner, banner  # the first failure, named, with its headline
     # the summary is drawn before the environment table (CSS order) and is at the top
@@ -98,7 +103,7 @@ def test_failed_row_carries_evidence_fix_and_log_tails(report: tuple[SuiteRun, P
     assert "last 2 log lines of spark-head" in health and "INFO bye" in health
     assert "last 1 log lines of spark-worker-1" in health and "worker line" in health
     assert "evidence: response" in health and "evidence: request" in health
-    assert "What usually fixes it:</b> Read the head&#x27;s container log" in health
+    assert "What usually fixes it:</b> Read the head&#39;s container log" in health
     assert "plotted in the summary" in extras["test_allreduce_busbw"][0]
 
 
@@ -214,7 +219,9 @@ def test_under_xdist_the_controller_writes_one_report(
     result.assert_outcomes(passed=1, failed=1)
     text = path.read_text()
     assert 'id="spark-verdicts"' in text
-    assert "Verdict: FAIL (1 of 2 checks failed in link; first: test_rate[spark-worker-1]" in text
+    assert (
+        "Verdict: FAIL (1 of 2 checks run failed) in link; first: test_rate[spark-worker-1]" in text
+    )
     assert KEY not in text
     data = report_data(text)
     rows = [" ".join(r[0]["resultsTableRow"]) for r in data["tests"].values()]

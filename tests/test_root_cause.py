@@ -457,3 +457,23 @@ def test_the_reachability_verdict_runs_first_whatever_the_selection() -> None:
     # nothing selected needs the nodes (-m tool_calls against --spark-api-url): not added
     api = [_Item("test_tool_call[auto-plain]", nodes=False)]
     assert verdicts_first(list(api), [head], needs) == api  # type: ignore[arg-type]
+
+
+def test_a_verdict_put_back_is_not_counted_as_deselected() -> None:
+    """pytest's header and summary counted the verdict put back by -m link as deselected
+    ("1 deselected") while it ran."""
+    from types import SimpleNamespace
+
+    from pytest_spark.readiness.reachability import VerdictFirst
+
+    head = _Item("test_node_reachable[spark-head]", verdict=True)
+    other = _Item("test_tool_call[auto-plain]", nodes=False)
+    link = [_Item("test_link_up[spark-head-twin0]")]
+    reporter = SimpleNamespace(stats={"deselected": [head, other]})
+    config = SimpleNamespace(pluginmanager=SimpleNamespace(get_plugin=lambda name: reporter))
+    hooks = VerdictFirst(lambda item: bool(getattr(item, "nodes", False)))
+    hooks.pytest_deselected([head, other])  # type: ignore[list-item]
+    items = list(link)
+    hooks.pytest_collection_modifyitems(config, items)  # type: ignore[arg-type]
+    assert items == [head, *link]
+    assert reporter.stats["deselected"] == [other]

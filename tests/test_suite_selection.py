@@ -84,3 +84,24 @@ def test_only_the_named_files_are_collected() -> None:
 def test_node_ids_are_relative_to_the_wheels_suite_or_the_checkout(tmp_path: Path) -> None:
     assert suite_base([tmp_path / "suite"]) == tmp_path / "suite"
     assert suite_base([tmp_path / "tests_infra", tmp_path / "tests_e2e"]) == tmp_path
+
+
+def test_skip_lines_name_the_suites_path_not_site_packages(
+    pytester: pytest.Pytester, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Installed-suite mode from an empty directory: the skip line says
+    ``tests_infra/test_x.py:LINE``, not the long site-packages path it was collected from."""
+    import pytest_spark.plugin
+
+    suite = tmp_path / "venv" / "lib" / "python3.11" / "site-packages" / "pytest_spark" / "suite"
+    (suite / "tests_infra").mkdir(parents=True)
+    (suite / "tests_e2e").mkdir()
+    (suite / "tests_infra" / "test_x.py").write_text(
+        "import pytest\n\ndef test_s():\n    pytest.skip('needs x')\n"
+    )
+    monkeypatch.setattr(pytest_spark.plugin, "suite_paths", lambda rootpath: [suite])
+    result = pytester.runpytest(
+        "-rs", "-p", "no:cacheprovider", "--spark-api-url=http://127.0.0.1:1/v1"
+    )
+    result.stdout.fnmatch_lines(["SKIPPED [[]1[]] tests_infra/test_x.py:4: needs x"])
+    assert "site-packages" not in result.stdout.str().split("short test summary info")[-1]

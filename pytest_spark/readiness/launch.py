@@ -352,19 +352,28 @@ def head_account(
     return message, {"container": state, f"{node} log": "\n".join(tail)}
 
 
+DOCKER_SILENT = "unknown: docker did not answer"
+
+
 def container_states(cluster: Cluster, container: str) -> dict[str, str]:
     """Each reachable node's state of ``container`` (``docker inspect``: running, exited,
-    removing, ...), or "" where there is none."""
-    command = f"docker inspect -f '{{{{.State.Status}}}}' {shlex.quote(container)} 2>/dev/null"
+    removing, ...), "" where there is none, or ``unknown: docker did not answer (...)``
+    where the daemon did not (that is no answer about the container: it was read as
+    "no container")."""
+    command = f"docker inspect -f '{{{{.State.Status}}}}' {shlex.quote(container)}"
     reachable = [node for node in cluster.nodes if cluster.unreachable(node) is None]
     results = cluster.map(lambda node: node.run(command, timeout=15), reachable)
     states = {}
     for node in reachable:
         result = results[node.name]
-        if not isinstance(result, RemoteError) and result.ok:
+        if isinstance(result, RemoteError):
+            states[node.name] = ""
+        elif result.ok:
             states[node.name] = result.stdout.strip()
         else:
-            states[node.name] = ""
+            error = next((ln.strip() for ln in result.stderr.splitlines() if ln.strip()), "")
+            silent = error and "no such" not in error.lower()
+            states[node.name] = f"{DOCKER_SILENT} ({error})" if silent else ""
     return states
 
 
@@ -381,7 +390,9 @@ def wait_gone(
     deadline = now() + wait_s
     while True:
         states = {
-            name: state for name, state in container_states(cluster, container).items() if state
+            name: state
+            for name, state in container_states(cluster, container).items()
+            if state and not state.startswith(DOCKER_SILENT)  # the docker check's, not ours
         }
         if not states or "running" in states.values() or now() >= deadline:
             return states

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pytest_spark.report.templating import render
+
 KEYS = ("accuracy_canaries", "accuracy_under_load", "accuracy_fingerprint", "accuracy_math")
 
 
@@ -47,52 +49,44 @@ def accuracy_block(checks: list[dict[str, Any]]) -> dict[str, Any] | None:
     return block
 
 
-def accuracy_html(block: dict[str, Any] | None, esc: Any) -> str:
-    """The report's section (``esc`` escapes every value that reaches the page)."""
+def accuracy_html(block: dict[str, Any] | None) -> str:
+    """The report's section (templates/accuracy.html); empty without a block."""
     if not block:
         return ""
-    parts = ["<h3>Accuracy</h3>"]
-    rows = block.get("canaries") or []
-    if rows:
-        concurrency = block.get("concurrency")
-        head = f"under load ({esc(concurrency)} in flight)" if concurrency else "under load"
-        body = []
-        for row in rows:
-            verdict = "pass" if row.get("right") else "fail"
-            under = row.get("under_load") or []
-            under_ok = row.get("under_load_right")
-            under_cls = "none" if under_ok is None else "pass" if under_ok else "fail"
-            shown = ", ".join(sorted({str(u) for u in under})) if under else "-"
-            body.append(
-                f"<tr><td>{esc(row.get('kind'))}</td><td>{esc(row.get('prompt'))}</td>"
-                f"<td>{esc(row.get('expected'))}</td>"
-                f'<td class="spark-{verdict}">{esc(row.get("answer") or row.get("error"))}</td>'
-                f'<td class="spark-{under_cls}">{esc(shown)}</td></tr>'
-            )
-        parts.append(
-            '<table id="spark-accuracy" class="spark-table"><tr><th>canary</th><th>prompt</th>'
-            f"<th>expected</th><th>answer alone</th><th>{head}</th></tr>{''.join(body)}</table>"
+    canaries = []
+    for row in block.get("canaries") or []:
+        under = row.get("under_load") or []
+        under_ok = row.get("under_load_right")
+        canaries.append(
+            {
+                "kind": row.get("kind"),
+                "prompt": row.get("prompt"),
+                "expected": row.get("expected"),
+                "answer": row.get("answer") or row.get("error"),
+                "verdict": "pass" if row.get("right") else "fail",
+                "under": ", ".join(sorted({str(u) for u in under})) if under else "-",
+                "under_verdict": "none" if under_ok is None else "pass" if under_ok else "fail",
+            }
         )
     fp = block.get("fingerprint")
     if fp:
         base = fp.get("baseline")
-        versus = (
-            f"baseline {base['mean_logprob']:.4f} nats/token, top-1 {base['top1_agreement']:.3f} "
-            f"({fp.get('baseline_origin')})"
-            if base
-            else "no baseline: this run's is the first"
-        )
-        parts.append(
-            f'<p id="spark-fingerprint">Fingerprint ({esc(fp.get("source"))}, '
-            f"{esc(fp.get('tokens'))} tokens): mean logprob {esc(fp.get('mean_logprob'))} "
-            f"nats/token, top-1 agreement {esc(fp.get('top1_agreement'))}; {esc(versus)}. "
-            f"Key: {esc(fp.get('key'))}</p>"
-        )
+        fp = {key: fp.get(key) for key in ("source", "tokens", "mean_logprob", "key")} | {
+            "top1_agreement": fp.get("top1_agreement"),
+            "versus": (
+                f"baseline {base['mean_logprob']:.4f} nats/token, "
+                f"top-1 {base['top1_agreement']:.3f} ({fp.get('baseline_origin')})"
+                if base
+                else "no baseline: this run's is the first"
+            ),
+        }
     math = block.get("math")
     if math:
-        parts.append(
-            f'<p id="spark-math">Math: {esc(math.get("right"))}/{esc(math.get("total"))} = '
-            f"{esc(math.get('accuracy'))} against expected {esc(math.get('expected'))} "
-            f"&minus; {esc(math.get('tolerance'))}</p>"
-        )
-    return "".join(parts)
+        math = {k: math.get(k) for k in ("right", "total", "accuracy", "expected", "tolerance")}
+    return render(
+        "accuracy.html",
+        canaries=canaries,
+        concurrency=block.get("concurrency"),
+        fingerprint=fp,
+        math=math,
+    )

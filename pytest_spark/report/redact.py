@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import markupsafe
 import pytest
 
 REDACTED = "<redacted>"
@@ -65,6 +66,7 @@ class Redactor:
             forms |= {
                 secret,
                 html.escape(secret),
+                str(markupsafe.escape(secret)),  # the report's templates (jinja2 autoescape)
                 json.dumps(secret)[1:-1],
                 quote(secret),
                 quote(secret, safe=""),

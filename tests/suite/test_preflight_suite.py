@@ -284,3 +284,33 @@ def test_spark_sim_healthy_passes_every_preflight_check(tmp_path: Path) -> None:
     instance = run.results["cluster"]["head"].split(".")[2]
     left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert f"spk{instance}-" not in left, left
+
+
+def test_empty_known_hosts_is_one_failure_the_heads(clean: SimCluster, tmp_path: Path) -> None:
+    """Issue #25 part 4: an empty known_hosts, the worker reached through the head
+    (ProxyJump). The head's reachability check is the one failure, with the ssh-keyscan
+    fix; the worker's skips citing it (it failed with the head's key error), and every
+    other check skips citing one of them."""
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    config = clean.ssh_config.read_text().replace(str(clean.info["known_hosts"]), str(empty))
+    worker_block = f"Host {clean.workers[0]}\n"
+    assert worker_block in config, config
+    config = config.replace(worker_block, f"{worker_block}    ProxyJump {clean.head}\n")
+    ssh_config = tmp_path / "ssh_config"
+    ssh_config.write_text(config)
+    run = run_suite(
+        tmp_path,
+        INFRA,
+        *spark_args(clean, launched=False),
+        f"--spark-ssh-config={ssh_config}",
+        sim=clean,
+    )
+    failed = run.failed()
+    assert list(failed) == [f"test_node_reachable[{H}]"], (failed, run.output[-3000:])
+    assert "ssh-keyscan" in failed[f"test_node_reachable[{H}]"]
+    (worker,) = run.checks(nodeid=f"tests_infra/test_preflight.py::test_node_reachable[{W}]")
+    assert worker["outcome"] == "skipped", worker
+    assert worker["message"].startswith(f"{W} is reached through {H} (its jump host)"), worker
+    assert f"test_node_reachable[{H}] has the evidence" in worker["message"], worker
+    assert {v for k, v in run.outcomes().items() if k not in failed} == {"skipped"}

@@ -135,7 +135,9 @@ def operator_container(sim: SimCluster, serve: str) -> str:
 def test_attach_while_loading_after_a_restart(sim: SimCluster, tmp_path: Path) -> None:
     """Issue #13 part 3: a `docker start`ed container loads again with its previous run's
     "Application startup complete." still in `docker logs`. Attached at once, the watch
-    reads only this start: its phases in order, and ready when /health answers 200."""
+    reads only this start: its phases in order, and ready when /health answers 200. Its
+    engine then killed, test_cluster_serving is the one failure, with the container's
+    state and its last log lines."""
     sim_fault(sim, "clear")
     serve = (
         "vllm serve /models/Qwen3.5-122B-A10B-FP8 --served-model-name qwen3.5-122b "
@@ -159,8 +161,25 @@ def test_attach_while_loading_after_a_restart(sim: SimCluster, tmp_path: Path) -
         run = run_suite(
             tmp_path, READINESS, "--spark-history=off", f"--spark-serve-args={serve}", sim=sim
         )
+        # Then the head's engine is killed (SIGKILL, as the OOM killer does): the container
+        # stays, exited (code 137). Issue #25 part 4: the one failure carries its state
+        # and its last log lines, not only "Connection refused".
+        node_ssh(sim, sim.head, "docker kill vllm_node >/dev/null")
+        (tmp_path / "killed").mkdir()
+        killed = run_suite(
+            tmp_path / "killed",
+            READINESS,
+            "--spark-history=off",
+            f"--spark-serve-args={serve}",
+            sim=sim,
+        )
     finally:
         node_ssh(sim, sim.head, "docker rm -f vllm_node >/dev/null 2>&1; true")
+    failed = killed.failed()
+    assert list(failed) == ["test_cluster_serving"], (failed, killed.output[-3000:])
+    message = failed["test_cluster_serving"]
+    assert "exited (code 137)" in message, message
+    assert "startup complete" in message, message  # the head's last log lines
     assert run.ret == 0, run.output
     serving = run.results["serving"]
     assert serving["status"] == "ready" and serving["launched"] is False
