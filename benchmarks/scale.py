@@ -142,7 +142,7 @@ def _delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
 
 def _failures(stdout: str) -> list[str]:
     """``FAILED``/``ERROR`` summary lines counted by outcome and test function (parameters
-    dropped): ``"32 x FAILED tests_infra/test_link.py::test_ping_peer_at_full_mtu"``."""
+    dropped): ``"32 x FAILED tests_infra/test_links.py::test_ping_peer_at_full_mtu"``."""
     counts: dict[str, int] = {}
     for line in stdout.splitlines():
         m = re.match(r"^(FAILED|ERROR) (\S+?)(\[|\s|$)", line)

@@ -12,7 +12,7 @@ from pytest_spark.access.api import ApiEndpoint
 from pytest_spark.access.base import RemoteError
 from pytest_spark.access.cluster import Cluster, Node
 from pytest_spark.access.testinfra import testinfra_host
-from pytest_spark.facts.server import ServerCommand
+from pytest_spark.infra.server.probe import ServerCommand
 from pytest_spark.readiness.launch import ServingInfo
 from pytest_spark.readiness.reachability import require_reachable
 from pytest_spark.readiness.serving import (
@@ -196,7 +196,8 @@ def spark_server_command(
     """What the serving head's server was started with (its container's command, the
     ``vllm serve`` process in it, vLLM's non-default args line of this start, or
     --spark-serve-args); None when nothing says (--spark-api-url alone, not serving)."""
-    from pytest_spark.facts.server import parse_serve_args_text, read_server_command
+    from pytest_spark.infra.server.gather import read_server_command
+    from pytest_spark.infra.server.probe import parse_serve_args_text
 
     if not spark_settings.head:
         return parse_serve_args_text(spark_settings.serve_args)

@@ -34,7 +34,7 @@ from pytest_spark.suitedir import (
 
 if TYPE_CHECKING:
     from pytest_spark.access.simcontrol import SimCluster
-    from pytest_spark.gathering.measure import Measurements
+    from pytest_spark.measure.once import Measurements
     from pytest_spark.settings.resolve import Settings
 
 SIM_INFO = "spark_sim_cluster_json"  # workerinput keys: what a worker attaches to
@@ -89,7 +89,7 @@ class Active:
     def start(self) -> None:
         from pytest_spark import fixtures
         from pytest_spark.access.simcontrol import served_by_sim
-        from pytest_spark.gathering.measure import MEASURE_KEY
+        from pytest_spark.measure.once import MEASURE_KEY
         from pytest_spark.readiness.reachability import LostNodes, VerdictFirst
         from pytest_spark.settings.resolve import resolve
 
@@ -121,7 +121,7 @@ class Active:
         raise NotImplementedError
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
-        from pytest_spark.gathering.measure import MEASURE_KEY
+        from pytest_spark.measure.once import MEASURE_KEY
 
         cluster = config.stash.get(CLUSTER_KEY, None)
         if cluster is not None:
@@ -225,7 +225,7 @@ class Controller(Active):
         return Path(tempfile.mkdtemp(prefix="pytest-spark-run-"))
 
     def measurements(self, run_dir: Path) -> Measurements:
-        from pytest_spark.gathering.measure import Measurements
+        from pytest_spark.measure.once import Measurements
 
         return Measurements(run_dir, "main", shared=False)
 
@@ -285,7 +285,7 @@ class Worker(Active):
         return Path(self.config.workerinput[RUN_DIR])  # type: ignore[attr-defined]
 
     def measurements(self, run_dir: Path) -> Measurements:
-        from pytest_spark.gathering.measure import Measurements
+        from pytest_spark.measure.once import Measurements
 
         worker = self.config.workerinput["workerid"]  # type: ignore[attr-defined]
         measurements = Measurements(run_dir, worker, shared=True)

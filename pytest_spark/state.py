@@ -3,7 +3,7 @@ whose values the plugin and the fixtures make (settings, run directory, simulate
 connected cluster).
 
 A key whose value a part owns lives with that part: ``MEASURE_KEY`` in
-``gathering.measure``, ``RESULTS_KEY`` in ``report.results``, ``REACHABILITY_VERDICT_KEY``
+``measure.once``, ``RESULTS_KEY`` in ``report.results``, ``REACHABILITY_VERDICT_KEY``
 in ``readiness.reachability``, ``SERVING_VERDICT_KEY`` in ``readiness.serving``.
 """
 

@@ -7,7 +7,7 @@ checks the command line selects when the suite is the installed one.
 The wheel carries the suite as ``pytest_spark/suite/tests_infra`` and ``.../tests_e2e``
 (pyproject.toml maps them from the checkout's top level). pytest names a file outside its
 rootdir relative to the initial path that holds it, so collecting ``pytest_spark/suite``
-gives the same node ids as the checkout: ``tests_infra/test_link.py::...``.
+gives the same node ids as the checkout: ``tests_infra/test_links.py::...``.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def suite_base(paths: Sequence[Path]) -> Path:
 
 def installed_selection(args: Sequence[str], cwd: Path, base: Path) -> tuple[list[str], list[str]]:
     """Split the command line's paths into the user's own and node ids of the installed
-    suite: ``tests_infra/test_link.py`` or ``tests_e2e/test_x.py::test_y[spark-head]``
+    suite: ``tests_infra/test_links.py`` or ``tests_e2e/test_x.py::test_y[spark-head]``
     as the checkout and the report print them. An argument names the installed suite only
     when its path does not exist in ``cwd`` (a local path is the user's and wins) and does
     under ``base``. Returns (args kept as given, node ids selected from the suite)."""

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_spark.checks.base import Finding
+from pytest_spark.infra.finding import Finding
 from pytest_spark.report.results import DATA_PREFIX, finding_property
 
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ def require_unless_twin_down(cluster: Cluster, finding: Finding, check: SparkChe
     instead, naming the down link: the launcher and NCCL leave a Down twin out of
     NCCL_IB_HCA and the transport, so the config is then right and the root cause is the
     link (its link-up check fails)."""
-    from pytest_spark.gathering.links import unusable_fabric_links
+    from pytest_spark.infra.links.gather import unusable_fabric_links
 
     if not finding.ok:
         down = unusable_fabric_links(cluster)

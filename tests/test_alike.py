@@ -8,22 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from pytest_spark.checks.alike import (
+from pytest_spark.infra.alike.check import (
     Odd,
     check_host_alike,
     check_image_alike,
     check_time_sync,
     odd_nodes,
 )
-from pytest_spark.checks.preflight import Skip
-from pytest_spark.facts.alike import (
-    CONTAINER_SCRIPT,
-    Fact,
-    NodeAlike,
-    alike_probe_command,
-    parse_alike_probe,
-)
-from pytest_spark.parsers.alike import (
+from pytest_spark.infra.alike.parse import (
     known,
     os_release_name,
     parse_chronyc_tracking,
@@ -32,7 +24,15 @@ from pytest_spark.parsers.alike import (
     parse_smi_versions,
     parse_timedatectl_show,
 )
-from pytest_spark.parsers.links import ParseError
+from pytest_spark.infra.alike.probe import (
+    CONTAINER_SCRIPT,
+    Fact,
+    NodeAlike,
+    alike_probe_command,
+    parse_alike_probe,
+)
+from pytest_spark.infra.errors import ParseError
+from pytest_spark.infra.preflight.check import Skip
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "alike"
 H, W = "spark-head", "spark-worker-1"

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-import pytest_spark.checks.links as links_checks
-from pytest_spark.checks.base import Finding
-from pytest_spark.checks.links import (
+import pytest_spark.infra.links.check as links_checks
+from pytest_spark.infra.finding import Finding
+from pytest_spark.infra.links.check import (
     DEPENDS_ON_LINK_UP,
     check_fabric_twins,
     check_link_rate,
@@ -28,14 +28,14 @@ from pytest_spark.checks.links import (
     link_rate_short,
     twin_key,
 )
-from pytest_spark.facts.links import PortFacts, discover_fabric_ifs, parse_link_probe
-from pytest_spark.parsers.links import (
+from pytest_spark.infra.links.parse import (
     PingResult,
     RoceMapping,
     parse_ibdev2netdev,
     parse_ip_addr_json,
     parse_ping,
 )
+from pytest_spark.infra.links.probe import PortFacts, discover_fabric_ifs, parse_link_probe
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "links"
 NODE = "spark-worker-1"
@@ -550,8 +550,8 @@ def test_failure_messages_follow_style(name: str, make: Callable[[], Finding]) -
 
 def test_no_carrier_caused_by_the_peers_admin_down_end() -> None:
     """On a direct cable, this end's NO-CARRIER is the peer's admin-down: cited, not failed."""
-    from pytest_spark.checks.links import peer_took_the_link_down
-    from pytest_spark.facts.links import PortFacts
+    from pytest_spark.infra.links.check import peer_took_the_link_down
+    from pytest_spark.infra.links.probe import PortFacts
 
     def port(**kw: object) -> PortFacts:
         base = dict.fromkeys(
@@ -577,7 +577,7 @@ def test_no_carrier_caused_by_the_peers_admin_down_end() -> None:
 def test_a_link_at_half_rate_is_one_failure_naming_both_ends() -> None:
     """Issue #25 part 4: one link at half rate failed test_link_rate on both ends of the
     cable. A link has one rate: the first end has the failure, naming every end."""
-    from pytest_spark.checks.links import link_rate_ends
+    from pytest_spark.infra.links.check import link_rate_ends
 
     low = [
         ("spark-head", "enp1s0f1np1", 100.0),
@@ -610,7 +610,7 @@ def test_a_link_at_half_rate_is_one_failure_naming_both_ends() -> None:
 def test_no_ibdev2netdev_says_command_not_found_once() -> None:
     """Issue #25 part 3: a reachable node without ibdev2netdev gave 16 identical "check
     cables" errors and "No port has a link partner"; nothing said the tool is missing."""
-    from pytest_spark.checks.links import fabric_twin_missing
+    from pytest_spark.infra.links.check import fabric_twin_missing
 
     finding = check_fabric_twins("spark-worker-1", [], 2, [], ("ibdev2netdev",))
     assert not finding.ok

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_spark.facts.links import (
+from pytest_spark.infra.errors import ParseError
+from pytest_spark.infra.links.probe import (
     BASE_SECTIONS,
     LINK_PROBE,
     MARKER,
@@ -27,9 +28,8 @@ from pytest_spark.facts.links import (
     parse_link_probe,
     ping_command,
     primary_fabric_if,
-    split_probe,
 )
-from pytest_spark.parsers.links import ParseError
+from pytest_spark.infra.probe import split_probe
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "links"
 
@@ -291,7 +291,9 @@ def test_discover_falls_back_to_rdma_when_ibdev2netdev_missing() -> None:
 
 
 def test_split_probe_reads_header_and_rc() -> None:
-    host, sections = split_probe(f"{MARKER} probe v1 node-a\n" + section("x", "out", 3, "err"))
+    host, sections = split_probe(
+        f"{MARKER} probe v1 node-a\n" + section("x", "out", 3, "err"), MARKER, "link probe"
+    )
     assert host == "node-a"
     assert (sections["x"].stdout, sections["x"].stderr, sections["x"].rc) == ("out\n", "err\n", 3)
 

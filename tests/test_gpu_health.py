@@ -15,18 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from pytest_spark.checks.gpuhealth import (
+from pytest_spark.infra.errors import ParseError
+from pytest_spark.infra.gpuhealth.check import (
     check_gpu_kernel_log,
     check_gpu_persistence,
     check_gpu_temperature,
     check_gpu_throttle,
     gpu_lost_in_kernel_log,
 )
-from pytest_spark.checks.preflight import Skip
-from pytest_spark.facts.gpuhealth import PROBE_BODY, GpuHealth, KernelLog, parse_gpu_health
-from pytest_spark.facts.links import ProbeSection
-from pytest_spark.facts.preflight import parse_preflight_probe, preflight_probe_command
-from pytest_spark.parsers.gpuhealth import (
+from pytest_spark.infra.gpuhealth.parse import (
     QUERY_FIELDS,
     parse_kernel_log,
     parse_query_gpu,
@@ -34,7 +31,10 @@ from pytest_spark.parsers.gpuhealth import (
     reasons_from_mask,
     reasons_from_q,
 )
-from pytest_spark.parsers.links import ParseError
+from pytest_spark.infra.gpuhealth.probe import PROBE_BODY, GpuHealth, KernelLog, parse_gpu_health
+from pytest_spark.infra.preflight.check import Skip
+from pytest_spark.infra.preflight.probe import parse_preflight_probe, preflight_probe_command
+from pytest_spark.infra.probe import ProbeSection
 from pytest_spark.settings.profiles import GpuHealthSection, load_profile
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gpu"
@@ -440,7 +440,7 @@ def _tools_dir(tmp_path: Path, **state_changes: object) -> Path:
 
 
 def _run_probe(bin_dir: Path) -> GpuHealth:
-    from pytest_spark.facts.links import probe_script, split_probe
+    from pytest_spark.infra.probe import probe_script, split_probe
 
     command = probe_script("@@m@@", "gpu", 20, PROBE_BODY)
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "LC_ALL": "C"}

@@ -1,5 +1,5 @@
 """A node's host facts in one SSH round trip: the preflight and the nodes-alike probes run
-side by side in one command (gathering.preflight.host_round_trip, facts.links.joint_probe),
+side by side in one command (infra.roundtrip.host_round_trip, infra.probe.joint_probe),
 whichever check asks first. Run for real in a local shell, with stand-ins for docker and
 nvidia-smi on PATH (the host's own must not be asked)."""
 
@@ -15,10 +15,10 @@ import pytest
 
 from pytest_spark.access.base import CommandResult
 from pytest_spark.access.cluster import Cluster, Node
-from pytest_spark.facts.links import joint_probe, probe_script, split_probe
-from pytest_spark.gathering.alike import all_alike, node_alike
-from pytest_spark.gathering.memory import node_memory
-from pytest_spark.gathering.preflight import all_preflight, node_preflight
+from pytest_spark.infra.alike.gather import all_alike, node_alike
+from pytest_spark.infra.memory.gather import node_memory
+from pytest_spark.infra.preflight.gather import all_preflight, node_preflight
+from pytest_spark.infra.probe import joint_probe, probe_script, split_probe
 
 pytestmark = pytest.mark.unit
 

@@ -1,13 +1,17 @@
-"""pytest_spark's arrows run one way: from the wiring down to parsers and access.
+"""pytest_spark's arrows run one way: from the wiring down to the parsers and access.
 
 The graph is built from the source (``ast``, every import: module level, inside functions
-and under ``TYPE_CHECKING``), so nothing is imported. Two rules:
+and under ``TYPE_CHECKING``), so nothing is imported. Three rules:
 
 - no circle among pytest_spark's modules;
-- an arrow from one part to another goes the way ``MAY_IMPORT`` allows
-  (wiring -> readiness and gathering -> checks and facts -> parsers and access).
+- an arrow from one part to another goes the way ``MAY_IMPORT`` allows (wiring ->
+  readiness -> infra's gather -> check -> probe -> parse). ``infra/`` holds one folder per
+  topic whose files are named by role (``parse.py``, ``probe.py``, ``gather.py``,
+  ``check.py``, or ``<part>_<role>.py``), so there the part is the file's role
+  (``infra.check``), not the folder;
+- the pure roles (check, parse, probe) import no pytest.
 
-The code keeps both: ``KNOWN_CIRCLES`` and ``KNOWN_ARROWS`` (exceptions by name, each
+The code keeps all three: ``KNOWN_CIRCLES`` and ``KNOWN_ARROWS`` (exceptions by name, each
 failing once it is gone, so the lists only shrink) are empty since issue #14 §1.
 """
 
@@ -21,30 +25,54 @@ PACKAGE = Path(__file__).resolve().parents[1] / "pytest_spark"
 SPARKSIM = PACKAGE.parent / "sparksim"
 WIRING = "wiring"  # pytest_spark/*.py: plugin, hooks, fixtures, state, __init__
 
-# part -> the parts it may import (besides itself). The direction of issue #14.
+# infra/: the roles a file may have, and the shared modules' roles (their names say what
+# they hold, not a role). A package marker (``infra``, ``infra.links``) is part "infra".
+ROLES = ("parse", "probe", "check", "gather")
+SHARED_ROLES = {"errors": "parse", "probe": "probe", "finding": "check", "roundtrip": "gather"}
+PURE_ROLES = ("infra.parse", "infra.probe", "infra.check")  # no pytest, no access, no gather
+
+# part -> the parts it may import (besides itself). The direction of issues #14 and #26.
 MAY_IMPORT: dict[str, set[str]] = {
     WIRING: {
         "readiness",
-        "gathering",
+        "infra.gather",
         "collective",
         "serving",
+        "measure",
         "report",
-        "checks",
-        "facts",
-        "parsers",
+        "infra.check",
+        "infra.probe",
+        "infra.parse",
         "access",
         "settings",
     },
-    "readiness": {"serving", "gathering", "checks", "facts", "parsers", "access", "settings"},
-    "gathering": {"collective", "checks", "facts", "parsers", "access", "settings"},
-    "collective": {"checks", "facts", "parsers", "access", "settings"},
+    "readiness": {
+        "serving",
+        "infra.gather",
+        "infra.check",
+        "infra.probe",
+        "infra.parse",
+        "access",
+        "settings",
+    },
+    "infra.gather": {
+        "collective",
+        "infra.check",
+        "infra.probe",
+        "infra.parse",
+        "access",
+        "settings",
+    },
+    "collective": {"infra.check", "infra.probe", "infra.parse", "access", "settings"},
     # the report's live lines show the launch's progress (readiness.watch); nothing there
     # imports the report
-    "report": {WIRING, "readiness", "checks", "parsers", "access", "settings"},
-    "serving": {"checks", "facts", "parsers", "access", "settings"},
-    "checks": {"facts", "parsers", "settings"},
-    "facts": {"parsers", "access", "settings"},
-    "parsers": set(),
+    "report": {WIRING, "readiness", "infra.check", "infra.parse", "access", "settings"},
+    "serving": {"measure", "infra.check", "infra.probe", "infra.parse", "access", "settings"},
+    "measure": {"access", "settings"},
+    "infra.check": {"infra.probe", "infra.parse", "settings"},
+    "infra.probe": {"infra.parse", "settings"},
+    "infra.parse": set(),
+    "infra": set(),
     "access": {"settings"},
     "settings": set(),
 }
@@ -76,10 +104,25 @@ def modules(package: Path = PACKAGE) -> dict[str, Path]:
     return found
 
 
+def role_of(module: str) -> str | None:
+    """The role of an infra module by its file name (``check``, ``gid_check``), the role of
+    a shared one (``SHARED_ROLES``), or ``None`` (no role: not an infra file, or misnamed)."""
+    name = module.rpartition(".")[2]
+    if name in SHARED_ROLES and module.count(".") == 2:
+        return SHARED_ROLES[name]
+    role = name.rpartition("_")[2]
+    return role if role in ROLES else None
+
+
 def part_of(module: str) -> str:
     parts = module.split(".")
     if len(parts) == 1 or (PACKAGE / f"{parts[1]}.py").exists():
         return WIRING
+    if parts[1] == "infra":
+        if (PACKAGE.joinpath(*parts[1:]) / "__init__.py").exists():
+            return "infra"
+        role = role_of(module)
+        return f"infra.{role}" if role else "infra (no role: name the file by its role)"
     return parts[1]
 
 
@@ -206,8 +249,8 @@ def test_arrows_run_one_way() -> None:
     bad = wrong_arrows(graph())
     new = sorted(bad - set(KNOWN_ARROWS))
     assert not new, (
-        "imports against the direction wiring -> readiness and gathering -> checks and facts "
-        f"-> parsers and access (MAY_IMPORT): {new}"
+        "imports against the direction wiring -> readiness -> infra's gather -> check -> probe "
+        f"-> parse, and access (MAY_IMPORT): {new}"
     )
 
 
@@ -251,7 +294,50 @@ def test_the_graph_sees_imports() -> None:
     """The rules judge a real graph: the plugin's own imports are in it."""
     edges = graph()
     assert "pytest_spark.fixtures" in edges["pytest_spark.plugin"]
-    assert "pytest_spark.checks.base" in edges["pytest_spark.checks.links"]
+    assert "pytest_spark.infra.finding" in edges["pytest_spark.infra.links.check"]
+    assert part_of("pytest_spark.infra.links.check") == "infra.check"
+    assert part_of("pytest_spark.infra.nccl.gid_parse") == "infra.parse"
+    assert part_of("pytest_spark.infra.roundtrip") == "infra.gather"
+    assert part_of("pytest_spark.infra.links") == "infra"
+    assert part_of("pytest_spark.infra.links.helpers").startswith("infra (no role")
     assert "pytest_spark.serving.client.stream" in edges["pytest_spark.serving.load.sweep"]
     assert serving_part("pytest_spark.serving.validate.tools") == "validate"
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [frozenset({"a", "b", "c"})]
+
+
+def imports_pytest(path: Path) -> list[int]:
+    """Lines of ``path`` that import pytest (or its private ``_pytest``)."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        else:
+            continue
+        if any(n.split(".")[0] in ("pytest", "_pytest") for n in names):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_pure_roles_import_no_pytest() -> None:
+    """check, parse and probe files are pure: a pytest import (a skip, a fail) belongs in
+    the gatherer or the suite."""
+    bad = {
+        name: imports_pytest(path)
+        for name, path in modules().items()
+        if part_of(name) in PURE_ROLES and imports_pytest(path)
+    }
+    assert not bad, f"pure infra modules (check, parse, probe) that import pytest: {bad}"
+
+
+def test_pure_roles_see_pytest_imports(tmp_path: Path) -> None:
+    """The rule above judges real imports: a file that imports pytest is seen."""
+    (tmp_path / "check.py").write_text("def f():\n    from _pytest import outcomes\n")
+    (tmp_path / "parse.py").write_text("import re\n")
+    assert imports_pytest(tmp_path / "check.py") == [2]
+    assert imports_pytest(tmp_path / "parse.py") == []
+    assert "pytest" not in MAY_IMPORT["infra.check"]
+    assert not {"access", "infra.gather"} & (
+        MAY_IMPORT["infra.check"] | MAY_IMPORT["infra.probe"] | MAY_IMPORT["infra.parse"]
+    )

@@ -17,7 +17,7 @@ import pytest
 from pytest_spark.access.base import CommandResult
 from pytest_spark.access.cluster import Cluster, Node
 from pytest_spark.access.files import write_json
-from pytest_spark.parsers.serveargs import mode_of_processes, parse_serve_args
+from pytest_spark.infra.server.parse import mode_of_processes, parse_serve_args
 from pytest_spark.readiness.launch import (
     STATE,
     Launcher,

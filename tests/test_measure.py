@@ -1,4 +1,4 @@
-"""Measurements once per session and in isolation under xdist (pytest_spark.gathering.measure): the
+"""Measurements once per session and in isolation under xdist (pytest_spark.measure.once): the
 cross-process readers/writer lock with real processes, the once-per-session computation,
 and the JSON round trip of what a measurement shares."""
 
@@ -16,17 +16,17 @@ from pathlib import Path
 
 import pytest
 
-from pytest_spark.facts.collective import CollectiveRun, RankOutput
-from pytest_spark.gathering.measure import Measurements
-from pytest_spark.gathering.rwlock import RWFileLock
-from pytest_spark.parsers.codec import CodecError, dump, load, load_as
-from pytest_spark.parsers.nccl import parse_nccl_tests
+from pytest_spark.infra.nccl.parse import parse_nccl_tests
+from pytest_spark.infra.nccl.probe import CollectiveRun, RankOutput
+from pytest_spark.measure.codec import CodecError, dump, load, load_as
+from pytest_spark.measure.once import Measurements
+from pytest_spark.measure.rwlock import RWFileLock
 
 NCCL = Path(__file__).resolve().parent.parent / "fixtures" / "nccl"
 HOLDER = """
 import sys
 from pathlib import Path
-from pytest_spark.gathering.rwlock import RWFileLock
+from pytest_spark.measure.rwlock import RWFileLock
 lock = RWFileLock(Path(sys.argv[1]))
 for line in sys.stdin:
     what = line.strip()
@@ -162,9 +162,9 @@ def test_exclusive_from_a_shared_holder_does_not_deadlock(tmp_path: Path) -> Non
 ONCE = """
 import json, sys
 from pathlib import Path
-from pytest_spark.parsers.codec import dump, load_as
-from pytest_spark.facts.collective import CollectiveRun
-from pytest_spark.gathering.measure import Measurements
+from pytest_spark.measure.codec import dump, load_as
+from pytest_spark.infra.nccl.probe import CollectiveRun
+from pytest_spark.measure.once import Measurements
 run_dir, who, value = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
 sys.stdin.readline()  # start together
 

@@ -10,11 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_spark.checks.memory import VLLM_DEFAULT_UTILIZATION, Claim, check_memory_headroom
-from pytest_spark.checks.preflight import Skip
-from pytest_spark.facts.memory import NodeMemory, memory_probe_command, parse_memory_probe
-from pytest_spark.parsers.links import ParseError
-from pytest_spark.parsers.memory import (
+from pytest_spark.infra.errors import ParseError
+from pytest_spark.infra.memory.check import VLLM_DEFAULT_UTILIZATION, Claim, check_memory_headroom
+from pytest_spark.infra.memory.parse import (
     GIB,
     MemInfo,
     ProcessMemory,
@@ -22,7 +20,9 @@ from pytest_spark.parsers.memory import (
     parse_meminfo,
     parse_process_memory,
 )
-from pytest_spark.parsers.serveargs import parse_serve_args
+from pytest_spark.infra.memory.probe import NodeMemory, memory_probe_command, parse_memory_probe
+from pytest_spark.infra.preflight.check import Skip
+from pytest_spark.infra.server.parse import parse_serve_args
 from pytest_spark.settings.profiles import load_profile
 from sparksim.meminfo import meminfo_text
 

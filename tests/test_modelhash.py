@@ -11,15 +11,15 @@ from typing import Any
 import pytest
 
 from pytest_spark import progress_line_writer
-from pytest_spark.checks.preflight import check_model_identical
-from pytest_spark.facts.modelhash import (
+from pytest_spark.infra.errors import ParseError
+from pytest_spark.infra.modelhash.probe import (
     HashProgress,
     full_hash_command,
     parse_full_hash,
     with_full_hashes,
 )
-from pytest_spark.facts.preflight import EDGE_BYTES, SAMPLES, ModelListing, sampled_sha256
-from pytest_spark.parsers.links import ParseError
+from pytest_spark.infra.preflight.check import check_model_identical
+from pytest_spark.infra.preflight.probe import EDGE_BYTES, SAMPLES, ModelListing, sampled_sha256
 from pytest_spark.settings.options import OPTIONS_BY_ATTR
 
 MODEL = "/root/models/Qwen3.5-122B-A10B-FP8"

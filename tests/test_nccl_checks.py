@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_spark.checks.nccl import (
+from pytest_spark.collective.allreduce import header_lines, row_line
+from pytest_spark.infra.nccl.check import (
     busbw_series,
     check_busbw,
     check_collective,
@@ -17,9 +18,8 @@ from pytest_spark.checks.nccl import (
     check_transport,
     check_wrong_values,
 )
-from pytest_spark.collective.allreduce import header_lines, row_line
-from pytest_spark.facts.collective import CollectiveRun, RankOutput
-from pytest_spark.parsers.nccl import NcclOutput, parse_nccl_tests
+from pytest_spark.infra.nccl.parse import NcclOutput, parse_nccl_tests
+from pytest_spark.infra.nccl.probe import CollectiveRun, RankOutput
 from pytest_spark.settings.profiles import load_profile
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "nccl"
@@ -359,7 +359,7 @@ NO_LAUNCHER = (
 
 
 def _unavailable(states: dict[str, str], *, owner_here: bool = False, **kw: bool) -> tuple:
-    from pytest_spark.checks.nccl import allreduce_unavailable
+    from pytest_spark.infra.nccl.check import allreduce_unavailable
 
     options = {"container_verdict": True, "owner_in_session": True} | kw
     return allreduce_unavailable(NO_LAUNCHER, states, "vllm_node", owner_here=owner_here, **options)

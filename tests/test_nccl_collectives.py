@@ -8,16 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from pytest_spark.checks.collectives import (
+from pytest_spark.collective.allreduce import header_lines, row_line
+from pytest_spark.collective.runner import mpirun_chain
+from pytest_spark.infra.nccl.collectives_check import (
     all_gather_floor,
     check_all_gather,
     check_latency,
     latency_series,
 )
-from pytest_spark.collective.allreduce import header_lines, row_line
-from pytest_spark.collective.runner import mpirun_chain
-from pytest_spark.facts.collective import CollectiveRun, RankOutput, Section
-from pytest_spark.parsers.nccl import bus_factor, parse_nccl_tests, split_sections
+from pytest_spark.infra.nccl.parse import bus_factor, parse_nccl_tests, split_sections
+from pytest_spark.infra.nccl.probe import CollectiveRun, RankOutput, Section
 from pytest_spark.report.figures import figures_of, key_figures, metrics_of
 from pytest_spark.report.plots import latency_plot
 from pytest_spark.settings.profiles import load_profile

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_spark.checks.roce_gid import check_gid_same, check_gid_v2, gid_choices
-from pytest_spark.parsers.links import ParseError
-from pytest_spark.parsers.roce_gid import GID_PROBE, nccl_gid_index, parse_gid_probe
+from pytest_spark.infra.errors import ParseError
+from pytest_spark.infra.nccl.gid_check import check_gid_same, check_gid_v2, gid_choices
+from pytest_spark.infra.nccl.gid_parse import GID_PROBE, nccl_gid_index, parse_gid_probe
 
 DEVS = ("rocep1s0f1", "roceP2p1s0f1")
 LINK_LOCAL = "fe80:0000:0000:0000:0e42:a1ff:fe6b:2b4e"
@@ -198,7 +198,7 @@ def test_no_rdma_on_the_nodes_is_one_failure() -> None:
     """Issue #25 part 4: no RDMA on the nodes failed test_roce_gid_is_v2 on each node and
     test_transport_is_rdma_on_the_fabric: 3 failures for one cause. The first node's GID
     check names every node; the others, and the transport check, skip citing it."""
-    from pytest_spark.checks.roce_gid import check_gid_v2, no_rdma_cause
+    from pytest_spark.infra.nccl.gid_check import check_gid_v2, no_rdma_cause
 
     both = ["spark-head", "spark-worker-1"]
     assert no_rdma_cause(both, "spark-head") is None  # the owner

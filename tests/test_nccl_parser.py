@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_spark.parsers.nccl import (
+from pytest_spark.infra.nccl.parse import (
     IbDevice,
     ParseError,
     SocketIface,

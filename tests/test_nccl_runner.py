@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 
 from pytest_spark.access.base import CommandResult, CommandTimeout
-from pytest_spark.checks.nccl import check_collective
 from pytest_spark.collective import runner as collective
 from pytest_spark.collective.runner import (
     CollectiveUnavailable,
@@ -32,9 +31,10 @@ from pytest_spark.collective.runner import (
     stage_command,
 )
 from pytest_spark.collective.script import script_text
-from pytest_spark.facts.collective import SweepProgress
-from pytest_spark.gathering.nccl import _progress_line, progress_text
-from pytest_spark.parsers.nccl import Row, Timing
+from pytest_spark.infra.nccl.check import check_collective
+from pytest_spark.infra.nccl.gather import _progress_line, progress_text
+from pytest_spark.infra.nccl.parse import Row, Timing
+from pytest_spark.infra.nccl.probe import SweepProgress
 from pytest_spark.settings.profiles import load_profile
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "nccl"

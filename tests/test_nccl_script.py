@@ -14,7 +14,7 @@ import pytest
 
 from pytest_spark.collective import allreduce as ar
 from pytest_spark.collective.script import script_text
-from pytest_spark.parsers.nccl import parse_nccl_tests, split_sections
+from pytest_spark.infra.nccl.parse import parse_nccl_tests, split_sections
 
 SCRIPT = Path(ar.__file__)
 HAS_TORCH = importlib.util.find_spec("torch") is not None

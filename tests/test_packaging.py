@@ -157,8 +157,8 @@ def test_checkout_collects_the_suite_once_and_selects_as_before() -> None:
     ids = _collected()
     assert len(ids) == len(set(ids))
     assert {i.split("/")[0] for i in ids} == set(SUITE_DIRS)
-    link = _collected("tests_infra/test_link.py")
-    assert link and all(i.startswith("tests_infra/test_link.py::") for i in link)
+    link = _collected("tests_infra/test_links.py")
+    assert link and all(i.startswith("tests_infra/test_links.py::") for i in link)
     # -m link: the reachability verdicts come back and run first (issue #25 part 3)
     verdicts = [f"tests_infra/test_preflight.py::test_node_reachable[{n}]" for n in ("spark-head",)]
     assert _collected("-m", "link") == verdicts + link

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from pytest_spark.parsers.links import (
+from pytest_spark.infra.errors import ParseError
+from pytest_spark.infra.links.parse import (
     CaInfo,
     Ethtool,
     IbPort,
     IbvPort,
-    ParseError,
     PingResult,
     RdmaLink,
     RoceMapping,

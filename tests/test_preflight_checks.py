@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_spark.checks.base import Finding
-from pytest_spark.checks.preflight import (
+from pytest_spark.infra.finding import Finding
+from pytest_spark.infra.preflight.check import (
     Skip,
     check_clock_skew,
     check_disk,
@@ -22,7 +22,7 @@ from pytest_spark.checks.preflight import (
     check_serving_env,
     human_duration,
 )
-from pytest_spark.facts.preflight import (
+from pytest_spark.infra.preflight.probe import (
     CarrierCounters,
     ClockSample,
     DockerFacts,

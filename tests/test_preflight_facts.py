@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_spark.facts.preflight import (
+from pytest_spark.infra.errors import ParseError
+from pytest_spark.infra.preflight.probe import (
     EDGE_BYTES,
     SAMPLES,
     CarrierCounters,
@@ -30,7 +31,6 @@ from pytest_spark.facts.preflight import (
     split_sections,
     ssh_probe_command,
 )
-from pytest_spark.parsers.links import ParseError
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "preflight"
 MODEL = "/root/models/Qwen3.5-122B-A10B-FP8"

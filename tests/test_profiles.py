@@ -238,8 +238,8 @@ def test_generic_profile_expects_no_vllm_only_behaviour() -> None:
 def test_vllm_flag_fixes_also_name_the_profile_switch() -> None:
     """A fix that advises a vLLM flag also names the profile key that drops the
     expectation, for a server that is not vLLM."""
-    from pytest_spark.checks.server import check_reasoning_parser, check_tool_parser
-    from pytest_spark.facts.server import parse_serve_args_text
+    from pytest_spark.infra.server.check import check_reasoning_parser, check_tool_parser
+    from pytest_spark.infra.server.probe import parse_serve_args_text
 
     cmd = parse_serve_args_text("vllm serve /models/qwen")
     assert cmd is not None

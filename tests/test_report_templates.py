@@ -50,7 +50,7 @@ def _report(**finding: object) -> SimpleNamespace:
         skipped=False,
         longrepr=None,
         keywords={},
-        nodeid="tests_infra/test_link.py::test_rate[x]",
+        nodeid="tests_infra/test_links.py::test_rate[x]",
         when="call",
         user_properties=[(FINDING_PROP, finding), (NODE_PROP, NODE)],
     )

@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from pytest_spark.checks.base import Finding
-from pytest_spark.checks.preflight import Skip, check_reachable
-from pytest_spark.checks.server import (
+from pytest_spark.infra.finding import Finding
+from pytest_spark.infra.preflight.check import Skip, check_reachable
+from pytest_spark.infra.server.check import (
     check_reasoning_parser,
     check_tool_parser,
     missing_reasoning_parser,
     missing_tool_parser,
 )
-from pytest_spark.facts.server import (
+from pytest_spark.infra.server.probe import (
     MARK,
     ServerCommand,
     parse_non_default_args,
@@ -70,7 +70,7 @@ def test_skip_reason_names_node_error_and_verdict() -> None:
 
 SUITE = """
 import pytest
-from pytest_spark.checks.preflight import check_reachable
+from pytest_spark.infra.preflight.check import check_reachable
 
 pytestmark = pytest.mark.preflight
 
@@ -367,7 +367,7 @@ def test_calls_in_content_name_the_models_format_and_the_parsers() -> None:
 
 
 def test_socket_ifname_names_interfaces_unless_it_excludes() -> None:
-    from pytest_spark.gathering.nccl import named_interfaces
+    from pytest_spark.infra.nccl.gather import named_interfaces
 
     assert named_interfaces("enp1s0f1np1") == ["enp1s0f1np1"]
     assert named_interfaces("=enp1s0f1np1,enP2p1s0f1np1") == ["enp1s0f1np1", "enP2p1s0f1np1"]
@@ -451,7 +451,7 @@ def test_the_reachability_verdict_runs_first_whatever_the_selection() -> None:
     # -m link: the verdicts were deselected; they come back, first
     got = verdicts_first(list(link), [head, worker], needs)  # type: ignore[arg-type]
     assert names(got) == [head.name, worker.name, *names(link)]
-    # the whole suite: the verdicts move ahead of tests_infra/test_link.py (-x stops there)
+    # the whole suite: the verdicts move ahead of tests_infra/test_links.py (-x stops there)
     got = verdicts_first([*link, head, worker], [], needs)  # type: ignore[list-item]
     assert names(got) == [head.name, worker.name, *names(link)]
     # nothing selected needs the nodes (-m tool_calls against --spark-api-url): not added

@@ -28,7 +28,7 @@ def test_failures_counted_by_function_parameters_dropped() -> None:
             "FAILED tests_infra/test_preflight.py::test_docker_ready[spark-1] - Failed: x",
             "FAILED tests_infra/test_preflight.py::test_docker_ready[spark-2] - Failed: y",
             "ERROR tests_infra/test_preflight.py::test_serving_env_matches_fabric[spark-1]",
-            "FAILED tests_infra/test_link.py::test_ping_peer_at_full_mtu[spark-1-twin0] - z",
+            "FAILED tests_infra/test_links.py::test_ping_peer_at_full_mtu[spark-1-twin0] - z",
             "FAILED tests_infra/test_alike.py::test_clock_ntp_synchronized",
             "2 failed, 65 deselected, 2 errors in 2.23s",
         ]
@@ -36,6 +36,6 @@ def test_failures_counted_by_function_parameters_dropped() -> None:
     assert load()._failures(stdout) == [
         "1 x ERROR tests_infra/test_preflight.py::test_serving_env_matches_fabric",
         "1 x FAILED tests_infra/test_alike.py::test_clock_ntp_synchronized",
-        "1 x FAILED tests_infra/test_link.py::test_ping_peer_at_full_mtu",
+        "1 x FAILED tests_infra/test_links.py::test_ping_peer_at_full_mtu",
         "2 x FAILED tests_infra/test_preflight.py::test_docker_ready",
     ]

@@ -202,7 +202,7 @@ def test_server_metrics_view_detects_the_kv_metric_name() -> None:
 
 def test_sweep_json_round_trip(paced: str) -> None:
     """What a sweep shares with other xdist workers (run dir JSON) rebuilds it exactly."""
-    from pytest_spark.parsers.codec import dump, load_as
+    from pytest_spark.measure.codec import dump, load_as
     from pytest_spark.serving import SweepResult
 
     spec = LoadSpec(concurrency=(1, 2), output_tokens=5, min_requests=2, warmup_requests=1)

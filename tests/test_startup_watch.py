@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_spark.parsers.vllm_log import classify, split_prefix
+from pytest_spark.readiness.vllm_log import classify, split_prefix
 from pytest_spark.readiness.watch import StartupWatch
 
 LOGS = Path(__file__).parent.parent / "fixtures" / "vllm_logs"

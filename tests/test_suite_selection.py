@@ -1,5 +1,5 @@
 """Node ids of the installed suite named from a directory that does not hold them
-(``pytest --spark-sim tests_infra/test_link.py::test_x[spark-head]`` from an empty
+(``pytest --spark-sim tests_infra/test_links.py::test_x[spark-head]`` from an empty
 directory): which arguments name the suite, which checks they select, which files pytest
 must collect. The installed run itself: tests/suite/test_wheel_suite.py."""
 
@@ -13,7 +13,7 @@ from pytest_spark.suitedir import installed_selection, needed, selected, suite_b
 
 pytestmark = pytest.mark.unit
 
-LINK = "tests_infra/test_link.py"
+LINK = "tests_infra/test_links.py"
 IDS = [
     f"{LINK}::test_link_up[spark-head-twin0]",
     f"{LINK}::test_link_up[spark-worker-1-twin0]",
@@ -27,7 +27,7 @@ IDS = [
 @pytest.fixture
 def base(tmp_path: Path) -> Path:
     suite = tmp_path / "site" / "pytest_spark" / "suite"
-    for name in ("tests_infra/test_link.py", "tests_infra/test_preflight.py"):
+    for name in ("tests_infra/test_links.py", "tests_infra/test_preflight.py"):
         (suite / name).parent.mkdir(parents=True, exist_ok=True)
         (suite / name).write_text("")
     (suite / "tests_e2e").mkdir()

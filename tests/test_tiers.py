@@ -44,8 +44,8 @@ def test_shared_run_modules_are_one_work_unit_each() -> None:
     other = "tests/suite/test_link_suite.py::test_spark_sim_option_stands_up_and_tears_down"
     assert t.work_unit(other) == other
     assert (
-        t.work_unit("tests_infra/test_link.py::test_link_up")
-        == "tests_infra/test_link.py::test_link_up"
+        t.work_unit("tests_infra/test_links.py::test_link_up")
+        == "tests_infra/test_links.py::test_link_up"
     )
 
 

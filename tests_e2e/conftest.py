@@ -11,8 +11,8 @@ import pytest
 
 from pytest_spark import Settings, progress_line_writer, verdict_in_session
 from pytest_spark.access.api import ApiEndpoint
-from pytest_spark.facts.server import ServerCommand
-from pytest_spark.gathering.measure import measure_once
+from pytest_spark.infra.server.probe import ServerCommand
+from pytest_spark.measure.once import measure_once
 from pytest_spark.report.history import resolve_history_dir
 from pytest_spark.serving import ServingClient
 from pytest_spark.serving.load.closedloop import Sweep, decode_sweep, encode_sweep, measure_sweep
@@ -162,7 +162,7 @@ def _sweep(
     """The closed-loop sweep (tests_e2e/test_throughput.py's checks; the open-loop knee
     reads its goodput gate's level), once per session."""
     spec = load_spec(spark_settings.profile, spark_api)
-    # Once per session, alone on the cluster, also under xdist (pytest_spark.gathering.measure):
+    # Once per session, alone on the cluster, also under xdist (pytest_spark.measure.once):
     # tok/s taken while other tests send requests would not be a measurement.
     measured = measure_once(
         request.config,

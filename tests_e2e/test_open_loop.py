@@ -16,7 +16,7 @@ import pytest
 
 from pytest_spark import Finding, Settings, SparkCheck, progress_line_writer, verdict_in_session
 from pytest_spark.access.api import ApiEndpoint
-from pytest_spark.gathering.measure import measure_once
+from pytest_spark.measure.once import measure_once
 from pytest_spark.serving import ServingError
 from pytest_spark.serving.load.closedloop import Sweep
 from pytest_spark.serving.load.openloop import run_rate_sweep

@@ -18,14 +18,14 @@ from pytest_spark import (
 from pytest_spark.access import body
 from pytest_spark.access.api import ApiEndpoint
 from pytest_spark.access.cluster import node_names
-from pytest_spark.parsers.ray import parse_ray_status
-from pytest_spark.parsers.serveargs import expected_ray_members, parse_serve_args
+from pytest_spark.infra.server.parse import expected_ray_members, parse_serve_args
 from pytest_spark.readiness.launch import (
     ServingInfo,
     head_account,
     inspected_state,
     serving_nodes,
 )
+from pytest_spark.readiness.ray import parse_ray_status
 from pytest_spark.readiness.serving import (
     SERVING_VERDICT_KEY,
     ApiState,

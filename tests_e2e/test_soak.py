@@ -14,7 +14,7 @@ import pytest
 
 from pytest_spark import Finding, Settings, SparkCheck, progress_line_writer
 from pytest_spark.access.api import ApiEndpoint
-from pytest_spark.gathering.measure import measure_once
+from pytest_spark.measure.once import measure_once
 from pytest_spark.serving import ServingError
 from pytest_spark.serving.load.soak import run_soak
 from pytest_spark.serving.load.specs import load_spec, soak_spec

@@ -19,13 +19,13 @@ import pytest
 
 from pytest_spark import Finding, Settings, SparkCheck, verdict_in_session
 from pytest_spark.access.api import ApiEndpoint
-from pytest_spark.checks.server import (
+from pytest_spark.infra.server.check import (
     REASONING_VERDICT,
     TOOLS_VERDICT,
     missing_reasoning_parser,
     missing_tool_parser,
 )
-from pytest_spark.facts.server import ServerCommand
+from pytest_spark.infra.server.probe import ServerCommand
 from pytest_spark.serving import (
     MISCONFIGURED_TOOLS,
     NO_REASONING_FIELD,

@@ -14,10 +14,10 @@ from __future__ import annotations
 import pytest
 
 from pytest_spark import Cluster, Finding, RemoteError, SparkCheck
-from pytest_spark.checks.alike import check_host_alike, check_image_alike, check_time_sync
-from pytest_spark.checks.preflight import Skip
-from pytest_spark.facts.alike import NodeAlike
-from pytest_spark.gathering.alike import all_alike
+from pytest_spark.infra.alike.check import check_host_alike, check_image_alike, check_time_sync
+from pytest_spark.infra.alike.gather import all_alike
+from pytest_spark.infra.alike.probe import NodeAlike
+from pytest_spark.infra.preflight.check import Skip
 from pytest_spark.readiness.reachability import require_reachable
 
 pytestmark = pytest.mark.preflight

@@ -4,7 +4,7 @@ memory that ``--gpu-memory-utilization`` will claim, plus the OS's share?
 Per node: MemAvailable, MemTotal and swap from /proc/meminfo (nvidia-smi's memory is
 ``[N/A]`` on GB10's unified memory) against the claim of the serve args (vLLM's default
 when they have none) and the profile's ``memory.os_headroom_gib``; while the serving engine
-runs, against the headroom alone (its claim is taken; see pytest_spark.checks.memory). A
+runs, against the headroom alone (its claim is taken; see pytest_spark.infra.memory.check). A
 short node names the largest processes outside the serving container. Facts come from one
 memory probe round trip per node (cached) and the preflight probe's container list.
 """
@@ -14,11 +14,11 @@ from __future__ import annotations
 import pytest
 
 from pytest_spark import Cluster, Node, SparkCheck, verdict_in_session
-from pytest_spark.checks.memory import check_memory_headroom
-from pytest_spark.checks.preflight import Skip, check_gpu_holders
-from pytest_spark.facts.preflight import NodePreflight
-from pytest_spark.gathering.memory import engine_claim, engine_state, node_memory
-from pytest_spark.gathering.preflight import all_preflight
+from pytest_spark.infra.memory.check import check_memory_headroom
+from pytest_spark.infra.memory.gather import engine_claim, engine_state, node_memory
+from pytest_spark.infra.preflight.check import Skip, check_gpu_holders
+from pytest_spark.infra.preflight.gather import all_preflight
+from pytest_spark.infra.preflight.probe import NodePreflight
 
 pytestmark = pytest.mark.preflight
 

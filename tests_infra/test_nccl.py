@@ -18,12 +18,13 @@ from pytest_spark import (
     require_unless_twin_down,
     verdict_in_session,
 )
-from pytest_spark.checks.collectives import (
-    check_all_gather,
-    check_latency,
-    latency_series,
+from pytest_spark.infra.links.gather import (
+    fabric_ifs,
+    node_link_facts,
+    slow_fabric_links,
+    unusable_fabric_links,
 )
-from pytest_spark.checks.nccl import (
+from pytest_spark.infra.nccl.check import (
     CONTAINER_VERDICT,
     FABRIC_DEVS,
     LAUNCH_VERDICT,
@@ -36,25 +37,24 @@ from pytest_spark.checks.nccl import (
     check_wrong_values,
     socket_forced_by_env,
 )
-from pytest_spark.checks.preflight import ENV_VERDICT
-from pytest_spark.checks.roce_gid import GID_VERDICT, no_rdma_cause
-from pytest_spark.facts.collective import CollectiveRun
-from pytest_spark.gathering.links import (
-    fabric_ifs,
-    node_link_facts,
-    slow_fabric_links,
-    unusable_fabric_links,
+from pytest_spark.infra.nccl.collectives_check import (
+    check_all_gather,
+    check_latency,
+    latency_series,
 )
-from pytest_spark.gathering.measure import Measured, measure_once
-from pytest_spark.gathering.nccl import (
+from pytest_spark.infra.nccl.gather import (
     collective_run,
     container_env,
     down_socket_ports,
     nodes_without_rdma,
     rank_envs,
 )
-from pytest_spark.parsers.codec import dump, load
-from pytest_spark.parsers.nccl import NcclOutput
+from pytest_spark.infra.nccl.gid_check import GID_VERDICT, no_rdma_cause
+from pytest_spark.infra.nccl.parse import NcclOutput
+from pytest_spark.infra.nccl.probe import CollectiveRun
+from pytest_spark.infra.preflight.check import ENV_VERDICT
+from pytest_spark.measure.codec import dump, load
+from pytest_spark.measure.once import Measured, measure_once
 from pytest_spark.readiness.launch import container_states, serving_nodes
 from pytest_spark.readiness.reachability import require_reachable
 from pytest_spark.readiness.serving import SERVING_VERDICT_KEY, ServingState, not_serving_reason
@@ -76,7 +76,7 @@ def _allreduce(
     if down:
         # NCCL would bootstrap over the down port and hang: the link is the root cause.
         pytest.skip(f"{'; '.join(down)}: the all-reduce would hang at bootstrap")
-    # Once per session, alone on the cluster, also under xdist (pytest_spark.gathering.measure).
+    # Once per session, alone on the cluster, also under xdist (pytest_spark.measure.once).
     return measure_once(
         request.config,
         "collective-run",

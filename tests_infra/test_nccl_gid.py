@@ -10,16 +10,16 @@ from __future__ import annotations
 import pytest
 
 from pytest_spark import Cluster, Node, Settings, SparkCheck
-from pytest_spark.checks.nccl import FABRIC_DEVS
-from pytest_spark.checks.roce_gid import (
+from pytest_spark.infra.nccl.check import FABRIC_DEVS
+from pytest_spark.infra.nccl.gather import fabric_devs, gid_tables, nodes_without_rdma, rank_envs
+from pytest_spark.infra.nccl.gid_check import (
     GidChoice,
     check_gid_same,
     check_gid_v2,
     gid_choices,
     no_rdma_cause,
 )
-from pytest_spark.gathering.nccl import fabric_devs, gid_tables, nodes_without_rdma, rank_envs
-from pytest_spark.parsers.roce_gid import GidTable
+from pytest_spark.infra.nccl.gid_parse import GidTable
 from pytest_spark.readiness.reachability import require_reachable
 
 pytestmark = pytest.mark.nccl

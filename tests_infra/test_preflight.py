@@ -21,8 +21,10 @@ from pytest_spark import (
     require_unless_twin_down,
     verdict_in_session,
 )
-from pytest_spark.checks.gpuhealth import KERNEL_VERDICT, gpu_lost_in_kernel_log
-from pytest_spark.checks.preflight import (
+from pytest_spark.infra.gpuhealth.check import KERNEL_VERDICT, gpu_lost_in_kernel_log
+from pytest_spark.infra.links.gather import unusable_fabric_links
+from pytest_spark.infra.modelhash.gather import full_hash_listings
+from pytest_spark.infra.preflight.check import (
     ENV_VERDICT,
     Skip,
     check_clock_skew,
@@ -38,18 +40,15 @@ from pytest_spark.checks.preflight import (
     same_env_as,
     same_env_note,
 )
-from pytest_spark.facts.preflight import ClockSample, ModelListing, NodePreflight
-from pytest_spark.gathering.links import unusable_fabric_links
-from pytest_spark.gathering.modelhash import full_hash_listings
-from pytest_spark.gathering.preflight import (
+from pytest_spark.infra.preflight.gather import (
     address_owners,
     all_preflight,
     clock_samples,
     fabric_of,
-    model_dir,
     serving_env,
     ssh_from_head,
 )
+from pytest_spark.infra.preflight.probe import ClockSample, ModelListing, NodePreflight, model_dir
 from pytest_spark.readiness.launch import NotServing, ServingInfo, fabric_addresses
 from pytest_spark.readiness.reachability import (
     require_reachable,
@@ -111,7 +110,7 @@ def test_gpu_visible(
     finding = check_gpu_visible(
         spark_node.name, preflight.gpu, spark_cluster.profile.preflight.gpus_per_node
     )
-    owner = f"{KERNEL_VERDICT}[{spark_node.name}]"  # tests_infra/test_gpu_health.py
+    owner = f"{KERNEL_VERDICT}[{spark_node.name}]"  # tests_infra/test_gpuhealth.py
     if not finding.ok and preflight.gpu_health and verdict_in_session(request.session, owner):
         lost = gpu_lost_in_kernel_log(preflight.gpu_health.kernel)
         if lost is not None:

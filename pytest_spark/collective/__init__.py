@@ -2,5 +2,5 @@
 (``allreduce``; ``script.script_text`` reads their text). The shipped scripts are standalone
 (stdlib, plus torch): they import nothing of pytest_spark.
 
-May import: checks, facts, parsers, access, settings.
+May import: infra's check, probe and parse modules, access, settings.
 """

@@ -21,7 +21,7 @@ the container too) and always removes the temporary directories. A run that neve
 result row and timed out or printed ``init timeout`` is a hang at initialisation
 (:attr:`CollectiveRun.hung_at_init`); its log lines stay in :meth:`CollectiveRun.log_lines`.
 The run's types (:class:`CollectiveRun`, :class:`RankOutput`, :class:`LaunchPlan`) live in
-:mod:`pytest_spark.facts.collective`, where the checks read them.
+:mod:`pytest_spark.infra.nccl.probe`, where the checks read them.
 
 Progress: rank 0's output (the script's, or mpirun's: the one that prints the tables) is read
 as it streams in over SSH (the node's ``run`` with ``on_output``); every result row it prints
@@ -44,15 +44,7 @@ from typing import Literal, Protocol
 
 from pytest_spark.access.base import CommandResult, CommandTimeout, RemoteError
 from pytest_spark.collective.script import script_text
-from pytest_spark.facts.collective import (
-    CollectiveRun,
-    LaunchPlan,
-    RankOutput,
-    Section,
-    SweepProgress,
-    SweepState,
-)
-from pytest_spark.parsers.nccl import (
+from pytest_spark.infra.nccl.parse import (
     MAIN_SECTION,
     SECTION,
     NcclOutput,
@@ -60,6 +52,14 @@ from pytest_spark.parsers.nccl import (
     Row,
     parse_nccl_tests,
     split_sections,
+)
+from pytest_spark.infra.nccl.probe import (
+    CollectiveRun,
+    LaunchPlan,
+    RankOutput,
+    Section,
+    SweepProgress,
+    SweepState,
 )
 
 __all__ = [

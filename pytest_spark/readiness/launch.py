@@ -31,7 +31,7 @@ from filelock import FileLock
 from pytest_spark.access.base import CommandResult, RemoteError
 from pytest_spark.access.cluster import Cluster, Node
 from pytest_spark.access.files import write_json
-from pytest_spark.parsers.serveargs import mode_of_processes, parse_serve_args
+from pytest_spark.infra.server.parse import mode_of_processes, parse_serve_args
 from pytest_spark.readiness.wait import (
     SINCE_START,
     NodeProbe,
@@ -234,8 +234,8 @@ class ServingInfo:
 def fabric_addresses(cluster: Cluster) -> tuple[str, ...]:
     """Each node's address on its primary fabric interface, as launch-cluster.sh wants them
     in -n (it checks that the local fabric IP is in that list)."""
-    from pytest_spark.facts.links import primary_fabric_if
-    from pytest_spark.gathering.links import node_link_facts
+    from pytest_spark.infra.links.gather import node_link_facts
+    from pytest_spark.infra.links.probe import primary_fabric_if
 
     addresses = []
     for node in cluster.nodes:

@@ -76,7 +76,7 @@ def down_port_cause(cluster: Cluster, problem: str) -> str | None:
     names a fabric port that is down (the engine dies when its bootstrap link drops): the
     link-up check reports that port, so the serving checks skip citing it. None otherwise
     (ask only when a link-up check runs in this session: it must report the port)."""
-    from pytest_spark.gathering.nccl import down_fabric_ports, down_socket_ports, rank_envs
+    from pytest_spark.infra.nccl.gather import down_fabric_ports, down_socket_ports, rank_envs
 
     try:
         if LAUNCHER_DEVICE_COUNT in problem:  # the launcher refused: too few RoCE devices Up

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from pytest_spark.parsers.vllm_log import PHASES, REMEDIATION, classify
+from pytest_spark.readiness.vllm_log import PHASES, REMEDIATION, classify
 
 TAIL_LINES = 40
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_spark.access.files import write_json
-from pytest_spark.checks.base import Finding
+from pytest_spark.infra.finding import Finding
 from pytest_spark.report.accuracy import accuracy_block
 from pytest_spark.suitedir import CATEGORY_MARKERS
 

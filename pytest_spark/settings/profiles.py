@@ -37,7 +37,7 @@ class ProfileError(ValueError):
 
 @dataclass(frozen=True)
 class LinkSection:
-    """``[link]``: the fabric ports (tests_infra/test_link.py)."""
+    """``[link]``: the fabric ports (tests_infra/test_links.py)."""
 
     fabric_twins: int  # RoCE ports Up per node when --spark-fabric-ifs is not given
     min_rate_gbps: float
@@ -84,7 +84,7 @@ class PreflightSection:
 @dataclass(frozen=True)
 class GpuHealthSection:
     """``[gpu_health]``: temperature, clocks event reasons, persistence mode and the kernel
-    log's Xid / NVRM errors (tests_infra/test_gpu_health.py). A reason whose ``*_fails``
+    log's Xid / NVRM errors (tests_infra/test_gpuhealth.py). A reason whose ``*_fails``
     is false warns instead of failing; idle, applications clocks, sync boost and display
     clocks are never a fault."""
 

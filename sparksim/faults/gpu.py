@@ -1,4 +1,4 @@
-"""GPU health faults (the preflight's tests_infra/test_gpu_health.py catches each), all
+"""GPU health faults (the preflight's tests_infra/test_gpuhealth.py catches each), all
 state.json changes that the node's nvidia-smi, journalctl and dmesg report:
 
 - ``gpu-xid NODE [--xid N]``: the driver logs Xid N (default 79) in the node's kernel

@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 from conftest import Sim, spark_sim  # type: ignore[import-not-found]
-from pytest_spark.checks.roce_gid import check_gid_same, check_gid_v2, gid_choices
-from pytest_spark.parsers.roce_gid import GID_PROBE, parse_gid_probe
+from pytest_spark.infra.nccl.gid_check import check_gid_same, check_gid_v2, gid_choices
+from pytest_spark.infra.nccl.gid_parse import GID_PROBE, parse_gid_probe
 
 pytestmark = pytest.mark.sim
 NAMES = {"spark-1": "spark-head", "spark-2": "spark-worker-1"}

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from pytest_spark.checks.roce_gid import check_gid_same, check_gid_v2, gid_choices
-from pytest_spark.parsers.roce_gid import GID_PROBE, nccl_gid_index, parse_gid_probe
+from pytest_spark.infra.nccl.gid_check import check_gid_same, check_gid_v2, gid_choices
+from pytest_spark.infra.nccl.gid_parse import GID_PROBE, nccl_gid_index, parse_gid_probe
 
 ROOT = "/sys/class/infiniband"
 

@@ -9,15 +9,15 @@ from typing import Any
 
 import pytest
 
-from pytest_spark.checks.gpuhealth import (
+from pytest_spark.infra.gpuhealth.check import (
     check_gpu_kernel_log,
     check_gpu_persistence,
     check_gpu_temperature,
     check_gpu_throttle,
 )
-from pytest_spark.checks.preflight import Skip
-from pytest_spark.facts.gpuhealth import GpuHealth
-from pytest_spark.facts.preflight import parse_preflight_probe, preflight_probe_command
+from pytest_spark.infra.gpuhealth.probe import GpuHealth
+from pytest_spark.infra.preflight.check import Skip
+from pytest_spark.infra.preflight.probe import parse_preflight_probe, preflight_probe_command
 from pytest_spark.settings.profiles import load_profile
 
 pytestmark = pytest.mark.sim  # a sparksim of its own: needs root (the sim tier)

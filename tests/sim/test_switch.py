@@ -22,7 +22,7 @@ import pytest
 from conftest import REPO, Sim, spark_sim  # type: ignore[import-not-found]
 
 pytestmark = pytest.mark.sim
-LINKS = str(REPO / "tests_infra" / "test_link.py")
+LINKS = str(REPO / "tests_infra" / "test_links.py")
 
 
 @pytest.fixture(scope="module")
@@ -159,9 +159,9 @@ def test_all_reduce_and_all_gather_span_all_four_nodes_behind_the_switch(switch4
     2(n-1)/n = 1.5 for the all-reduce and (n-1)/n = 0.75 for the all-gather. Light nodes
     have no engine: the ranks run the system python3 with this venv's site-packages (its
     torch; a node sees /usr and the checkout, its /root and /tmp are its own), on gloo."""
-    from pytest_spark.checks.collectives import check_all_gather
-    from pytest_spark.checks.nccl import check_wrong_values
     from pytest_spark.collective.runner import run_allreduce
+    from pytest_spark.infra.nccl.check import check_wrong_values
+    from pytest_spark.infra.nccl.collectives_check import check_all_gather
     from pytest_spark.settings.profiles import load_profile
 
     nodes = switch4.cluster["nodes"]

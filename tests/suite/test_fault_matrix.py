@@ -146,7 +146,7 @@ def test_fault(matrix: Matrix, row: Row) -> None:
 # that fail and skip, the figures, the evidence), asserted on the matrix's run of the same
 # fault: one whole-suite run per fault, not one more per proof.
 LOAD_FAILURE_BUDGET_S = 150.0  # the sim profile's crash, hang and placement budgets, well in
-LINK = "tests_infra/test_link.py::"
+LINK = "tests_infra/test_links.py::"
 
 
 def prove(row: Row, run: SuiteRun) -> None:

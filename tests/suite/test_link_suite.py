@@ -16,12 +16,12 @@ from conftest import REPO, run_suite  # type: ignore[import-not-found]
 from pytest_spark.access.simcontrol import SimCluster
 
 pytestmark = pytest.mark.sim
-INFRA = str(REPO / "tests_infra" / "test_link.py")
+INFRA = str(REPO / "tests_infra" / "test_links.py")
 
 
 def link_checks() -> set[str]:
-    """The test functions of tests_infra/test_link.py, read from its source."""
-    tree = ast.parse((REPO / "tests_infra" / "test_link.py").read_text())
+    """The test functions of tests_infra/test_links.py, read from its source."""
+    tree = ast.parse((REPO / "tests_infra" / "test_links.py").read_text())
     return {
         n.name for n in tree.body if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")
     }
@@ -65,5 +65,5 @@ def test_unreachable_worker_is_an_error_naming_it_not_a_check_failure(
     assert errors and all("spark-worker-1" in k or "twin" in k for k in errors), run.outcomes()
     message = run.checks(outcome="error")[0]["message"]
     assert "node unreachable" in message and "spark-worker-1" in message
-    head_ok = run.checks(nodeid="tests_infra/test_link.py::test_link_up[spark-head-twin0]")
+    head_ok = run.checks(nodeid="tests_infra/test_links.py::test_link_up[spark-head-twin0]")
     assert head_ok[0]["outcome"] == "passed"

@@ -102,7 +102,7 @@ def test_installed_wheel_gives_the_checkouts_verdicts(installed: Installed, tmp_
     installed_verdicts, output = verdicts(bin_dir, empty, tmp_path / "installed.json")
     checkout, checkout_output = verdicts(REPO / ".venv" / "bin", REPO, tmp_path / "checkout.json")
     assert installed_verdicts, output
-    assert any(n.startswith("tests_infra/test_link.py::") for n in installed_verdicts)
+    assert any(n.startswith("tests_infra/test_links.py::") for n in installed_verdicts)
     assert any(n.startswith("tests_e2e/test_readiness.py::") for n in installed_verdicts)
     assert installed_verdicts == checkout, (output, checkout_output)
 
@@ -128,12 +128,12 @@ def listing(bin_dir: Path, cwd: Path, *args: str) -> tuple[int, list[str], str]:
 def test_node_ids_from_an_empty_directory_select_from_the_installed_suite(
     installed: Installed,
 ) -> None:
-    """``pytest tests_infra/test_link.py`` and ``...::test_x[spark-head]`` from an empty
+    """``pytest tests_infra/test_links.py`` and ``...::test_x[spark-head]`` from an empty
     directory list what the checkout lists, with the same node ids."""
-    rc, link, output = listing(REPO / ".venv" / "bin", REPO, HEAD, "tests_infra/test_link.py")
+    rc, link, output = listing(REPO / ".venv" / "bin", REPO, HEAD, "tests_infra/test_links.py")
     assert rc == 0 and len(link) > 2, output
     one = next(n for n in link if n.endswith("[spark-head-twin0]"))
-    for args in (["tests_infra/test_link.py"], [one], [one, "tests_e2e/test_readiness.py"]):
+    for args in (["tests_infra/test_links.py"], [one], [one, "tests_e2e/test_readiness.py"]):
         want = listing(REPO / ".venv" / "bin", REPO, HEAD, *args)
         got = listing(installed.bin_dir, installed.empty, HEAD, *args)
         assert got[0] == 0 and got[1] == want[1], (args, got[2], want[2])
@@ -143,8 +143,8 @@ def test_node_ids_from_an_empty_directory_select_from_the_installed_suite(
 
 def test_a_local_path_of_the_same_name_is_the_users(installed: Installed, tmp_path: Path) -> None:
     (tmp_path / "tests_infra").mkdir()
-    (tmp_path / "tests_infra" / "test_link.py").write_text(
+    (tmp_path / "tests_infra" / "test_links.py").write_text(
         "def test_mine(spark_settings):\n    pass\n"
     )
-    rc, ids, output = listing(installed.bin_dir, tmp_path, HEAD, "tests_infra/test_link.py")
-    assert rc == 0 and ids == ["tests_infra/test_link.py::test_mine"], output
+    rc, ids, output = listing(installed.bin_dir, tmp_path, HEAD, "tests_infra/test_links.py")
+    assert rc == 0 and ids == ["tests_infra/test_links.py::test_mine"], output

@@ -26,8 +26,8 @@ import httpx
 
 from pytest_spark.access.body import MAX_BODY_BYTES, size_text
 from pytest_spark.access.body import request as capped_request
-from pytest_spark.checks.base import Finding
-from pytest_spark.parsers.codec import dump, load, load_as
+from pytest_spark.infra.finding import Finding
+from pytest_spark.measure.codec import dump, load, load_as
 from pytest_spark.serving.client.evidence import Exchange, redact_headers, short
 from pytest_spark.serving.client.wire import ErrorBody, parse_error_body
 

@@ -1,5 +1,5 @@
 """The closed-loop concurrency sweep as the serving checks share it: measured once per
-session (:func:`pytest_spark.gathering.measure.measure_once`, alone on the cluster) and
+session (:func:`pytest_spark.measure.once.measure_once`, alone on the cluster) and
 carried between processes as JSON. The session fixture that measures it is ``_sweep`` in
 tests_e2e/conftest.py; the verdicts on it (:class:`Sweep`, below) are read by
 the throughput checks (tests_e2e/test_throughput.py) and, where its goodput gate owns a
@@ -15,8 +15,8 @@ from typing import Any, Protocol
 import pytest
 
 from pytest_spark.access.api import ApiEndpoint
-from pytest_spark.checks.base import Finding
-from pytest_spark.parsers.codec import dump, load_as
+from pytest_spark.infra.finding import Finding
+from pytest_spark.measure.codec import dump, load_as
 from pytest_spark.serving.client.stream import ServingError
 from pytest_spark.serving.load.sweep import (
     LevelResult,

@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_spark.checks.base import Finding
+from pytest_spark.infra.finding import Finding
 from pytest_spark.settings.profiles import CANARY_KINDS
 
 ALONE_VERDICT = "test_canaries_alone"  # tests_e2e/test_accuracy.py: a wrong model's one failure

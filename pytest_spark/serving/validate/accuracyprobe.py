@@ -32,7 +32,7 @@ import httpx
 
 from pytest_spark.access.api import ApiEndpoint
 from pytest_spark.access.files import write_json
-from pytest_spark.checks.base import Finding
+from pytest_spark.infra.finding import Finding
 from pytest_spark.serving.client.chat import CHAT_PATH
 from pytest_spark.serving.client.stream import ServingError, post_json
 from pytest_spark.serving.client.wire import reasoning_of

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from pytest_spark.checks.base import Finding
+from pytest_spark.infra.finding import Finding
 from pytest_spark.serving.client.stream import ServingError, StreamResult
 from pytest_spark.serving.load.slo import LABELS, Goodput
 

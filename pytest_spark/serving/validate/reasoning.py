@@ -8,7 +8,7 @@ the thinking gives finish_reason ``length``, all reasoning and no content.
 
 from __future__ import annotations
 
-from pytest_spark.checks.base import Finding
+from pytest_spark.infra.finding import Finding
 from pytest_spark.serving.client.evidence import short
 from pytest_spark.serving.client.turn import Turn
 from pytest_spark.serving.validate.tools import ToolRequest, check_tool_calls

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pytest_spark.checks.base import Finding
+from pytest_spark.infra.finding import Finding
 from pytest_spark.serving.client.evidence import short
 from pytest_spark.serving.client.sdk import SdkTurn, StreamHelper
 from pytest_spark.serving.client.turn import Turn

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 import jsonschema
 
-from pytest_spark.checks.base import Finding
+from pytest_spark.infra.finding import Finding
 from pytest_spark.serving.client.evidence import short
 from pytest_spark.serving.client.turn import Turn
 

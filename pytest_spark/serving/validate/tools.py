@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pytest_spark.checks.base import Finding
+from pytest_spark.infra.finding import Finding
 from pytest_spark.serving.client.evidence import short
 from pytest_spark.serving.client.turn import ToolCall, Turn
 from pytest_spark.serving.client.wire import MISCONFIGURED_TOOLS, ErrorBody

@@ -1,0 +1,2 @@
+"""Unified-memory headroom and who holds the GPU (``parse``, ``probe``, ``gather``,
+``check``)."""

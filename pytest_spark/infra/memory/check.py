@@ -1,0 +1,325 @@
+"""GB10 memory headroom: will the engine's claim fit in what the node has available, and
+leave the OS its share?
+
+On GB10 the GPU has no memory of its own: CUDA allocates from the same LPDDR5X pool that
+the kernel reports in ``/proc/meminfo``. vLLM claims ``--gpu-memory-utilization`` x the
+device total at startup and refuses to start when less than that is free (``Free memory
+on device (58.2/119.7 GiB) on startup is less than desired GPU memory utilization``,
+REFERENCE.md §4); what the claim leaves is all the OS, Docker and the API server have.
+So a node is fit when ``MemAvailable - claim >= os_headroom``.
+
+**Before the engine runs** (preflight before a launch) the claim is still to come: the
+check compares MemAvailable with ``utilization x MemTotal + headroom``. The utilization
+is the serve args' ``--gpu-memory-utilization``, else vLLM's default (0.92 in
+vllm/config/cache.py since 2025; 0.9 before: the larger one is the one that must fit).
+
+**``--kv-cache-memory-bytes``** on the serve line sizes the KV cache per GPU to that figure
+and ignores ``--gpu-memory-utilization`` there (vllm/config/cache.py; the worker's
+``determine_available_memory`` returns it as is). The claim is then that figure (the weights
+and activations come on top: not counted, so it is a lower bound). vLLM's startup check
+(``request_memory`` in vllm/v1/worker/utils.py) still holds the free memory to
+``utilization x total`` at start, so that stays a floor too.
+
+**While the engine runs** (attach mode, or a launch already under way) the claim is
+already taken: the engine holds it and MemAvailable is what is left after it, so the check
+compares MemAvailable with the headroom alone. Counting the claim again would fail every
+healthy serving cluster (about 10 GiB available of 120). Counting the engine's own
+processes as the claim instead does not work on GB10: CUDA's allocations come from the
+driver, not from the process's resident pages, so the engine's RSS is a few GiB while it
+holds a hundred. While loading, MemAvailable only falls towards the served figure, so the
+headroom form holds at every moment of a healthy start.
+
+A short node names the largest processes outside the serving container (by resident
+size, from /proc) and the GPU compute apps with their memory where nvidia-smi gives it
+(GB10 may print ``[N/A]``): today operators find and free them by hand.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pytest_spark.infra.finding import Finding
+from pytest_spark.infra.memory.parse import GIB, MemInfo, ProcessMemory
+from pytest_spark.infra.memory.probe import NodeMemory
+from pytest_spark.infra.preflight.check import Skip
+
+VLLM_DEFAULT_UTILIZATION = 0.92  # vllm/config/cache.py CacheConfig.gpu_memory_utilization
+MIN_LISTED_BYTES = 1024**3  # smaller processes are not what holds a GB10 short (dockerd is ~0.1)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What the engine will claim: a fraction of the device total, and where it came from."""
+
+    fraction: float
+    source: str
+    kv_cache_bytes: int | None = None  # --kv-cache-memory-bytes: the KV cache, per GPU
+
+    @classmethod
+    def from_serve_args(
+        cls, utilization: float | None, have_args: bool, kv_cache_bytes: int | None = None
+    ) -> Claim:
+        if utilization is not None:
+            claim = cls(utilization, f"--gpu-memory-utilization {utilization:g} in the serve args")
+        else:
+            where = "the serve args have no" if have_args else "no serve args, so no"
+            claim = cls(
+                VLLM_DEFAULT_UTILIZATION,
+                f"vLLM's default {VLLM_DEFAULT_UTILIZATION:g} ({where} --gpu-memory-utilization)",
+            )
+        if kv_cache_bytes is None:
+            return claim
+        return cls(claim.fraction, claim.source, kv_cache_bytes)
+
+    def describe(self) -> str:
+        """The claim as the evidence shows it."""
+        if self.kv_cache_bytes is None:
+            return f"{self.fraction:g} ({self.source})"
+        return (
+            f"KV cache {gib(self.kv_cache_bytes)} (--kv-cache-memory-bytes in the serve args); "
+            f"startup floor {self.fraction:g} ({self.source})"
+        )
+
+
+def gib(n: float) -> str:
+    return f"{n / GIB:.1f} GiB"
+
+
+def holders(
+    mem: NodeMemory, own_pids: frozenset[int], limit: int
+) -> tuple[list[str], list[ProcessMemory]]:
+    """(descriptions, processes) of the largest memory holders outside the serving
+    container: processes by RSS, then GPU compute apps not already named."""
+    outside = [p for p in mem.processes if p.pid not in own_pids and p.rss >= MIN_LISTED_BYTES]
+    top = outside[:limit]
+    named = {p.pid for p in top}
+    out = [f"pid {p.pid} {p.name} ({_args(p)}) holds {gib(p.rss)} resident" for p in top]
+    for app in mem.apps or ():
+        if app.pid in own_pids or app.pid in named:
+            continue
+        used = gib(app.used) if app.used is not None else "memory [N/A] (unified memory)"
+        out.append(f"GPU compute app pid {app.pid} {app.name}: {used}")
+    return out, top
+
+
+def _args(p: ProcessMemory, width: int = 100) -> str:
+    text = p.args or f"[{p.name}]"
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _measured(info: MemInfo, available: int) -> dict[str, float]:
+    return {
+        "mem_total_gib": round(info.total / GIB, 2),
+        "mem_available_gib": round(available / GIB, 2),
+        "mem_free_gib": round(info.free / GIB, 2),
+        "swap_used_gib": round(info.swap_used / GIB, 2),
+    }
+
+
+def _swap(info: MemInfo) -> str:
+    if info.swap_total == 0:
+        return "no swap"
+    return f"swap {gib(info.swap_used)} used of {gib(info.swap_total)}"
+
+
+def check_memory_headroom(
+    node: str,
+    mem: NodeMemory,
+    claim: Claim,
+    os_headroom_gib: float,
+    *,
+    engine_running: bool,
+    own_pids: frozenset[int] = frozenset(),
+    max_swap_used_gib: float = 1.0,
+    top_holders: int = 3,
+    gpu_held: str | None = None,
+) -> Finding | Skip:
+    """``MemAvailable - claim >= os_headroom_gib`` on ``node`` (the claim 0 while the
+    engine runs: see the module docstring). ``own_pids``: the serving container's
+    processes (not named as holders). ``gpu_held``: the GPU-holder check's failure on this
+    node, when it failed: memory short because of it is that check's failure (one root
+    cause), and this one skips citing it."""
+    info = mem.meminfo
+    if info is None:
+        return Finding.failed(
+            "/proc/meminfo unreadable",
+            "MemTotal and MemAvailable",
+            node=node,
+            message=(
+                f"{node}: cannot read the node's memory ({mem.meminfo_error}); expected "
+                "/proc/meminfo with MemTotal and MemAvailable, as every Linux kernel since "
+                "3.14 prints. Check that /proc is mounted on the node and readable over SSH"
+            ),
+        )
+    available = info.available if info.available is not None else info.free + info.cached
+    approx = "" if info.available is not None else " (MemFree + page cache: no MemAvailable)"
+    headroom = int(os_headroom_gib * GIB)
+    gate = int(claim.fraction * info.total)  # vLLM's startup check (request_memory)
+    kv = claim.kv_cache_bytes
+    claimed = 0 if engine_running else gate if kv is None else kv
+    needed = claimed + headroom
+    if not engine_running and kv is not None:
+        needed = max(needed, gate)
+    measured = _measured(info, available)
+    expected = {
+        "claim_gib": round(claimed / GIB, 2),
+        "os_headroom_gib": os_headroom_gib,
+        "mem_available_gib_min": round(needed / GIB, 2),
+    }
+    if engine_running:
+        what = f"with the serving engine running (its {claim.fraction:g} claim already taken)"
+        want = f"at least {gib(headroom)} left for the OS (profile memory.os_headroom_gib)"
+    elif kv is not None:
+        what = (
+            f"before the engine's KV cache of {gib(kv)} (--kv-cache-memory-bytes in the "
+            "serve args: vLLM sizes the cache to it and ignores --gpu-memory-utilization "
+            "there; the weights come on top)"
+        )
+        want = (
+            f"at least {gib(needed)}: the KV cache plus {gib(headroom)} for the OS (profile "
+            f"memory.os_headroom_gib), and no less than vLLM's startup floor of "
+            f"{claim.fraction:g} x MemTotal = {gib(gate)} ({claim.source})"
+        )
+    else:
+        what = (
+            f"before the engine's claim of {claim.fraction:g} x MemTotal = {gib(claimed)} "
+            f"({claim.source})"
+        )
+        want = (
+            f"at least {gib(needed)}: the claim plus {gib(headroom)} for the OS "
+            "(profile memory.os_headroom_gib)"
+        )
+    state = f"MemAvailable {gib(available)}{approx} of MemTotal {gib(info.total)}, {_swap(info)}"
+    if available >= needed:
+        swap_max = int(max_swap_used_gib * GIB)
+        if info.swap_used > swap_max:
+            return Finding.warned(
+                measured,
+                expected,
+                node=node,
+                message=(
+                    f"{node}: {state}: memory is enough {what}, but {gib(info.swap_used)} "
+                    f"is swapped out (more than memory.max_swap_used_gib = "
+                    f"{max_swap_used_gib:g}): the node was short of memory, and on unified "
+                    "memory swapping stalls the GPU too. Find what grew (ps -eo pid,rss,args "
+                    "--sort=-rss) and reboot or `swapoff -a && swapon -a` when it is gone"
+                ),
+            )
+        if not engine_running and info.free < claimed:
+            return Finding.warned(
+                measured,
+                expected,
+                node=node,
+                message=(
+                    f"{node}: {state}: enough {what}, but MemFree is {gib(info.free)}, below "
+                    f"the claim: the rest is page cache, which CUDA on GB10 does not always "
+                    "count as free. If the load fails on `Free memory on device`, drop the "
+                    "cache first: sudo sh -c 'sync; echo 3 > /proc/sys/vm/drop_caches'"
+                ),
+            )
+        return Finding.passed(
+            measured,
+            expected,
+            node=node,
+            message=f"{node}: {state}; {gib(available - claimed)} left for the OS {what}",
+        )
+    if needed > info.total:
+        return Finding.failed(
+            measured,
+            expected,
+            node=node,
+            message=(
+                f"{node}: {state}: expected {want} {what}. That is more than the node's "
+                f"MemTotal of {gib(info.total)}: it can never be met, whatever is freed. "
+                f"Lower {_what_to_lower(claim, info.total, headroom, engine_running)}"
+            ),
+        )
+    listed, top = holders(mem, frozenset(own_pids), top_holders)
+    short = gib(needed - available)
+    if gpu_held is not None:
+        return Skip(
+            f"{node}: {state}, {short} short of {want}, because the GPU is held outside "
+            f"the serving container ({gpu_held})"
+        )
+    if not engine_running and available < gate:
+        consequence = (
+            f"vLLM will refuse to start on this node (`Free memory on device "
+            f"({gib(available)}/{gib(info.total)}) on startup is less than desired GPU "
+            f"memory utilization ({claim.fraction:g}, {gib(gate)})`)"
+        )
+    elif not engine_running and kv is not None and available < kv:
+        consequence = (
+            f"the engine cannot allocate its {gib(kv)} KV cache here (CUDA out of memory "
+            "after the weights load)"
+        )
+    elif engine_running:
+        consequence = "the OS is squeezed under the engine: expect swapping, then the OOM killer"
+    else:
+        consequence = (
+            f"the engine would fit but leave the OS {gib(available - claimed)}: expect "
+            "swapping and a node that freezes under load"
+        )
+    if listed:
+        by = f"largest holders outside the serving container: {'; '.join(listed)}"
+    else:
+        biggest = next((p for p in mem.processes if p.pid not in own_pids), None)
+        largest = (
+            f" (the largest: pid {biggest.pid} {biggest.name}, {gib(biggest.rss)})"
+            if biggest
+            else ""
+        )
+        by = (
+            "no process outside the serving container holds 1 GiB or more"
+            f"{largest}: look at the page cache, shared memory (/dev/shm) and kernel "
+            "memory (slabtop), or reboot the node"
+        )
+    fit = (available - headroom) / info.total
+    if not engine_running and kv is not None:
+        room = available - headroom
+        lower = (
+            f", or lower --kv-cache-memory-bytes to {int(room / GIB)}G (what this node has "
+            "room for, less the weights)"
+            if available >= gate and room > GIB
+            else f", or lower --gpu-memory-utilization to {int(fit * 100) / 100:.2f} (vLLM's "
+            "startup floor)"
+            if fit > 0.05
+            else ""
+        )
+    else:
+        lower = (
+            f", or lower --gpu-memory-utilization to {int(fit * 100) / 100:.2f} (what this "
+            "node has room for)"
+            if not engine_running and fit > 0.05
+            else ""
+        )
+    kill = f"kill {' '.join(str(p.pid) for p in top)}" if top else "free the memory"
+    return Finding.failed(
+        {**measured, "holders": listed},
+        expected,
+        node=node,
+        message=(
+            f"{node}: {state}, {short} short: expected {want} {what}; {consequence}. "
+            f"{by[0].upper()}{by[1:]}. Free it ({kill}; `systemctl status PID` names a "
+            f"service that would start it again; a stale container: docker ps){lower}"
+        ),
+    )
+
+
+def _what_to_lower(claim: Claim, total: int, headroom: int, engine_running: bool) -> str:
+    """The settings whose sum asks for more than MemTotal, each with a value that fits."""
+    room_gib = max(total / GIB - 1, 0)
+    fix = (
+        f"the profile's memory.os_headroom_gib (now {headroom / GIB:g}; e.g. "
+        f"--spark-threshold=memory.os_headroom_gib={int(min(headroom / GIB, room_gib) / 2)})"
+    )
+    if engine_running:
+        return fix
+    fit = (total - headroom) / total
+    if claim.kv_cache_bytes is not None:
+        kv_room = int(max(total - headroom, 0) / GIB)
+        engine = f"--kv-cache-memory-bytes in the serve args (now {gib(claim.kv_cache_bytes)}"
+        engine += f"; at most {kv_room}G with this headroom)" if kv_room else ")"
+    else:
+        engine = f"--gpu-memory-utilization (now {claim.fraction:g}, {claim.source}"
+        engine += f"; at most {int(fit * 100) / 100:.2f} with this headroom)" if fit > 0.05 else ")"
+    return f"{engine}, or {fix}"

@@ -1,0 +1,58 @@
+"""Memory facts of the cluster: one memory probe round trip per node (cached for the
+session), the engine's claim from the serve args, and whether the serving engine already
+runs on a node (its container, from the preflight probe). The check is pure
+(:mod:`pytest_spark.infra.memory.check`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pytest_spark.access.cluster import Cluster, Node
+from pytest_spark.infra.memory.check import Claim
+from pytest_spark.infra.memory.probe import NodeMemory, memory_probe_command, parse_memory_probe
+from pytest_spark.infra.preflight.gather import all_preflight
+from pytest_spark.infra.preflight.probe import NodePreflight
+from pytest_spark.infra.roundtrip import cached_probe
+from pytest_spark.infra.server.parse import parse_serve_args
+from pytest_spark.settings.resolve import Settings
+
+
+def node_memory(cluster: Cluster, node: Node) -> NodeMemory:
+    """The node's memory probe, once per session (a RemoteError raises: the caller's node
+    is reachable, or test_node_reachable has it)."""
+    return cached_probe(cluster, node, memory_probe_command(), parse_memory_probe, key="memory")
+
+
+def engine_claim(settings: Settings) -> Claim:
+    """The claim the launch will make: the serve args' --gpu-memory-utilization, else
+    vLLM's default; their --kv-cache-memory-bytes, which sizes the KV cache instead."""
+    args = settings.serve_args
+    parsed = parse_serve_args(args) if args else None
+    return Claim.from_serve_args(
+        parsed.gpu_memory_utilization if parsed else None,
+        bool(args),
+        parsed.kv_cache_memory_bytes if parsed else None,
+    )
+
+
+@dataclass(frozen=True)
+class EngineState:
+    """Whether the serving container runs on the node, and its processes (host PIDs)."""
+
+    running: bool
+    pids: frozenset[int]
+    container: str
+
+
+def engine_state(cluster: Cluster, node: Node, memory: NodeMemory) -> EngineState:
+    """Whether an engine already holds its claim on the node: the serving container runs
+    (from the preflight probe, cached), or a GPU compute app runs (nvidia-smi lists it
+    even where its memory is ``[N/A]``: an engine run another way, e.g. a compose
+    service of another name). A compute app outside the serving container is also
+    test_gpu_not_held_by_others' failure, which the check then cites."""
+    facts = all_preflight(cluster).get(node.name)
+    container = cluster.settings.container
+    serving = facts.docker.serving if isinstance(facts, NodePreflight) else None
+    pids = frozenset(serving.pids) if serving is not None and serving.running else frozenset()
+    running = (serving is not None and serving.running) or bool(memory.apps)
+    return EngineState(running, pids, container)

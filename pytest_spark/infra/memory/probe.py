@@ -1,0 +1,112 @@
+"""One-round-trip memory probe of a node, and the facts parsed from its output.
+
+``memory_probe_command()`` is one ``sh -c`` command printing marker-framed sections (the
+link probe's framing, :func:`pytest_spark.infra.probe.probe_script`)::
+
+    meminfo   cat /proc/meminfo
+    procs     the largest processes by resident size: PID, VmRSS (kB), Name and the
+              command line, read from /proc/PID/status and /proc/PID/cmdline (one cat
+              of every status file into one awk, then the command line of the largest
+              only). A process that exits between the glob and the read is skipped:
+              ``cat`` goes on past a file gone, where ``mawk`` (Debian's and Ubuntu's
+              awk) given the files stops at the first it cannot open, and the listing
+              lost every process after it, the holder too (a flake of the sim tier)
+    gpu_mem   nvidia-smi --query-compute-apps=pid,process_name,used_memory (GB10 may
+              print [N/A] for used_memory: unified memory)
+
+The parsers are in :mod:`pytest_spark.infra.memory.parse`. Nothing here reads nvidia-smi's
+device memory fields: on GB10 they are ``[N/A]``, the pool is ``/proc/meminfo``'s.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+from pytest_spark.infra.errors import ParseError
+from pytest_spark.infra.memory.parse import (
+    ComputeAppMemory,
+    MemInfo,
+    ProcessMemory,
+    parse_compute_app_memory,
+    parse_meminfo,
+    parse_process_memory,
+)
+from pytest_spark.infra.probe import ProbeSection, probe_script, split_probe
+
+__all__ = ["MARKER", "TOP_PROCESSES", "NodeMemory", "memory_probe_command", "parse_memory_probe"]
+
+MARKER = "@@pytest-spark-memory@@"
+TOP_PROCESSES = 12  # listed with their command lines; the check names the few it needs
+
+_BODY = r"""
+s meminfo cat /proc/meminfo
+s procs sh -c 'tab=$(printf "\t")
+  cat "$2"/[0-9]*/status 2>/dev/null |
+  awk -v OFS="$tab" "/^Name:/ { n = substr(\$0, 7); gsub(/^[ \t]+/, \"\", n); p = \"\" }
+    /^Pid:/ { p = \$2 }
+    /^VmRSS:/ && p != \"\" { print p, \$2, n }" |
+  sort -t "$tab" -k2,2nr | head -n "$1" |
+  while IFS="$tab" read -r pid rss name; do
+    args=$(tr "\000\t\n" "   " <"$2/$pid/cmdline" 2>/dev/null)
+    printf "%s\t%s\t%s\t%s\n" "$pid" "$rss" "$name" "$args"
+  done' _ @TOP@ @PROC@
+s gpu_mem nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader
+rm -f "$t"
+"""
+
+
+def memory_probe_command(top: int = TOP_PROCESSES, timeout_s: int = 20, proc: str = "/proc") -> str:
+    """The node probe as one ``sh -c`` command (run it once per node); ``proc``: where the
+    proc filesystem is mounted."""
+    if top <= 0:
+        raise ValueError(f"top must be positive, got {top}")
+    body = _BODY.replace("@TOP@", str(int(top))).replace("@PROC@", shlex.quote(proc))
+    return probe_script(MARKER, "memory", timeout_s, body)
+
+
+@dataclass(frozen=True)
+class NodeMemory:
+    """A node's memory: ``meminfo`` (None with ``meminfo_error`` when it cannot be read),
+    the largest processes by resident size, and the GPU compute apps (None with
+    ``apps_error`` when nvidia-smi did not answer)."""
+
+    hostname: str | None
+    meminfo: MemInfo | None
+    meminfo_error: str | None
+    processes: tuple[ProcessMemory, ...]
+    apps: tuple[ComputeAppMemory, ...] | None
+    apps_error: str | None = None
+
+
+def _why(section: ProbeSection | None, what: str) -> str:
+    if section is None:
+        return f"{what} was not probed"
+    if section.missing:
+        return f"{what}: command not found"
+    text = (section.stderr.strip() or section.stdout.strip()).splitlines()
+    return f"{what}: {text[0].strip() if text else f'exit {section.rc}'}"
+
+
+def parse_memory_probe(text: str) -> NodeMemory:
+    """Parse :func:`memory_probe_command` output."""
+    hostname, sections = split_probe(text, MARKER, "memory probe")
+    meminfo = meminfo_error = None
+    section = sections.get("meminfo")
+    if section is not None and section.rc == 0:
+        try:
+            meminfo = parse_meminfo(section.stdout)
+        except ParseError as exc:
+            meminfo_error = str(exc)
+    else:
+        meminfo_error = _why(section, "cat /proc/meminfo")
+    procs = sections.get("procs")
+    processes = tuple(parse_process_memory(procs.stdout)) if procs is not None else ()
+    gpu = sections.get("gpu_mem")
+    apps: tuple[ComputeAppMemory, ...] | None = None
+    apps_error = None
+    if gpu is not None and gpu.rc == 0:
+        apps = tuple(parse_compute_app_memory(gpu.stdout))
+    else:
+        apps_error = _why(gpu, "nvidia-smi --query-compute-apps")
+    return NodeMemory(hostname, meminfo, meminfo_error, processes, apps, apps_error)

@@ -1,0 +1,1 @@
+"""The model's files hash the same on every node (``probe``, ``gather``)."""

@@ -1,0 +1,731 @@
+"""Preflight checks: is every node fit to serve before a 15-minute model load?
+
+Pure functions over :mod:`pytest_spark.infra.preflight.probe` facts and profile thresholds
+(``preflight.*``). Each returns a :class:`Finding` whose failure message names the node,
+what was measured, what was expected and the usual fix (STYLE.md), or a :class:`Skip`
+when the check cannot be made (its reason says why and which check covers it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from pytest_spark.infra.finding import Finding
+from pytest_spark.infra.preflight.probe import (
+    SAMPLES,
+    CarrierCounters,
+    ClockSample,
+    ContainerInfo,
+    DiskUsage,
+    DockerFacts,
+    GpuFacts,
+    JournalFacts,
+    ModelListing,
+    SshAttempt,
+)
+
+DAY_S = 86400.0
+
+
+@dataclass(frozen=True)
+class Skip:
+    """The check does not apply or cannot be made; ``reason`` says why."""
+
+    reason: str
+
+
+def human_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "unknown time"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 2 * DAY_S:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / DAY_S:.1f} d"
+
+
+def human_bytes(n: float) -> str:
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+# ----------------------------------------------------------------------- 1. docker
+
+
+def check_docker(node: str, docker: DockerFacts, container: str) -> Finding | Skip:
+    """The Docker daemon answers ``docker info`` and the serving image is present."""
+    if docker.missing:
+        return Finding.failed(
+            "docker not installed",
+            "Docker engine running",
+            node=node,
+            message=(
+                f"{node}: docker: command not found; expected the Docker engine "
+                "(launch-cluster.sh runs vLLM in a container on every node). Install "
+                "docker (DGX OS ships it) and the NVIDIA container toolkit"
+            ),
+        )
+    if not docker.up:
+        return Finding.failed(
+            f"daemon down: {docker.error}",
+            "docker info answers",
+            node=node,
+            message=(
+                f"{node}: the Docker daemon is not answering (`docker info`: {docker.error}); "
+                "expected it running. Start it: sudo systemctl start docker (and enable it); "
+                "on `permission denied` add the SSH user to the docker group"
+            ),
+        )
+    if docker.image is None:
+        return Skip(
+            f"{node}: Docker {docker.version or ''} is up; no serving image to look for "
+            f"(no --spark-image, and no container {container!r} on this node)"
+        )
+    if not docker.image_present:
+        return Finding.failed(
+            {"docker": docker.version, "image": None},
+            {"image": docker.image},
+            node=node,
+            message=(
+                f"{node}: serving image {docker.image} not present ({docker.image_error}); "
+                "expected it on every node (launch-cluster.sh runs `docker run "
+                f"{docker.image}` on each). Build or pull it there, or copy it from the head: "
+                f"docker save {docker.image} | ssh {node} docker load"
+            ),
+        )
+    return Finding.passed(
+        {"docker": docker.version, "image": docker.image},
+        {"image": docker.image},
+        node=node,
+        message=f"{node}: Docker {docker.version}, image {docker.image}",
+    )
+
+
+# --------------------------------------------------------------------- 2. GPU holders
+
+
+def _describe(c: ContainerInfo, now: float | None) -> str:
+    restart = f", restart policy {c.restart_policy}" if c.restart_policy != "no" else ""
+    return f"container {c.name} (image {c.image}, up {human_duration(c.uptime_s(now))}{restart})"
+
+
+def check_gpu_holders(
+    node: str, docker: DockerFacts, gpu: GpuFacts, container: str, now: float | None = None
+) -> Finding | Skip:
+    """Nothing but the serving container holds the GPU: no compute process outside it, no
+    other running container with GPU access or the serving image (an earlier run's)."""
+    serving = docker.serving if docker.serving and docker.serving.running else None
+    own = serving.pids if serving else frozenset()
+    by_pid = {pid: c for c in docker.containers for pid in c.pids}
+    holders: list[str] = []
+    stale: dict[str, ContainerInfo] = {}
+    for proc in gpu.processes or ():
+        if proc.pid in own:
+            continue
+        c = by_pid.get(proc.pid)
+        if c is not None:
+            stale[c.id] = c
+            holders.append(f"pid {proc.pid} {proc.name} in {_describe(c, now)}")
+        else:
+            where = "outside any container" if docker.up else "(docker not answering)"
+            age = f", running {human_duration(proc.etime_s)}" if proc.etime_s is not None else ""
+            holders.append(f"pid {proc.pid} {proc.name} {where}{age}")
+    image = serving.image if serving else docker.image
+    for c in docker.containers:
+        if (
+            c.running
+            and c.name != container
+            and c.id not in stale
+            and (c.gpu_access or (image and c.image == image))
+        ):
+            stale[c.id] = c
+            holders.append(f"{_describe(c, now)} has GPU access")
+    if not holders:
+        if not docker.up and gpu.processes is None:
+            return Skip(
+                f"{node}: neither docker nor nvidia-smi answers (see the docker and GPU checks)"
+            )
+        if not docker.up:
+            return Skip(
+                f"{node}: no GPU processes; containers not listed: docker is not "
+                "answering (see test_docker_ready)"
+            )
+        if gpu.processes is None:
+            return Skip(
+                f"{node}: no other container with GPU access; GPU processes not "
+                f"listed: nvidia-smi: {gpu.apps_error} (see test_gpu_visible)"
+            )
+        count = len(gpu.processes)
+        return Finding.passed(
+            {"gpu_processes": count, "other_gpu_containers": 0},
+            {"outside": container},
+            node=node,
+            message=f"{node}: {count} GPU process(es), all in {container}"
+            if count
+            else f"{node}: no GPU processes, no other GPU container",
+        )
+    names = [c.name for c in stale.values()]
+    fix = (
+        f"Stop it: docker stop {' '.join(names)} && docker rm {' '.join(names)}"
+        + (
+            " (and `docker update --restart=no` on any you keep)"
+            if any(c.restart_policy not in ("no", "") for c in stale.values())
+            else ""
+        )
+        if names
+        else "Stop the process(es) (kill PID) or find their service"
+    )
+    return Finding.failed(
+        {"holders": holders},
+        f"nothing but {container} on the GPU",
+        node=node,
+        message=(
+            f"{node}: the GPU is held outside the serving container {container}: "
+            f"{'; '.join(holders)}; expected no other GPU process or GPU container (an "
+            "earlier run's services auto-start after a reboot and keep GPU memory, so the "
+            f"load fails on free memory). {fix}"
+        ),
+    )
+
+
+# ---------------------------------------------------------------------- 3. GPU visible
+
+
+def check_gpu_visible(node: str, gpu: GpuFacts, min_gpus: int) -> Finding:
+    """``nvidia-smi -L`` lists at least ``min_gpus`` GPUs (counts only: a GB10 reports
+    its memory fields as [N/A])."""
+    if gpu.gpus is None:
+        return Finding.failed(
+            f"nvidia-smi failed: {gpu.error}",
+            f">= {min_gpus} GPU",
+            node=node,
+            message=(
+                f"{node}: nvidia-smi -L failed ({gpu.error}); expected >= {min_gpus} GPU. "
+                "The NVIDIA driver is missing or broken: check `nvidia-smi`, "
+                "`dmesg | grep -i nvrm`; reinstall the driver or reboot"
+            ),
+        )
+    count = len(gpu.gpus)
+    procs = len(gpu.processes) if gpu.processes is not None else None
+    if count < min_gpus:
+        return Finding.failed(
+            count,
+            min_gpus,
+            "GPUs",
+            node=node,
+            message=(
+                f"{node}: nvidia-smi -L lists {count} GPU(s)"
+                + (f" ({gpu.error})" if gpu.error else "")
+                + f", expected >= {min_gpus}. The driver lost the GPU (look for Xid errors in "
+                "`dmesg`); a reboot usually brings it back, then check `nvidia-smi`"
+            ),
+        )
+    return Finding.passed(
+        count,
+        min_gpus,
+        "GPUs",
+        node=node,
+        message=(
+            f"{node}: {count} GPU(s), {procs if procs is not None else '?'} compute process(es)"
+        ),
+    )
+
+
+# ----------------------------------------------------------------------------- 4. disk
+
+
+def check_disk(
+    node: str,
+    disk: DiskUsage | None,
+    max_used_pct: float,
+    model_dir: str | None,
+    model_bytes: int | None = None,
+    have_bytes: int = 0,
+    disk_error: str | None = None,
+) -> Finding:
+    """Use of the filesystem holding the model directory under ``max_used_pct``, and
+    room for the model (``model_bytes``, its size on the other nodes) when it is not
+    (all) there yet."""
+    if disk is None:
+        return Finding.failed(
+            f"df failed: {disk_error}",
+            f"< {max_used_pct:g} %",
+            node=node,
+            message=f"{node}: cannot read disk use (`df -P -k`: {disk_error}); expected "
+            f"< {max_used_pct:g} % used. Check that df exists and the path is readable",
+        )
+    pct = round(disk.used_pct, 1)
+    where = (
+        f"{disk.mount} ({disk.filesystem}, holding {model_dir})"
+        if model_dir
+        else f"{disk.mount} ({disk.filesystem})"
+    )
+    avail = human_bytes(disk.avail_bytes)
+    if pct >= max_used_pct:
+        return Finding.failed(
+            pct,
+            f"< {max_used_pct:g}",
+            "%",
+            node=node,
+            message=(
+                f"{node}: {where} is {pct:g} % used ({avail} free), expected "
+                f"< {max_used_pct:g} %. Free space: old checkpoints and HF cache "
+                "(huggingface-cli delete-cache), `docker system prune` (unused images)"
+            ),
+        )
+    missing = (model_bytes or 0) - have_bytes
+    if model_bytes and missing > disk.avail_bytes:
+        return Finding.failed(
+            disk.avail_bytes,
+            missing,
+            "B",
+            node=node,
+            message=(
+                f"{node}: {where} has {avail} free, the model needs {human_bytes(missing)} "
+                f"more ({human_bytes(model_bytes)} on the other nodes); expected room for it. "
+                "Free space or put the model on a larger filesystem before copying it"
+            ),
+        )
+    note = f", model needs {human_bytes(missing)} more" if model_bytes and missing > 0 else ""
+    return Finding.passed(
+        pct,
+        f"< {max_used_pct:g}",
+        "%",
+        node=node,
+        message=f"{node}: {where} {pct:g} % used, {avail} free{note}",
+    )
+
+
+# ------------------------------------------------------------------------ 5. model dir
+
+
+def _differences(ref: ModelListing, other: ModelListing) -> list[str]:
+    out = []
+    missing = sorted(set(ref.files) - set(other.files))
+    extra = sorted(set(other.files) - set(ref.files))
+    if missing:
+        out.append(f"missing {_names(missing)}")
+    if extra:
+        out.append(f"extra {_names(extra)}")
+    for name in sorted(set(ref.files) & set(other.files)):
+        if ref.files[name] != other.files[name]:
+            out.append(f"{name} {other.files[name]} bytes vs {ref.files[name]}")
+        elif name in ref.hashes or name in other.hashes:
+            if ref.hashes.get(name) != other.hashes.get(name):
+                out.append(f"{name} sha256 differs")
+        elif ref.samples.get(name) != other.samples.get(name):
+            out.append(f"{name} content differs (sampled sha256: {SAMPLES} blocks of 64 KiB)")
+    return out
+
+
+def _names(names: Sequence[str], limit: int = 5) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def check_model_identical(
+    model_dir: str, listings: Mapping[str, ModelListing | None], source: str
+) -> Finding:
+    """The model directory exists on every node with the same files, sizes, sha256 of
+    config.json, the tokenizer files, *.index.json and small files, and the same sampled
+    sha256 of every larger one (weight shards are not read whole)."""
+    absent = {
+        n: (m.error if m else "not probed")
+        for n, m in listings.items()
+        if m is None or not m.exists or m.error
+    }
+    present = {n: m for n, m in listings.items() if m is not None and n not in absent}
+    if listings and not present:
+        return Finding.failed(
+            {n: {"missing": why} for n, why in absent.items()},
+            "identical on every node",
+            message=(
+                f"model directory {model_dir} ({source}) is not on any node "
+                f"({'; '.join(f'{n}: {why}' for n, why in absent.items())}); expected it on "
+                "every node. Download it to that path on each node (huggingface-cli download "
+                "MODEL --local-dir DIR) or point --spark-model-dir at where it is"
+            ),
+        )
+    problems = [f"{n}: {why}" for n, why in absent.items()]
+    ref_name = next(iter(present), None)
+    differing: dict[str, list[str]] = {}
+    if ref_name is not None:
+        ref = present[ref_name]
+        for n, m in present.items():
+            if n != ref_name and (diff := _differences(ref, m)):
+                differing[n] = diff
+                problems.append(f"{n} differs from {ref_name}: {'; '.join(diff)}")
+    measured: dict[str, dict[str, object]] = {
+        n: {"files": len(m.files), "bytes": m.total_bytes} for n, m in present.items()
+    }
+    measured.update({n: {"missing": why} for n, why in absent.items()})
+    if problems:
+        bad = sorted(set(absent) | set(differing))
+        return Finding.failed(
+            measured,
+            "identical on every node",
+            node=bad[0] if len(bad) == 1 else None,
+            message=(
+                f"model directory {model_dir} ({source}) is not identical on every node: "
+                f"{' | '.join(problems)}; expected the same files, sizes and hashes everywhere "
+                "(vLLM loads each rank's shards from its own node). Copy it again from a good "
+                f"node: rsync -a --delete {model_dir}/ NODE:{model_dir}/"
+            ),
+        )
+    first = present[ref_name] if ref_name else None
+    return Finding.passed(
+        measured,
+        "identical on every node",
+        message=(
+            f"model directory {model_dir}: {len(first.files) if first else 0} files, "
+            f"{human_bytes(first.total_bytes if first else 0)}, identical on {len(present)} nodes"
+        ),
+    )
+
+
+# ---------------------------------------------------------------------------- 6. clock
+
+
+def check_clock_skew(samples: Sequence[ClockSample], max_skew_s: float) -> Finding:
+    """The largest pairwise skew between node clocks, each read against the runner's
+    clock at the midpoint of its round trip."""
+    if len(samples) < 2:
+        return Finding.passed(
+            0.0,
+            f"< {max_skew_s:g}",
+            "s",
+            message="fewer than two nodes answered: no skew to measure",
+        )
+    hi = max(samples, key=lambda s: s.offset_s)
+    lo = min(samples, key=lambda s: s.offset_s)
+    skew = round(hi.offset_s - lo.offset_s, 3)
+    uncertainty = (hi.rtt_s + lo.rtt_s) / 2
+    offsets = ", ".join(f"{s.node} {s.offset_s:+.3f} s" for s in samples)
+    if skew >= max_skew_s:
+        return Finding.failed(
+            skew,
+            f"< {max_skew_s:g}",
+            "s",
+            node=hi.node,
+            message=(
+                f"{hi.node} runs {skew:.3f} s ahead of {lo.node} (± {uncertainty:.3f} s; "
+                f"offsets against the runner: {offsets}); expected < {max_skew_s:g} s. "
+                "Sync the clocks: timedatectl set-ntp true, chronyc makestep (check "
+                "`chronyc tracking` on every node)"
+            ),
+        )
+    return Finding.passed(
+        skew,
+        f"< {max_skew_s:g}",
+        "s",
+        message=(
+            f"max clock skew {skew:.3f} s (± {uncertainty:.3f} s) between {hi.node} and "
+            f"{lo.node}; offsets against the runner: {offsets}"
+        ),
+    )
+
+
+# ------------------------------------------------------------------------------ 7. ssh
+
+
+def check_passwordless_ssh(
+    head: str, attempts: Sequence[SshAttempt], names: Mapping[str, str]
+) -> Finding:
+    """``ssh -o BatchMode=yes -o ConnectTimeout=5 ADDR true`` from the head to every
+    worker address the launcher uses succeeds."""
+    failed = [a for a in attempts if not a.ok]
+    measured = {names.get(a.address, a.address): "ok" if a.ok else f"rc {a.rc}" for a in attempts}
+    if not failed:
+        return Finding.passed(
+            measured,
+            "ok to every worker",
+            node=head,
+            message=(f"{head}: passwordless SSH to {', '.join(measured) or 'no worker'} works"),
+        )
+    parts = []
+    for a in failed:
+        who = names.get(a.address, a.address)
+        last = a.output.strip().splitlines()[-1] if a.output.strip() else f"exit {a.rc}"
+        parts.append(f"{who} ({a.address}): {last}")
+    hint = []
+    text = " ".join(a.output for a in failed)
+    if "Permission denied" in text:
+        hint.append(
+            f"install the head's key on the worker: ssh-copy-id WORKER (as the user "
+            f"{head} runs the launcher as)"
+        )
+    if "Host key verification failed" in text or "host key" in text.lower():
+        hint.append(
+            "accept the worker's host key once on the head: ssh-keyscan WORKER >> "
+            "~/.ssh/known_hosts (check the fingerprint)"
+        )
+    if not hint:
+        hint.append(
+            "check that the worker is reachable from the head on that address and "
+            "that ssh-copy-id was run from the head"
+        )
+    return Finding.failed(
+        measured,
+        "ok to every worker",
+        node=head,
+        message=(
+            f"{head}: passwordless SSH failed to {'; '.join(parts)}; expected "
+            "`ssh -o BatchMode=yes WORKER true` to succeed (launch-cluster.sh stops at its "
+            f"SSH check without it). Fix: {'; '.join(hint)}"
+        ),
+    )
+
+
+# ------------------------------------------------------------------------ 8. serving env
+
+
+def _nccl_list(value: str) -> tuple[str, bool, bool, list[str]]:
+    """NCCL's interface/HCA list syntax: ``^`` excludes, ``=`` matches exactly, else
+    prefixes; items are comma-separated, HCA items may carry ``:port``."""
+    v = value.strip()
+    exclude = v.startswith("^")
+    v = v.lstrip("^")
+    exact = v.startswith("=")
+    v = v.lstrip("=")
+    return value, exclude, exact, [i.strip() for i in v.split(",") if i.strip()]
+
+
+def _matches(name: str, items: list[str], exact: bool) -> bool:
+    bases = [i.split(":", 1)[0] for i in items]
+    return any(name == b if exact else name.startswith(b) for b in bases)
+
+
+ENV_VERDICT = "test_serving_env_matches_fabric"
+
+
+def same_env_as(node: str, finding: Finding, owner: str, owner_finding: Finding) -> str | None:
+    """The skip reason of a node whose serving environment is wrong exactly as ``owner``'s
+    (the same values: one launch, one .env or set of -e flags, set both), so that the
+    owner's check is the one failure; None when it is not so (this node reports its own)."""
+    if finding.ok or owner_finding.ok or finding.measured != owner_finding.measured:
+        return None
+    return (
+        f"{node}: its serving container's environment is {owner}'s, wrong the same way "
+        f"(one launch sets it on every node, one fix): {owner_finding.message} "
+        f"({ENV_VERDICT}[{owner}] has the evidence)"
+    )
+
+
+def same_env_note(finding: Finding, same_on: Sequence[str]) -> Finding:
+    """The owner's failure, saying which other nodes have the same environment."""
+    if finding.ok or not same_on:
+        return finding
+    note = f" The same environment on {', '.join(same_on)}: this one fix covers them."
+    return replace(finding, message=finding.message + note)
+
+
+def check_serving_env(
+    node: str,
+    container: str,
+    env: Mapping[str, str] | None,
+    fabric_ifs: Sequence[str],
+    fabric_devs: Sequence[str],
+    node_ifs: Mapping[str, bool],
+) -> Finding:
+    """NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME, NCCL_IB_HCA and UCX_NET_DEVICES in the
+    serving container name the fabric interfaces (``fabric_ifs``) and RDMA devices
+    (``fabric_devs``, both twins in NCCL_IB_HCA); NCCL_IB_DISABLE is not 1.
+    ``node_ifs`` maps each netdev of the node to whether it carries an IPv4 address."""
+    if env is None:
+        return Finding.failed(
+            "no container",
+            f"container {container}",
+            node=node,
+            message=(
+                f"{node}: serving container {container} not found (docker inspect); expected "
+                "it running on every node. Check `docker ps -a` there and the launcher log"
+            ),
+        )
+    fabric = set(fabric_ifs)
+    devs = set(fabric_devs)
+    keys = (
+        "NCCL_SOCKET_IFNAME",
+        "GLOO_SOCKET_IFNAME",
+        "NCCL_IB_HCA",
+        "UCX_NET_DEVICES",
+        "NCCL_IB_DISABLE",
+    )
+    measured = {k: env.get(k) for k in keys}
+    problems = []
+
+    sock = env.get("NCCL_SOCKET_IFNAME")
+    if not sock:
+        problems.append(
+            "NCCL_SOCKET_IFNAME unset (NCCL picks any interface, often the management one)"
+        )
+    else:
+        _, exclude, exact, items = _nccl_list(sock)
+        chosen = [n for n in node_ifs if _matches(n, items, exact) != exclude]
+        wrong = [n for n in chosen if n not in fabric and node_ifs.get(n)]
+        if exclude or not any(n in fabric for n in chosen) or wrong:
+            problems.append(
+                f"NCCL_SOCKET_IFNAME={sock} selects {', '.join(chosen) or 'no interface'}"
+            )
+    gloo = env.get("GLOO_SOCKET_IFNAME")
+    if not gloo:
+        problems.append("GLOO_SOCKET_IFNAME unset (gloo binds the hostname's interface)")
+    elif not all(i.strip() in fabric for i in gloo.split(",") if i.strip()):
+        problems.append(f"GLOO_SOCKET_IFNAME={gloo}")
+    hca = env.get("NCCL_IB_HCA")
+    if not hca:
+        problems.append("NCCL_IB_HCA unset")
+    else:
+        _, exclude, exact, items = _nccl_list(hca)
+        left_out = sorted(d for d in devs if _matches(d, items, exact) == exclude)
+        if left_out:
+            problems.append(f"NCCL_IB_HCA={hca} leaves out {', '.join(left_out)}")
+    ucx = env.get("UCX_NET_DEVICES")
+    if ucx:
+        names = [i.split(":", 1)[0].strip() for i in ucx.split(",") if i.strip()]
+        if not names or any(n not in fabric and n not in devs for n in names):
+            problems.append(f"UCX_NET_DEVICES={ucx}")
+    if env.get("NCCL_IB_DISABLE", "0").strip() not in ("0", ""):
+        problems.append(
+            f"NCCL_IB_DISABLE={env['NCCL_IB_DISABLE']} (RDMA off: NCCL falls back "
+            "to TCP sockets, ~3 GB/s)"
+        )
+    expected = {"interfaces": sorted(fabric), "NCCL_IB_HCA": sorted(devs)}
+    if problems:
+        return Finding.failed(
+            measured,
+            expected,
+            node=node,
+            message=(
+                f"{node}: container {container} environment does not match the fabric: "
+                f"{'; '.join(problems)}; expected the fabric interfaces "
+                f"{', '.join(sorted(fabric))} and both twins {','.join(sorted(devs))} in "
+                "NCCL_IB_HCA. Fix the launcher's .env / -e flags (CONTAINER_NCCL_* "
+                "variables, --eth-if/--ib-if) or let it auto-detect, then relaunch"
+            ),
+        )
+    return Finding.passed(
+        measured,
+        expected,
+        node=node,
+        message=(f"{node}: {container} uses {sock} (NCCL/gloo) and {hca} (NCCL_IB_HCA)"),
+    )
+
+
+# ------------------------------------------------------------------------- 9. link flaps
+
+
+def check_link_flaps(
+    node: str,
+    ifname: str,
+    counters: CarrierCounters | None,
+    uptime_s: float | None,
+    journal: JournalFacts,
+    max_flaps: int,
+) -> Finding:
+    """Fewer than ``max_flaps`` carrier losses on ``ifname`` per 24 h: journald's kernel
+    lines about it when it has any, else sysfs carrier counters (since the netdev
+    appeared) over the node's uptime."""
+    lines = journal.about(ifname)
+    losses = counters.losses if counters else None
+    if lines:
+        per_day: float = len(lines)
+        source = f"journalctl -k: {len(lines)} link-down line(s) in the last 24 h"
+        if losses is not None:
+            source += f" (sysfs: {losses} carrier loss(es) since the netdev appeared)"
+    elif losses is not None:
+        up = uptime_s or 0.0
+        if up <= DAY_S:
+            per_day = float(losses)
+            source = (
+                f"sysfs carrier counters: {losses} carrier loss(es) since boot "
+                f"{human_duration(up)} ago"
+            )
+        else:
+            per_day = round(losses * DAY_S / up, 2)
+            source = (
+                f"sysfs carrier counters: {losses} carrier loss(es) in "
+                f"{human_duration(up)} of uptime, {per_day:g} per 24 h on average"
+            )
+        if not journal.available:
+            source += f"; kernel journal: {journal.error or 'empty'}"
+    else:
+        return Finding.failed(
+            "unknown",
+            f"< {max_flaps}",
+            "per 24 h",
+            node=node,
+            message=(
+                f"{node} {ifname}: no carrier counters in sysfs and no kernel journal lines "
+                f"about it; expected < {max_flaps} carrier losses per 24 h to be measurable. "
+                "Check that the interface exists (ip link)"
+            ),
+        )
+    evidence = {"journal": "\n".join(lines[-20:])} if lines else {}
+    if per_day >= max_flaps:
+        return Finding.failed(
+            per_day,
+            f"< {max_flaps}",
+            "per 24 h",
+            node=node,
+            evidence=evidence,
+            message=(
+                f"{node} {ifname}: {per_day:g} carrier losses per 24 h ({source}); expected "
+                f"< {max_flaps}. The link flaps: reseat or replace the QSFP cable, check "
+                f"`ethtool -S {ifname}` for symbol errors, and the port on the other end"
+            ),
+        )
+    return Finding.passed(
+        per_day,
+        f"< {max_flaps}",
+        "per 24 h",
+        node=node,
+        message=f"{node} {ifname}: {per_day:g} per 24 h ({source})",
+    )
+
+
+def check_reachable(
+    node: str, target: str, error: str | None, *, host_key: bool = False
+) -> Finding:
+    """Reached over SSH, or unreachable with what usually fixes it (the one failure an
+    unreachable node gives; the checks that need it skip citing it)."""
+    if error is None:
+        return Finding.passed(
+            "reachable", "reachable", node=node, message=f"{node}: SSH to {target} works"
+        )
+    text = error
+    while text.startswith(f"{node}: "):
+        text = text.removeprefix(f"{node}: ")
+    lowered = text.lower()
+    if host_key:
+        fix = (
+            "the host key is unknown or changed: verify it and add it to known_hosts "
+            "(ssh-keyscan), never disable the check"
+        )
+    elif "refused" in lowered:
+        fix = (
+            "the node answers but nothing listens for SSH: start sshd there "
+            "(systemctl start ssh) or fix the port in the ssh_config"
+        )
+    elif "timed out" in lowered or "timeout" in lowered:
+        fix = (
+            "nothing answers at that address: check the node is powered on, its "
+            "management cable and the address (--spark-head / --spark-workers)"
+        )
+    elif "auth" in lowered or "permission" in lowered:
+        fix = "the key is not accepted: check IdentityFile and the node's authorized_keys"
+    else:
+        fix = "check the node, its management network and --spark-ssh-config"
+    return Finding.failed(
+        "unreachable",
+        "reachable over SSH",
+        node=node,
+        message=(
+            f"{node}: unreachable over SSH at {target}: {text}. Every check that needs "
+            f"{node} is skipped citing this. Usual fix: {fix}"
+        ),
+    )

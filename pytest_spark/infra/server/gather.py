@@ -1,0 +1,15 @@
+"""The server's command line, read from the serving container on the head in one round
+trip (:func:`pytest_spark.infra.server.probe.probe`)."""
+
+from __future__ import annotations
+
+from pytest_spark.access.cluster import Node
+from pytest_spark.infra.server.probe import ServerCommand, parse_probe, probe
+
+__all__ = ["read_server_command"]
+
+
+def read_server_command(head: Node, container: str, serve_args: str | None) -> ServerCommand | None:
+    """What the server on ``head`` was started with, or None when nothing says."""
+    result = head.run(probe(container), timeout=30)
+    return parse_probe(result.stdout, serve_args)
