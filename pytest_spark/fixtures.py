@@ -12,6 +12,7 @@ from pytest_spark.access.api import ApiEndpoint
 from pytest_spark.access.base import RemoteError
 from pytest_spark.access.cluster import Cluster, Node
 from pytest_spark.access.testinfra import testinfra_host
+from pytest_spark.infra.nccl.gid_check import GID_VERDICT
 from pytest_spark.infra.server.probe import ServerCommand
 from pytest_spark.readiness.launch import ServingInfo
 from pytest_spark.readiness.reachability import require_reachable
@@ -19,6 +20,7 @@ from pytest_spark.readiness.serving import (
     ApiState,
     ServingState,
     down_port_cause,
+    no_rdma_serving_cause,
     not_serving,
     route_to_api,
     server_log_hint,
@@ -123,9 +125,14 @@ def spark_serving_state(
             notify=notice_writer(pytestconfig),
         )
     except NotServing as exc:
-        # a down fabric port is the cause only while the link-up check (reporting it) runs
-        linked = verdict_in_session(request.session, "test_link_up")
-        return ServingState(None, str(exc), down_port_cause(cluster, str(exc)) if linked else None)
+        problem = str(exc)
+        # a root cause another check reports, only while that check runs in this session
+        cause = None
+        if verdict_in_session(request.session, "test_link_up"):
+            cause = down_port_cause(cluster, problem)
+        if cause is None and verdict_in_session(request.session, GID_VERDICT):
+            cause = no_rdma_serving_cause(cluster, problem)
+        return ServingState(None, problem, cause)
     finally:
         progress_done(pytestconfig)
     return ServingState(info, None)

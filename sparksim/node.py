@@ -37,6 +37,7 @@ TOOLS = (
     "ibdev2netdev",
     "ibstat",
     "ibv_devinfo",
+    "ibv_devices",
     "rdma",
     "nvidia-smi",
     "ethtool",
@@ -325,8 +326,9 @@ def _mount_script(
         f"if mountpoint -q /sys/fs/cgroup; then mount --rbind /sys/fs/cgroup {park}; fi",
         "mount -t sysfs sysfs /sys",
         f"if mountpoint -q {park}; then mount --move {park} /sys/fs/cgroup; fi",
-        # /sys/class/infiniband: the RDMA devices' GID tables (rdmasysfs.py)
-        *rdmasysfs.mount_steps(nd),
+        # /sys/class/infiniband: the RDMA devices' GID tables (rdmasysfs.py), unless
+        # its RDMA drivers are not loaded (fault no-rdma, faults/rdma.py)
+        *rdmasysfs.mount_steps(nd, infiniband=read_state(state_dir, node).get("rdma") is not False),
     ]
     for src, dst in binds:
         steps.append(f"if [ -e {q(dst)} ]; then mount --bind {q(str(src))} {q(dst)}; fi")

@@ -101,18 +101,20 @@ def write(node_dir: Path, node: NodeSpec, mode: str = "healthy") -> None:
                 t.write_text(kind + "\n")
 
 
-def mount_steps(node_dir: Path) -> list[str]:
+def mount_steps(node_dir: Path, infiniband: bool = True) -> list[str]:
     """Shell steps (after the node's sysfs is mounted on /sys) that lay the tree at
-    /sys/class/infiniband: /sys/class as a tmpfs of binds, the real classes kept."""
+    /sys/class/infiniband: /sys/class as a tmpfs of binds, the real classes kept. Not
+    ``infiniband``: no such directory (a node without RDMA drivers, faults/rdma.py)."""
     q = shlex.quote
     park = q(str(node_dir / "sysclass"))
     src = q(str(tree(node_dir)))
-    return [
+    steps = [
         f"mkdir -p {park}",
         f"mount --bind /sys/class {park}",
         "mount -t tmpfs -o mode=755,nosuid,nodev,noexec sparksim-sysclass /sys/class",
         f'for c in {park}/*; do n="${{c##*/}}"; mkdir "/sys/class/$n" && '
         f'mount --bind "$c" "/sys/class/$n" || exit 1; done',
-        f"mkdir /sys/class/{DIRNAME}",
-        f"mount --bind {src} /sys/class/{DIRNAME}",
     ]
+    if infiniband:
+        steps += [f"mkdir /sys/class/{DIRNAME}", f"mount --bind {src} /sys/class/{DIRNAME}"]
+    return steps

@@ -95,6 +95,47 @@ def test_a_wrong_answer_quotes_prompt_answer_expected_and_the_layer() -> None:
     assert check_alone(answers(True), SERVER).ok
 
 
+CLUSTER_WORDS = ("tensor-parallel", "TP=1", "CUDA graphs", "every node", "across nodes")
+
+
+def test_api_only_advice_is_the_servers_not_the_clusters() -> None:
+    """Issue #25: with --spark-api-url alone there is no cluster; the advice of a wrong
+    model, of wrong answers under load, of a drifted fingerprint and of low math accuracy
+    names what the server's operator can change (its model, quantization and kernels,
+    chat template, speculative decoding), never ranks, nodes or image parity."""
+    alone = answers(True)
+    wrong = answers(False)
+    base = Fingerprint(-2.0, 0.7, 150, "prompt_logprobs")
+    score = MathScore(10, 50, [(math_problems(1)[0], "7")])
+    findings = {
+        "alone": check_alone(wrong, SERVER, api_only=True),
+        "under load": check_under_load(
+            alone, [[alone[0], wrong[0]], [alone[1]]], 4, SERVER, api_only=True
+        ),
+        "drift": check_fingerprint(
+            Fingerprint(-2.2, 0.6, 150, "x"),
+            Baseline(base, "h"),
+            max_logprob_delta=0.05,
+            max_top1_delta=0.03,
+            server=SERVER,
+            api_only=True,
+        ),
+        "math": check_math(score, 0.9, 0.08, SERVER, api_only=True),
+    }
+    for where, finding in findings.items():
+        assert not finding.ok, where
+        for word in CLUSTER_WORDS:
+            assert word not in finding.message, (where, word, finding.message)
+    said = findings["alone"].message
+    for phrase in ("/v1/models", "quantization", "chat template", "speculative decoding"):
+        assert phrase in said, said
+    assert "speculative decoding" in findings["under load"].message
+    assert "quantization" in findings["drift"].message
+    assert "chat template" in findings["math"].message
+    # the cluster's advice is unchanged where there is a cluster
+    assert "tensor-parallel" in check_alone(wrong, SERVER).message
+
+
 def test_under_load_compares_with_the_single_stream_answers() -> None:
     alone = answers(True)
     same = [[a, a] for a in alone]

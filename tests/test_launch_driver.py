@@ -495,3 +495,28 @@ def test_a_silent_docker_daemon_is_no_answer_about_the_container() -> None:
     }
     # a launch is not refused for it (the docker check owns a silent daemon)
     refuse_running(FakeCluster(states(""), silent), "vllm_node", wait_s=0)
+
+
+def test_no_fabric_address_says_when_no_rdma_device_is_listed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A node without RDMA drivers: ibdev2netdev and `rdma link` list nothing, so the
+    launcher's -n list cannot be built; the message says why, not only that."""
+    import pytest_spark.infra.links.gather as gathering
+    from pytest_spark.infra.links.parse import RoceMapping
+    from pytest_spark.infra.links.probe import NodeLinkFacts
+    from pytest_spark.readiness.launch import NotServing, fabric_addresses
+
+    node = SimpleNamespace(name="spark-head")
+    cluster = SimpleNamespace(nodes=[node])
+    bare = NodeLinkFacts("spark-head", {})
+    monkeypatch.setattr(gathering, "node_link_facts", lambda _c, _n: bare)
+    with pytest.raises(NotServing) as info:
+        fabric_addresses(cluster)  # type: ignore[arg-type]
+    assert "list no RDMA device: are the RDMA drivers loaded? modprobe mlx5_ib" in str(info.value)
+    down = RoceMapping("rocep1s0f1", 1, "enp1s0f1np1", False, "Down")
+    listed = NodeLinkFacts("spark-head", {}, roce=(down,))
+    monkeypatch.setattr(gathering, "node_link_facts", lambda _c, _n: listed)
+    with pytest.raises(NotServing) as info:
+        fabric_addresses(cluster)  # type: ignore[arg-type]
+    assert "RDMA" not in str(info.value), info.value

@@ -793,6 +793,10 @@ def wrong_model_run(tmp_path: Path, marker: str) -> None:
     verdict = run.checks["test_canaries_alone"]["message"]
     assert "answers wrong" in verdict and "expected" in verdict and " = " in verdict, verdict
     assert "wrong when alone" in verdict and "--enforce-eager" in verdict, verdict
+    # --spark-api-url alone: the server's advice, not the cluster's (issue #25)
+    assert "chat template" in verdict and "speculative decoding" in verdict, verdict
+    for word in ("tensor-parallel", "TP=1", "CUDA graphs", "test_model_dir_identical"):
+        assert word not in verdict, verdict
     for name in WRONG_MODEL_TOOLS | {"test_canaries_under_load", "test_logprob_fingerprint"}:
         check = run.checks[name]
         assert check["outcome"] == "skipped", (name, check)

@@ -59,7 +59,10 @@ def _skip_if_wrong_alone(request: pytest.FixtureRequest, probe: AccuracyProbe, w
 
 
 def test_canaries_alone(
-    request: pytest.FixtureRequest, accuracy_probe: AccuracyProbe, spark_check: SparkCheck
+    request: pytest.FixtureRequest,
+    accuracy_probe: AccuracyProbe,
+    spark_settings: Settings,
+    spark_check: SparkCheck,
 ) -> None:
     """Every canary the profile expects, one request at a time, greedy: the answer read
     from the content equals the one right answer (arithmetic, counting, copying,
@@ -76,7 +79,7 @@ def test_canaries_alone(
     own, cited = accuracy_probe.judged(_in_session(request))
     if not own:
         pytest.skip("; ".join(cited))  # every answer is another behaviour's failure
-    finding = check_alone(own, accuracy_probe.server)
+    finding = check_alone(own, accuracy_probe.server, api_only=spark_settings.api_only)
     if cited and finding.ok:
         finding = replace(
             finding, message=f"{finding.message}; judged elsewhere: {'; '.join(cited)}"
@@ -85,7 +88,10 @@ def test_canaries_alone(
 
 
 def test_canaries_under_load(
-    request: pytest.FixtureRequest, accuracy_probe: AccuracyProbe, spark_check: SparkCheck
+    request: pytest.FixtureRequest,
+    accuracy_probe: AccuracyProbe,
+    spark_settings: Settings,
+    spark_check: SparkCheck,
 ) -> None:
     """The canaries right alone, sent again with ``concurrency`` requests in flight (at
     least the serve args' --max-num-seqs): every answer equals its single-stream one."""
@@ -104,7 +110,13 @@ def test_canaries_under_load(
     )
     _require_requests(request, accuracy_probe, spark_check)
     spark_check.require(
-        check_under_load(alone, loaded, accuracy_probe.concurrency, accuracy_probe.server)
+        check_under_load(
+            alone,
+            loaded,
+            accuracy_probe.concurrency,
+            accuracy_probe.server,
+            api_only=spark_settings.api_only,
+        )
     )
 
 
@@ -164,6 +176,7 @@ def test_logprob_fingerprint(
         max_logprob_delta=section.max_logprob_delta,
         max_top1_delta=section.max_top1_delta,
         server=accuracy_probe.server,
+        api_only=spark_settings.api_only,
     )
     if baseline is None:
         accepted = accuracy_probe.error is None and all(a.right for a in accuracy_probe.alone())
@@ -206,5 +219,11 @@ def test_math_accuracy(
     )
     _require_requests(request, accuracy_probe, spark_check)
     spark_check.require(
-        check_math(score, section.math_expected, section.math_tolerance, accuracy_probe.server)
+        check_math(
+            score,
+            section.math_expected,
+            section.math_tolerance,
+            accuracy_probe.server,
+            api_only=spark_settings.api_only,
+        )
     )

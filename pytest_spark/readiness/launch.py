@@ -243,9 +243,15 @@ def fabric_addresses(cluster: Cluster) -> tuple[str, ...]:
         ifname = primary_fabric_if(facts)
         addrs = facts.ip_addrs.get(ifname or "", [])
         if not addrs:
+            why = (
+                ""
+                if facts.roce or facts.rdma
+                else " (ibdev2netdev and `rdma link` list no RDMA device: are the RDMA "
+                "drivers loaded? modprobe mlx5_ib)"
+            )
             raise NotServing(
-                f"{node.name}: no fabric interface with an IPv4 address (ibdev2netdev Up): "
-                "cannot give launch-cluster.sh its -n list; set --spark-launch-nodes"
+                f"{node.name}: no fabric interface with an IPv4 address (ibdev2netdev Up)"
+                f"{why}: cannot give launch-cluster.sh its -n list; set --spark-launch-nodes"
             )
         addresses.append(str(addrs[0].ip))
     return tuple(addresses)

@@ -95,6 +95,24 @@ def down_port_cause(cluster: Cluster, problem: str) -> str | None:
     return f"{headline}, because {'; '.join(down)}"
 
 
+def no_rdma_serving_cause(cluster: Cluster, problem: str) -> str | None:
+    """The serving failure's root cause when nodes have no RDMA drivers (no
+    /sys/class/infiniband: ibdev2netdev lists nothing, so no fabric interface for the
+    launcher): the GID check reports every such node, so the serving checks skip citing
+    it. None otherwise (ask only when the GID check runs in this session: it must report it)."""
+    from pytest_spark.infra.nccl.gather import nodes_without_rdma
+    from pytest_spark.infra.nccl.gid_check import no_rdma_cause
+
+    try:
+        cause = no_rdma_cause(nodes_without_rdma(cluster), None)
+    except (RemoteError, pytest.fail.Exception, pytest.skip.Exception):
+        return None
+    if cause is None:
+        return None
+    headline = not_serving_reason(problem).removesuffix(" (test_cluster_serving has the evidence)")
+    return f"{headline}, because {cause}"
+
+
 def unreachable_for_serving(
     config: pytest.Config, cluster: Cluster, settings: Settings
 ) -> str | None:

@@ -105,6 +105,12 @@ class Settings:
         """Where the value of ``attr`` came from."""
         return self.sources[attr]
 
+    @property
+    def api_only(self) -> bool:
+        """``--spark-api-url`` alone: a server reached by its API, no cluster (no head, no
+        sim): advice names what its operator can change, not nodes or ranks."""
+        return self.api_url is not None and self.head is None and not self.sim
+
     def replace(self, **changes: Any) -> Settings:
         """A copy with some values set by the plugin itself (e.g. by --spark-sim)."""
         sources = {**self.sources, **dict.fromkeys(changes, "sparksim")}

@@ -13,6 +13,7 @@ TOOLS: dict[str, Callable[[str, list[str]], int]] = {
     "ibdev2netdev": links.ibdev2netdev,
     "ibstat": links.ibstat,
     "ibv_devinfo": links.ibv_devinfo,
+    "ibv_devices": links.ibv_devices,
     "rdma": links.rdma,
     "ethtool": links.ethtool,
     "nvidia-smi": gpu.nvidia_smi,

@@ -1,4 +1,4 @@
-"""Fake ibdev2netdev, ibstat, ibv_devinfo, rdma and an ethtool wrapper.
+"""Fake ibdev2netdev, ibstat, ibv_devinfo, ibv_devices, rdma and an ethtool wrapper.
 
 Formats follow the real tools byte for byte (ibstat.c, libibverbs devinfo.c, iproute2
 rdma/link.c, Mellanox ibdev2netdev): tabs in ibstat and ibv_devinfo, the trailing space
@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 
-from .ports import Port, State, guid, load_state, operstate, ports
+from .ports import Port, State, guid, load_state, operstate, ports, rdma_loaded, rdma_ports
 
 # PCI address of each device's function: domain 0 / domain 2, function 0 / 1.
 PCI = {
@@ -42,6 +42,8 @@ def _err(msg: str, rc: int) -> int:
 
 def ibdev2netdev(node_dir: str, argv: list[str]) -> int:
     state = load_state(node_dir)
+    if not rdma_loaded(state):
+        return 255  # Mellanox's script: no /sys/class/infiniband ("driver is stopped"): exit -1
     verbose = "-v" in argv
     out = []
     for p in sorted(ports(state), key=lambda p: p.dev):  # ls order in the C locale
@@ -92,7 +94,7 @@ def _ca_header(p: Port, state: State) -> str:
 
 def ibstat(node_dir: str, argv: list[str]) -> int:
     state = load_state(node_dir)
-    all_ports = ports(state)
+    all_ports = rdma_ports(state)
     flags = [a for a in argv if a.startswith("-")]
     args = [a for a in argv if not a.startswith("-")]
     if "-l" in flags or "--list_of_cas" in flags:
@@ -159,8 +161,13 @@ def _devinfo(p: Port, state: State) -> str:
     )
 
 
+NO_VERBS = "Failed to get IB devices list: Function not implemented"
+
+
 def ibv_devinfo(node_dir: str, argv: list[str]) -> int:
     state = load_state(node_dir)
+    if not rdma_loaded(state):  # libibverbs finds no /sys/class/infiniband_verbs: ENOSYS
+        return _err(NO_VERBS, 255)
     all_ports = ports(state)
     dev = None
     port = None
@@ -206,12 +213,24 @@ def ibv_devinfo(node_dir: str, argv: list[str]) -> int:
     return 0
 
 
+def ibv_devices(node_dir: str, argv: list[str]) -> int:
+    """libibverbs' ibv_devices: a header, then each device and its node GUID."""
+    state = load_state(node_dir)
+    if not rdma_loaded(state):
+        return _err(NO_VERBS, 1)
+    text = f"    {'device':<16}\t   node GUID\n    {'------':<16}\t----------------\n"
+    for p in ports(state):
+        text += f"    {p.dev:<16}\t{guid(state, p.dev):016x}\n"
+    sys.stdout.write(text)
+    return 0
+
+
 # ------------------------------------------------------------------------ rdma
 
 
 def rdma(node_dir: str, argv: list[str]) -> int:
     state = load_state(node_dir)
-    all_ports = ports(state)
+    all_ports = rdma_ports(state)
     as_json = False
     pretty = False
     args = []

@@ -100,6 +100,18 @@ def ports(state: State) -> list[Port]:
     return result
 
 
+def rdma_loaded(state: State) -> bool:
+    """Whether the node's RDMA drivers are loaded (mlx5_ib, ib_core): not under fault
+    no-rdma (faults/rdma.py), which also removes /sys/class/infiniband."""
+    return state.get("rdma") is not False
+
+
+def rdma_ports(state: State) -> list[Port]:
+    """The ports as the RDMA tools see them: none without the RDMA drivers (the netdevs,
+    mlx5_core's, are still there for ethtool and ip)."""
+    return ports(state) if rdma_loaded(state) else []
+
+
 def operstate(netdev: str) -> str | None:
     return _read(os.path.join(SYS_NET, netdev, "operstate"))
 

@@ -297,3 +297,34 @@ def test_nvidia_smi_queries(node: FakeNode, capsys: Any) -> None:
     assert rc == 2 and 'Field "bogus" is not a valid field to query.' in out
     rc, out, _ = node.run("nvidia-smi", "-L", capsys=capsys)
     assert out.startswith("GPU 0: NVIDIA GB10 (UUID: GPU-") and out.endswith(")\n")
+
+
+def test_ibv_devices_layout(node: FakeNode, capsys: Any) -> None:
+    rc, out, _ = node.run("ibv_devices", capsys=capsys)
+    lines = out.splitlines()
+    assert rc == 0
+    assert lines[:2] == [
+        "    device          \t   node GUID",
+        "    ------          \t----------------",
+    ]
+    assert [line.split()[0] for line in lines[2:]] == [
+        "rocep1s0f0",
+        "rocep1s0f1",
+        "roceP2p1s0f0",
+        "roceP2p1s0f1",
+    ]
+    assert all(len(line.split("\t")[1]) == 16 for line in lines[2:])
+
+
+def test_no_rdma_drivers_leave_the_rdma_tools_without_devices(node: FakeNode, capsys: Any) -> None:
+    """state.json rdma false (fault no-rdma): what the real tools print without mlx5_ib /
+    ib_core: Mellanox's ibdev2netdev exits -1 silently with no /sys/class/infiniband,
+    libibverbs fails ENOSYS, ibstat and rdma link list nothing."""
+    node.state["rdma"] = False
+    node.save()
+    assert node.run("ibdev2netdev", capsys=capsys) == (255, "", "")
+    enosys = "Failed to get IB devices list: Function not implemented\n"
+    assert node.run("ibv_devinfo", capsys=capsys) == (255, "", enosys)
+    assert node.run("ibv_devices", capsys=capsys) == (1, "", enosys)
+    assert node.run("ibstat", capsys=capsys) == (0, "", "")
+    assert node.run("rdma", "link", capsys=capsys) == (0, "", "")

@@ -135,3 +135,39 @@ def test_link_rate_fault_sets_rate_and_shaping(healthy_sim: Any) -> None:
     assert "rate 1Gbit" in sim.out("spark-2", "tc qdisc show dev enp1s0f1np1")
     for name in ("spark-1", "spark-2"):
         assert sim.out(name, "ibstat").count("\t\tRate: 200\n") == 2, name
+
+
+def test_no_rdma_removes_the_rdma_devices_and_keeps_the_netdevs(healthy_sim: Any) -> None:
+    """Fault no-rdma: a node whose RDMA drivers are not loaded. /sys/class/infiniband is
+    gone, the RDMA tools see no device (ibdev2netdev exits 255 silently, as Mellanox's
+    script does without the directory), the fabric netdevs stay up with their addresses;
+    ``fault clear`` loads the drivers again."""
+    sim = healthy_sim
+    sim.cli("fault", "no-rdma", "all")
+    for name in ("spark-1", "spark-2"):
+        proc = sim.ssh(name, "ibdev2netdev")
+        assert (proc.returncode, proc.stdout, proc.stderr) == (255, "", "")
+        proc = sim.ssh(name, "ls -d /sys/class/infiniband")
+        assert proc.returncode != 0 and "No such file or directory" in proc.stderr
+        proc = sim.ssh(name, "ibv_devinfo")
+        assert proc.returncode == 255
+        assert "Failed to get IB devices list: Function not implemented" in proc.stderr
+        assert sim.ssh(name, "ibv_devices").returncode == 1
+        assert sim.out(name, "ibstat") == ""
+        assert sim.out(name, "rdma link") == ""
+        links = json.loads(sim.out(name, "ip -j addr show enp1s0f1np1"))
+        assert links[0]["operstate"] == "UP"
+        assert any(a["family"] == "inet" for a in links[0]["addr_info"])
+        assert "/sys/class/net/enp1s0f1np1" in sim.out(name, "ls -d /sys/class/net/enp1s0f1np1")
+    faults = sim.status()["faults"]
+    assert [(f["kind"], f["node"]) for f in faults] == [
+        ("no-rdma", "spark-1"),
+        ("no-rdma", "spark-2"),
+    ]
+    sim.cli("fault", "clear")
+    assert sim.out("spark-2", "ibdev2netdev") == IBDEV2NETDEV_HEALTHY
+    assert sim.out("spark-1", "cat /sys/class/infiniband/rocep1s0f1/ports/1/gid_attrs/types/3") == (
+        "RoCE v2\n"
+    )
+    assert "rocep1s0f1" in sim.out("spark-1", "ibv_devices")
+    assert sim.status()["faults"] == []

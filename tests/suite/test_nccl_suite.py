@@ -60,3 +60,43 @@ def test_degraded_link_fails_busbw_with_the_figures(sim: SimCluster, tmp_path: P
     assert "0.09" in message and "GB/s" in message
     record = run.checks(nodeid="tests_infra/test_nccl.py::test_allreduce_busbw")[0]
     assert record["measured"] < 0.075
+
+
+def test_no_rdma_on_the_nodes_is_one_failure(sim: SimCluster, tmp_path: Path) -> None:
+    """Issue #25 part 4: the RDMA drivers not loaded on any node (sparksim's no-rdma: no
+    /sys/class/infiniband, ibdev2netdev silent, the netdevs up) was a GID failure per node
+    plus the transport check's socket fallback. One failure: the first node's
+    test_roce_gid_is_v2, naming every node and the fix; the other node's GID check and the
+    transport check skip citing it."""
+    sim_fault(sim, "clear")
+    sim_fault(sim, "no-rdma", "all")
+    try:
+        run = run_suite(
+            tmp_path,
+            NCCL,
+            str(REPO / "tests_infra" / "test_nccl_gid.py"),
+            *launch_args(sim),
+            "--spark-history=off",
+            sim=sim,
+        )
+    finally:
+        sim_fault(sim, "clear")
+    failed = run.failed()
+    head, worker = "spark-head", "spark-worker-1"
+    verdict = f"test_roce_gid_is_v2[{head}]"
+    assert list(failed) == [verdict], (failed, run.output[-4000:])
+    message = failed[verdict]
+    assert message.startswith(f"{head}: /sys/class/infiniband does not exist (nor on {worker}")
+    assert f"Load them (modprobe mlx5_ib) on {head}, {worker}" in message, message
+    assert "DOCA-host / MLNX_OFED" in message, message
+    outcomes = run.outcomes()
+    skipped = {k for k, v in outcomes.items() if v == "skipped"}
+    # every other check: the other node's GID check, the GID comparison, the transport
+    # check and the checks that need the launched cluster (the launcher finds no fabric
+    # interface without RDMA), each citing the one failure
+    assert set(outcomes) - skipped == {verdict}, outcomes
+    assert {f"test_roce_gid_is_v2[{worker}]", "test_transport_is_rdma_on_the_fabric"} <= skipped
+    for record in run.results["checks"]:
+        if record["outcome"] == "skipped":
+            assert f"no RDMA on {head}, {worker}" in record["message"], record
+            assert record["message"].endswith(f"({verdict} has the evidence)"), record

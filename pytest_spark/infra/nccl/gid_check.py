@@ -88,7 +88,9 @@ def check_gid_v2(
             message=f"{node}: /sys/class/infiniband does not exist{same}, expected a RoCE v2 "
             f"GID on {', '.join(devs)}: the RDMA drivers are not loaded, so NCCL cannot use "
             "RoCE and falls back to TCP sockets. Load them (modprobe mlx5_ib) on "
-            f"{', '.join([node, *others])} and check ibdev2netdev lists the fabric twins.",
+            f"{', '.join([node, *others])} (they come with the DOCA-host / MLNX_OFED "
+            "packages: install those where modprobe finds no mlx5_ib) and check "
+            "ibdev2netdev lists the fabric twins.",
         )
     choices = gid_choices(tables, env, devs)
     bad = []

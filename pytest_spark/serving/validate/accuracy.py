@@ -56,6 +56,42 @@ FIX_DRIFT = (
     "--kv-cache-dtype against the baseline's; check image and vLLM parity across nodes"
 )
 
+# The same, for --spark-api-url alone: a server reached by its API, no cluster to act on
+# (no nodes, no tensor-parallel ranks, no image parity); what the one who runs the server
+# can change: which model it serves, its quantization and kernels, the chat template,
+# speculative decoding.
+FIX_ALONE_API = (
+    "wrong when alone: the server computes garbage for this model. On the machine that "
+    "serves it, check which model and revision it loaded (/v1/models; a wrong or corrupt "
+    "checkpoint), its quantization and kernels (serve it unquantized or with another "
+    "quantization or attention backend; on vLLM, --enforce-eager), that its chat template "
+    "is the model's own, and turn speculative decoding off; then compare its fingerprint "
+    "with a known-good server of the same model (--spark-accuracy-baseline)"
+)
+FIX_UNDER_LOAD_API = (
+    "right alone, wrong under load: a batch-dependent path on the server (batched "
+    "kernels, speculative decoding's batched verification). On the machine that serves "
+    "it: turn speculative decoding off, lower its concurrent-sequence limit (on vLLM, "
+    "--max-num-seqs), try another quantization or kernel backend (on vLLM, --enforce-eager)"
+)
+FIX_DRIFT_API = (
+    "only the fingerprint drifts: the server's numbers changed (another quantization, "
+    "dtype or KV-cache dtype, another kernel path) or it serves another revision of the "
+    "model. Check what it serves (/v1/models) and how (on vLLM: --dtype, --quantization, "
+    "--kv-cache-dtype) against the baseline's"
+)
+
+
+def advice(where: str, api_only: bool) -> str:
+    """What to try for wrong answers ``where`` (``alone``, ``under_load``, ``drift``): the
+    cluster's layers, or with ``api_only`` (--spark-api-url alone) the server's."""
+    table = {
+        "alone": (FIX_ALONE, FIX_ALONE_API),
+        "under_load": (FIX_UNDER_LOAD, FIX_UNDER_LOAD_API),
+        "drift": (FIX_DRIFT, FIX_DRIFT_API),
+    }
+    return table[where][api_only]
+
 
 @dataclass(frozen=True)
 class Canary:
@@ -216,8 +252,9 @@ def _clip(text: str, n: int = 160) -> str:
     return text if len(text) <= n else text[: n - 3] + "..."
 
 
-def check_alone(answers: list[Answer], server: str) -> Finding:
-    """Every expected canary answered right, one request at a time."""
+def check_alone(answers: list[Answer], server: str, *, api_only: bool = False) -> Finding:
+    """Every expected canary answered right, one request at a time. ``api_only``: the
+    advice is the server's (--spark-api-url alone), not the cluster's."""
     wrong = [a for a in answers if not a.right]
     right = len(answers) - len(wrong)
     if not wrong:
@@ -234,14 +271,20 @@ def check_alone(answers: list[Answer], server: str) -> Finding:
         "canaries",
         message=(
             f"{server} answers wrong: {len(wrong)} of {len(answers)} canaries (greedy, "
-            f"temperature 0, one request at a time):\n{lines}\nLikely layer: {FIX_ALONE}"
+            f"temperature 0, one request at a time):\n{lines}\nLikely layer: "
+            f"{advice('alone', api_only)}"
         ),
         evidence={"answers": json.dumps([a.row() for a in answers], indent=1)},
     )
 
 
 def check_under_load(
-    alone: list[Answer], loaded: list[list[Answer]], concurrency: int, server: str
+    alone: list[Answer],
+    loaded: list[list[Answer]],
+    concurrency: int,
+    server: str,
+    *,
+    api_only: bool = False,
 ) -> Finding:
     """The canaries right alone stay right, and read the same, with ``concurrency``
     requests in flight (``loaded[i]``: every copy of canary i sent under load)."""
@@ -274,7 +317,7 @@ def check_under_load(
         message=(
             f"{server} answers right alone and wrong under load ({concurrency} requests in "
             f"flight, greedy): batch-dependent corruption\n{lines}\nLikely layer: "
-            f"{FIX_UNDER_LOAD}"
+            f"{advice('under_load', api_only)}"
         ),
         evidence={
             "under load": json.dumps([[a.row() for a in copies] for copies in loaded], indent=1)
@@ -413,6 +456,7 @@ def check_fingerprint(
     max_logprob_delta: float,
     max_top1_delta: float,
     server: str,
+    api_only: bool = False,
 ) -> Finding:
     """This run's fingerprint against the baseline: the mean logprob within
     ``max_logprob_delta`` (nats) and the top-1 agreement within ``max_top1_delta``."""
@@ -448,7 +492,7 @@ def check_fingerprint(
             "new baseline for it"
         )
     else:
-        cause = FIX_DRIFT
+        cause = advice("drift", api_only)
     return Finding.failed(
         round(now.mean_logprob, 4),
         round(base.mean_logprob, 4),
@@ -530,6 +574,8 @@ def check_math(
     tolerance: float,
     server: str,
     baseline: float | None = None,
+    *,
+    api_only: bool = False,
 ) -> Finding:
     """Accuracy no more than ``tolerance`` below the profile's expected accuracy (vLLM's
     gsm8k eval: ``measured >= expected - 0.08``), nor below the baseline's."""
@@ -556,7 +602,7 @@ def check_math(
         "accuracy",
         message=(
             f"{server}: math accuracy {figure} is below {floor:.2f} ({ref}); e.g.\n{shown}\n"
-            f"Likely layer: {FIX_ALONE}"
+            f"Likely layer: {advice('alone', api_only)}"
         ),
     )
 
