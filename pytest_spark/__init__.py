@@ -24,8 +24,11 @@ _EXPORTS = {
     "NodeUnreachable": "pytest_spark.access.base",
     "RemoteError": "pytest_spark.access.base",
     "Finding": "pytest_spark.infra.finding",
-    "SparkCheck": "pytest_spark.fixtures",
-    "SparkCheckWarning": "pytest_spark.fixtures",
+    "SparkCheck": "pytest_spark.verdict",
+    "SparkCheckWarning": "pytest_spark.verdict",
+    "require_unless_twin_down": "pytest_spark.verdict",
+    "verdict_in_session": "pytest_spark.verdict",
+    "progress_line_writer": "pytest_spark.report.live",
     "Profile": "pytest_spark.settings.profiles",
     "load_profile": "pytest_spark.settings.profiles",
     "Settings": "pytest_spark.settings.resolve",
@@ -47,6 +50,9 @@ __all__ = [
     "SparkCheckWarning",
     "__version__",
     "load_profile",
+    "progress_line_writer",
+    "require_unless_twin_down",
+    "verdict_in_session",
 ]
 
 if TYPE_CHECKING:
@@ -59,10 +65,16 @@ if TYPE_CHECKING:
         RemoteError,
     )
     from pytest_spark.access.cluster import Cluster, Node
-    from pytest_spark.fixtures import SparkCheck, SparkCheckWarning
     from pytest_spark.infra.finding import Finding
+    from pytest_spark.report.live import progress_line_writer
     from pytest_spark.settings.profiles import Profile, load_profile
     from pytest_spark.settings.resolve import Settings
+    from pytest_spark.verdict import (
+        SparkCheck,
+        SparkCheckWarning,
+        require_unless_twin_down,
+        verdict_in_session,
+    )
 
 
 def __getattr__(name: str) -> Any:

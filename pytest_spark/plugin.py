@@ -1,4 +1,11 @@
-"""pytest hooks and option wiring of pytest-dgx-spark (entry point ``spark``)."""
+"""pytest hooks and option wiring of pytest-dgx-spark (entry point ``spark``).
+
+As pytest-xdist's ``DSession``: ``pytest_configure`` chooses the process's role once and
+registers one plugin object for it: ``Controller`` (the session that owns the sim, the
+run directory, the launched cluster, the results and the report) or ``Worker`` (an
+xdist worker, attached to the controller's sim and run directory). Not asked for, it
+registers ``InactiveGuard`` instead and nothing else.
+"""
 
 from __future__ import annotations
 
@@ -16,46 +23,22 @@ import pytest
 # the import of paramiko, testinfra and httpx. The rest is imported once active.
 from pytest_spark import hooks
 from pytest_spark.settings.resolve import add_options, asked_for, refuse_spaced_paths
-from pytest_spark.state import (
-    CLUSTER_KEY,
-    RUN_DIR_KEY,
-    SERVING_VERDICT_KEY,
-    SETTINGS_KEY,
-    SIM_KEY,
-)
+from pytest_spark.state import CLUSTER_KEY, RUN_DIR_KEY, SETTINGS_KEY, SIM_KEY
 from pytest_spark.suitedir import (
-    SuiteRelativeSkips,
-    holds_tests,
-    installed_selection,
-    needed,
-    selected,
-    suite_base,
-    suite_paths,
+    CATEGORY_MARKERS,
+    VERDICT_MARKERS,
+    nothing_collected,
+    select_installed_suite,
+    suite_header,
 )
 
 if TYPE_CHECKING:
+    from pytest_spark.access.simcontrol import SimCluster
+    from pytest_spark.measure.once import Measurements
     from pytest_spark.settings.resolve import Settings
 
-MARKERS = {
-    "preflight": "node fitness before serving (docker, GPU, disk, model dir, clocks, env)",
-    "link": "fabric link state per node and twin (NIC, RoCE, rate, MTU, reachability)",
-    "nccl": "collective (all-reduce) bandwidth and transport over the fabric",
-    "readiness": "the served model is up, complete and answering",
-    "accuracy": "the model answers correctly: exact canaries alone and under load, a logprob "
-    "fingerprint against a baseline, the math set by option (--spark-accuracy=math)",
-    "tool_calls": "tool-call parsing end to end",
-    "reasoning": "reasoning separation end to end",
-    "throughput": "tokens/sec and latency against the profile",
-    "structured_output": "response_format (json_schema, json_object) answers end to end",
-    "load": "open-loop load and the soak, by option (--spark-open-loop, --spark-soak)",
-    "context": "prefix cache and long context (max_model_len) end to end",
-}
-SIM_INFO = "spark_sim_cluster_json"
+SIM_INFO = "spark_sim_cluster_json"  # workerinput keys: what a worker attaches to
 RUN_DIR = "spark_run_dir"
-SIGTERM_KEY = pytest.StashKey[Any]()
-SUITE_KEY = pytest.StashKey[list[Path]]()  # the installed suite, when collection went there
-SELECTED_KEY = pytest.StashKey[list[str]]()  # node ids named from the installed suite
-COLLECTED_KEY = pytest.StashKey[int]()  # items collected, before -m/-k deselect
 API_FIXTURES = {"spark_api", "spark_api_state"}
 NODE_FIXTURES = {"spark_node", "spark_node_unchecked", "_spark_node", "host"}
 CLUSTER_FIXTURES = NODE_FIXTURES | {
@@ -78,186 +61,236 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     add_options(parser)
 
 
-def _is_worker(config: pytest.Config) -> bool:
-    return hasattr(config, "workerinput")
-
-
-def _active(config: pytest.Config) -> bool:
-    return SETTINGS_KEY in config.stash
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
     refuse_spaced_paths(config)  # before anything is collected or contacted
-    # The suite's markers are declared even when inactive, so that collecting the suite
-    # without a cluster ends in the usage error below, not in unknown-marker errors.
-    for name, meaning in MARKERS.items():  # the report's CATEGORIES (a test holds them equal)
+    # The suite's markers are declared even when inactive (suitedir.CATEGORY_MARKERS).
+    for name, meaning in {**CATEGORY_MARKERS, **VERDICT_MARKERS}.items():
         config.addinivalue_line("markers", f"{name}: {meaning}")
-    config.addinivalue_line(
-        "markers",
-        "spark_serving_verdict: this check fails when the cluster is not serving; while it "
-        "runs, the checks that need the server skip naming the root cause",
-    )
-    config.addinivalue_line(
-        "markers",
-        "spark_reachability_verdict: this check fails when a node cannot be reached; while "
-        "it runs, the checks that need that node skip naming it",
-    )
     if asked_for(config) is None:  # installed, not asked for: a good neighbour
         config.pluginmanager.register(InactiveGuard(), "spark.inactive")
         return
-    _installed_suite(config)
-    _configure_active(config)
+    select_installed_suite(config)
+    role = Worker(config) if hasattr(config, "workerinput") else Controller(config)
+    config.pluginmanager.register(role, f"spark.{role.name}")  # first: unconfigure cleans up
+    role.start()
 
 
-def _installed_suite(config: pytest.Config) -> None:
-    """Collect from the suite that came with the package: all of it when there are no
-    paths, no testpaths and no test files here; the checks named by node id (as the
-    checkout and the report print them) when those paths do not exist here."""
-    suite = suite_paths(config.rootpath)
-    if not suite:
-        return
-    shorten = SuiteRelativeSkips(suite_base(suite))
-    if config.args_source == pytest.Config.ArgsSource.INVOCATION_DIR:
-        here = config.invocation_params.dir
-        if not holds_tests(here, config.getini("python_files"), config.getini("norecursedirs")):
-            config.args[:] = [str(path) for path in suite]
-            config.stash[SUITE_KEY] = suite
-            config.pluginmanager.register(shorten, "spark.suite-relative-skips")
-        return
-    if config.args_source != pytest.Config.ArgsSource.ARGS:
-        return
-    base = suite_base(suite)
-    kept, selectors = installed_selection(config.args, config.invocation_params.dir, base)
-    if selectors:
-        config.args[:] = [*kept, *(str(path) for path in suite)]
-        config.stash[SUITE_KEY] = suite
-        config.stash[SELECTED_KEY] = selectors
-        config.pluginmanager.register(shorten, "spark.suite-relative-skips")
-        config.pluginmanager.register(SuiteSelection(base, selectors), "spark.selection")
+class Active:
+    """The plugin asked for, in either role: fixtures, settings, the sim, the run
+    directory, measurements, the cluster's parametrisation, categories and usage errors."""
 
+    name = "active"
 
-class SuiteSelection:
-    """Node ids of the installed suite named on the command line: pytest collects the
-    suite from where it is installed (so node ids stay ``tests_infra/...``), only the
-    files they name, and keeps only the checks they name; a name that matches no check is
-    a usage error, as pytest's own "not found"."""
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.collected = 0  # items collected, before -m/-k deselect
 
-    def __init__(self, base: Path, selectors: list[str]) -> None:
-        self.base = base
-        self.selectors = selectors
+    def start(self) -> None:
+        from pytest_spark import fixtures
+        from pytest_spark.access.simcontrol import served_by_sim
+        from pytest_spark.measure.once import MEASURE_KEY
+        from pytest_spark.readiness.reachability import LostNodes, VerdictFirst
+        from pytest_spark.settings.resolve import resolve
 
-    def pytest_ignore_collect(self, collection_path: Path) -> bool | None:
-        try:
-            rel = collection_path.relative_to(self.base).as_posix()
-        except ValueError:
-            return None  # the user's own paths
-        return None if needed(rel, self.selectors) else True
+        config = self.config
+        config.addinivalue_line("filterwarnings", "default::pytest_spark.verdict.SparkCheckWarning")
+        config.pluginmanager.register(fixtures, "spark.fixtures")
+        # NodeUnreachable out of a check: one failure per lost node, later checks skip citing it
+        config.pluginmanager.register(
+            LostNodes(lambda: config.stash.get(CLUSTER_KEY, None)), "spark.lost"
+        )
+        # test_node_reachable runs first and whatever the selection (-m link, -k, -x)
+        first = VerdictFirst(lambda item: bool(_fixtures(item) & CLUSTER_FIXTURES))
+        config.pluginmanager.register(first, "spark.reachability")
+        settings = resolve(config)
+        if settings.sim:
+            config.stash[SIM_KEY] = self.sim(settings)
+            settings = served_by_sim(settings, config.stash[SIM_KEY])
+        config.stash[SETTINGS_KEY] = settings
+        config.stash[RUN_DIR_KEY] = self.run_dir()
+        config.stash[MEASURE_KEY] = self.measurements(config.stash[RUN_DIR_KEY])
 
-    @pytest.hookimpl(tryfirst=True)  # before -m/-k deselect, so "not found" means not found
+    def sim(self, settings: Settings) -> SimCluster:
+        raise NotImplementedError
+
+    def run_dir(self) -> Path:
+        raise NotImplementedError
+
+    def measurements(self, run_dir: Path) -> Measurements:
+        raise NotImplementedError
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        from pytest_spark.measure.once import MEASURE_KEY
+
+        cluster = config.stash.get(CLUSTER_KEY, None)
+        if cluster is not None:
+            cluster.close()
+        measurements = config.stash.get(MEASURE_KEY, None)
+        if measurements is not None:
+            measurements.close()
+        sim = config.stash.get(SIM_KEY, None)
+        if sim is not None:
+            sim.down()
+
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
+        names = set(metafunc.fixturenames)
+        settings = metafunc.config.stash[SETTINGS_KEY]
+        if not names & CLUSTER_FIXTURES or not settings.head:
+            return  # no head: reported once, at collection end
+        from pytest_spark.access.cluster import node_names
+
+        if names & NODE_FIXTURES:
+            ids = [name for name, _, _ in node_names(settings)]
+            metafunc.parametrize("_spark_node", ids, ids=ids, indirect=True, scope="session")
+        if "spark_twin" in names:
+            ifs = settings.fabric_ifs
+            count = len(ifs) or settings.profile.link.fabric_twins
+            twin_ids = list(ifs) if ifs else [f"twin{i}" for i in range(count)]
+            metafunc.parametrize("spark_twin", list(range(count)), ids=twin_ids, scope="session")
+
+    def pytest_itemcollected(self, item: pytest.Item) -> None:
+        """The check's category is its closest category marker (a test's own mark wins over
+        its module's)."""
+        from pytest_spark.report.results import CATEGORY_PROP
+
+        self.collected += 1
+        for mark in item.iter_markers():
+            if mark.name in CATEGORY_MARKERS:
+                item.user_properties.append((CATEGORY_PROP, mark.name))
+                return
+
     def pytest_collection_modifyitems(
         self, config: pytest.Config, items: list[pytest.Item]
     ) -> None:
-        ours = [item for item in items if item.path.is_relative_to(self.base)]
-        missing = [s for s in self.selectors if not any(selected(i.nodeid, [s]) for i in ours)]
-        if missing:
-            raise pytest.UsageError(
-                *(
-                    f"not found: {name} (no such check in the installed suite at {self.base}; "
-                    "pytest --co -q with no paths lists its node ids)"
-                    for name in missing
-                )
+        settings = config.stash[SETTINGS_KEY]
+        if settings.head:
+            return
+        cluster_tests = [i for i in items if set(getattr(i, "fixturenames", ())) & CLUSTER_FIXTURES]
+        if settings.api_url:
+            why = (
+                "needs the cluster's nodes (--spark-head): only the API was given (--spark-api-url)"
             )
-        dropped = [item for item in ours if not selected(item.nodeid, self.selectors)]
-        if dropped:
-            config.hook.pytest_deselected(items=dropped)
-        gone = set(map(id, dropped))
-        suite_ids = set(map(id, ours))
-        kept = [item for item in ours if id(item) not in gone]
-        # In the order of the command line, as pytest runs named paths (stable within one).
-        kept.sort(key=lambda item: self._first_match(item.nodeid))
-        items[:] = [item for item in items if id(item) not in suite_ids] + kept
+            for item in cluster_tests:
+                item.add_marker(pytest.mark.skip(reason=why))
+            return
+        api_tests = [i for i in items if set(getattr(i, "fixturenames", ())) & API_FIXTURES]
+        if cluster_tests + api_tests:
+            raise _cluster_usage_error(cluster_tests + api_tests)
 
-    def _first_match(self, nodeid: str) -> int:
-        return next(i for i, s in enumerate(self.selectors) if selected(nodeid, [s]))
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        from pytest_spark.readiness.reachability import REACHABILITY_VERDICT_KEY
+        from pytest_spark.readiness.serving import SERVING_VERDICT_KEY
+
+        for key, marker in (
+            (SERVING_VERDICT_KEY, "spark_serving_verdict"),
+            (REACHABILITY_VERDICT_KEY, "spark_reachability_verdict"),
+        ):
+            session.config.stash[key] = any(i.get_closest_marker(marker) for i in session.items)
+        if self.collected == 0 and not session.testsfailed:
+            raise pytest.UsageError(nothing_collected(session.config))
+
+    def pytest_report_header(self, config: pytest.Config) -> list[str]:
+        from pytest_spark.settings.expectations import expectations_lines
+
+        settings = config.stash[SETTINGS_KEY]
+        return [
+            *expectations_lines(settings.profile, settings.source("threshold")),
+            *suite_header(config),
+        ]
 
 
-def _configure_active(config: pytest.Config) -> None:
-    """Asked for: fixtures, settings, the sim, the run directory, measurements, results
-    and reports (imported here, not at the plugin's import)."""
-    from pytest_spark import fixtures
-    from pytest_spark.access.simcontrol import sim_attach, sim_up
-    from pytest_spark.measure.once import MEASURE_KEY, Measurements
-    from pytest_spark.readiness.reachability import LostNodes, VerdictFirst
-    from pytest_spark.report import register as register_reports
-    from pytest_spark.report.results import RESULTS_KEY, ResultsRecorder
-    from pytest_spark.settings.resolve import resolve
+class Controller(Active):
+    """The session's owner: starts the sim, makes the run directory, records the results,
+    writes the report, stops what --spark-launch started, hands workers what they attach to."""
 
-    config.addinivalue_line("filterwarnings", "default::pytest_spark.fixtures.SparkCheckWarning")
-    config.pluginmanager.register(fixtures, "spark.fixtures")
-    # NodeUnreachable out of a check: one failure per lost node, later checks skip citing it
-    config.pluginmanager.register(
-        LostNodes(lambda: config.stash.get(CLUSTER_KEY, None)), "spark.lost"
-    )
-    # test_node_reachable runs first and whatever the selection (-m link, -k, -x)
-    config.pluginmanager.register(
-        VerdictFirst(lambda item: bool(set(getattr(item, "fixturenames", ())) & CLUSTER_FIXTURES)),
-        "spark.reachability",
-    )
-    settings = resolve(config)
-    if settings.sim:
-        if _is_worker(config):
-            sim = sim_attach(Path(config.workerinput[SIM_INFO]))  # type: ignore[attr-defined]
-        else:
-            engine = settings.sim_engine
-            sim = sim_up(settings.sim_nodes, () if engine == "emulator" else ("--engine", engine))
-        config.stash[SIM_KEY] = sim
-        settings = settings.replace(
-            head=sim.head, workers=sim.workers, ssh_config=sim.ssh_config, user="root"
-        )
-        launch = sim.info.get("launch")
-        if launch:  # how the sim says it is served; the user's own settings win
-            hints = {
-                "launch": True,
-                "launch_script": launch["script"],
-                "image": launch["image"],
-                "container": launch["container"],
-                "port": launch["port"],
-                "serve_args": launch["serve_args"],
-                "model_dir": launch.get("model_dir"),
-                "ray": {"ray": "on", "no-ray": "off"}.get(launch.get("mode", "")),
-            }
-            settings = settings.replace(
-                **{
-                    k: v
-                    for k, v in hints.items()
-                    if v is not None and settings.source(k) == "default"
-                }
-            )
-    config.stash[SETTINGS_KEY] = settings
-    if _is_worker(config):
-        config.stash[RUN_DIR_KEY] = Path(config.workerinput[RUN_DIR])  # type: ignore[attr-defined]
-    else:
-        config.stash[RUN_DIR_KEY] = Path(tempfile.mkdtemp(prefix="pytest-spark-run-"))
-    if config.pluginmanager.hasplugin("xdist"):
-        config.pluginmanager.register(XdistHooks(), "spark.xdist")
-    # Measurements once per session; in an xdist worker also shared and in isolation.
-    worker = config.workerinput["workerid"] if _is_worker(config) else None  # type: ignore[attr-defined]
-    measurements = Measurements(
-        config.stash[RUN_DIR_KEY], worker or "main", shared=worker is not None
-    )
-    config.stash[MEASURE_KEY] = measurements
-    if worker is not None:
-        config.pluginmanager.register(measurements, "spark.measure")
-    if not _is_worker(config):
-        recorder = ResultsRecorder(
-            config, settings.results, cluster_info(settings), config.stash[RUN_DIR_KEY]
-        )
-        config.stash[RESULTS_KEY] = recorder
-        config.pluginmanager.register(recorder, "spark.results")
-    register_reports(config)  # HTML, history, terminal summary, redaction (pytest_spark/report)
-    if not _is_worker(config) and threading.current_thread() is threading.main_thread():
-        config.stash[SIGTERM_KEY] = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    name = "controller"
+    previous_sigterm: Any = None
+
+    def start(self) -> None:
+        from pytest_spark.report import register_controller
+
+        super().start()
+        register_controller(self.config)  # results, HTML, history, summary, redaction (report/)
+        if threading.current_thread() is threading.main_thread():
+            self.previous_sigterm = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+
+    def sim(self, settings: Settings) -> SimCluster:
+        from pytest_spark.access.simcontrol import sim_up
+
+        engine = settings.sim_engine
+        return sim_up(settings.sim_nodes, () if engine == "emulator" else ("--engine", engine))
+
+    def run_dir(self) -> Path:
+        return Path(tempfile.mkdtemp(prefix="pytest-spark-run-"))
+
+    def measurements(self, run_dir: Path) -> Measurements:
+        from pytest_spark.measure.once import Measurements
+
+        return Measurements(run_dir, "main", shared=False)
+
+    @pytest.hookimpl(optionalhook=True)  # pytest-xdist's, when it is installed
+    def pytest_configure_node(self, node: Any) -> None:
+        node.workerinput[RUN_DIR] = str(node.config.stash[RUN_DIR_KEY])
+        sim = node.config.stash.get(SIM_KEY, None)
+        if sim is not None:
+            node.workerinput[SIM_INFO] = str(sim.state_dir / "cluster.json")
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        """Stop what --spark-launch started, once, whatever happened."""
+        config = session.config
+        settings = config.stash.get(SETTINGS_KEY, None)
+        if settings is None or not settings.head or RUN_DIR_KEY not in config.stash:
+            return
+        from pytest_spark.access.cluster import Cluster
+        from pytest_spark.readiness.launch import stop_if_launched
+
+        try:
+            cluster = config.stash.get(CLUSTER_KEY, None) or Cluster(settings)
+            problem = stop_if_launched(cluster, config.stash[RUN_DIR_KEY], settings.keep)
+        except Exception as exc:  # teardown must never cost the report and the JSON
+            problem = f"could not stop the launched cluster: {type(exc).__name__}: {exc}"
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        if problem and reporter is not None:
+            reporter.write_line(f"pytest-dgx-spark teardown: {problem}", red=True)
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        if self.previous_sigterm is not None:
+            signal.signal(signal.SIGTERM, self.previous_sigterm)
+        super().pytest_unconfigure(config)
+        run_dir = config.stash.get(RUN_DIR_KEY, None)
+        if run_dir is not None:
+            shutil.rmtree(run_dir, ignore_errors=True)
+
+
+class Worker(Active):
+    """An xdist worker: attaches to the controller's sim and run directory, and shares
+    the session's measurements with the other workers (taken once, in isolation)."""
+
+    name = "worker"
+
+    def start(self) -> None:
+        from pytest_spark.report import register_worker
+
+        super().start()
+        register_worker(self.config)  # redaction of the reports this worker builds
+
+    def sim(self, settings: Settings) -> SimCluster:
+        from pytest_spark.access.simcontrol import sim_attach
+
+        return sim_attach(Path(self.config.workerinput[SIM_INFO]))  # type: ignore[attr-defined]
+
+    def run_dir(self) -> Path:
+        return Path(self.config.workerinput[RUN_DIR])  # type: ignore[attr-defined]
+
+    def measurements(self, run_dir: Path) -> Measurements:
+        from pytest_spark.measure.once import Measurements
+
+        worker = self.config.workerinput["workerid"]  # type: ignore[attr-defined]
+        measurements = Measurements(run_dir, worker, shared=True)
+        self.config.pluginmanager.register(measurements, "spark.measure")
+        return measurements
 
 
 def _sigterm_as_interrupt(signum: int, frame: Any) -> None:
@@ -266,174 +299,8 @@ def _sigterm_as_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def cluster_info(settings: Settings) -> dict[str, Any]:
-    from pytest_spark.access.cluster import node_names
-    from pytest_spark.settings.expectations import server_expectations
-
-    return {
-        "head": settings.head,
-        "nodes": [
-            {"name": n, "role": r, "address": a}
-            for n, r, a in (node_names(settings) if settings.head else [])
-        ],
-        "sim": bool(settings.sim),
-        "profile": settings.profile.name,
-        "hostkey_check": settings.hostkey_check,
-        "server_expectations": [
-            e.to_json() for e in server_expectations(settings.profile, settings.source("threshold"))
-        ],
-    }
-
-
-class XdistHooks:
-    """Only registered when pytest-xdist is present."""
-
-    def pytest_configure_node(self, node: Any) -> None:
-        node.workerinput[RUN_DIR] = str(node.config.stash[RUN_DIR_KEY])
-        sim = node.config.stash.get(SIM_KEY, None)
-        if sim is not None:
-            node.workerinput[SIM_INFO] = str(sim.state_dir / "cluster.json")
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Controller only: stop what --spark-launch started, once, whatever happened."""
-    config = session.config
-    if _is_worker(config) or RUN_DIR_KEY not in config.stash:
-        return
-    settings = config.stash[SETTINGS_KEY]
-    if not settings.head:
-        return
-    from pytest_spark.access.cluster import Cluster
-    from pytest_spark.readiness.launch import stop_if_launched
-
-    try:
-        cluster = config.stash.get(CLUSTER_KEY, None) or Cluster(settings)
-        problem = stop_if_launched(cluster, config.stash[RUN_DIR_KEY], settings.keep)
-    except Exception as exc:  # teardown must never cost the report and the JSON
-        problem = f"could not stop the launched cluster: {type(exc).__name__}: {exc}"
-    if problem:
-        reporter = config.pluginmanager.get_plugin("terminalreporter")
-        if reporter is not None:
-            reporter.write_line(f"pytest-dgx-spark teardown: {problem}", red=True)
-
-
-def pytest_unconfigure(config: pytest.Config) -> None:
-    previous = config.stash.get(SIGTERM_KEY, None)
-    if previous is not None:
-        signal.signal(signal.SIGTERM, previous)
-    cluster = config.stash.get(CLUSTER_KEY, None)
-    if cluster is not None:
-        cluster.close()
-    if SETTINGS_KEY in config.stash:  # active: the measurements exist (not imported inert)
-        from pytest_spark.measure.once import MEASURE_KEY
-
-        measurements = config.stash.get(MEASURE_KEY, None)
-        if measurements is not None:
-            measurements.close()
-    sim = config.stash.get(SIM_KEY, None)
-    if sim is not None:
-        sim.down()
-    run_dir = config.stash.get(RUN_DIR_KEY, None)
-    if run_dir is not None and not _is_worker(config):
-        shutil.rmtree(run_dir, ignore_errors=True)
-
-
-def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    names = set(metafunc.fixturenames)
-    if not names & CLUSTER_FIXTURES or not _active(metafunc.config):
-        return
-    settings = metafunc.config.stash[SETTINGS_KEY]
-    if not settings.head:
-        return  # reported once, at collection end
-    from pytest_spark.access.cluster import node_names
-
-    if names & NODE_FIXTURES:
-        ids = [name for name, _, _ in node_names(settings)]
-        metafunc.parametrize("_spark_node", ids, ids=ids, indirect=True, scope="session")
-    if "spark_twin" in names:
-        ifs = settings.fabric_ifs
-        count = len(ifs) or settings.profile.link.fabric_twins
-        twin_ids = list(ifs) if ifs else [f"twin{i}" for i in range(count)]
-        metafunc.parametrize("spark_twin", list(range(count)), ids=twin_ids, scope="session")
-
-
-def pytest_itemcollected(item: pytest.Item) -> None:
-    """The check's category is its closest category marker (a test's own mark wins over
-    its module's)."""
-    if not _active(item.config):
-        return
-    from pytest_spark.report.results import CATEGORIES, CATEGORY_PROP
-
-    item.config.stash[COLLECTED_KEY] = item.config.stash.get(COLLECTED_KEY, 0) + 1
-    for mark in item.iter_markers():
-        if mark.name in CATEGORIES:
-            item.user_properties.append((CATEGORY_PROP, mark.name))
-            return
-
-
-def pytest_collection_finish(session: pytest.Session) -> None:
-    config = session.config
-    if not _active(config):
-        return
-    from pytest_spark.readiness.reachability import REACHABILITY_VERDICT_KEY
-
-    config.stash[SERVING_VERDICT_KEY] = any(
-        item.get_closest_marker("spark_serving_verdict") for item in session.items
-    )
-    config.stash[REACHABILITY_VERDICT_KEY] = any(
-        item.get_closest_marker("spark_reachability_verdict") for item in session.items
-    )
-    if config.stash.get(COLLECTED_KEY, 0) == 0 and not session.testsfailed:
-        raise pytest.UsageError(_nothing_collected(config))
-
-
-def _nothing_collected(config: pytest.Config) -> str:
-    """Asked to check a cluster, pytest found no checks: say where it looked, and how to
-    point it at the suite (never a silent "no tests ran")."""
-    looked = ", ".join(config.args) or str(config.invocation_params.dir)
-    suite = config.stash.get(SUITE_KEY, None)
-    if suite is not None:
-        where = f"the installed suite at {', '.join(map(str, suite))} holds no tests"
-        fix = "reinstall pytest-dgx-spark (its wheel carries tests_infra/ and tests_e2e/)"
-    elif not suite_paths(config.rootpath):
-        where = f"no tests in {looked}, and this pytest-dgx-spark install carries no suite"
-        fix = (
-            "install pytest-dgx-spark from its wheel or checkout (pip install PATH; an "
-            "editable install runs the suite only inside its checkout), or name the files "
-            "that hold your checks"
-        )
-    else:
-        where = f"no tests in {looked}"
-        fix = (
-            "run pytest with no paths to run the installed suite (tests_infra/, tests_e2e/), "
-            "or name the files or directories that hold your checks"
-        )
-    return f"pytest-dgx-spark: a cluster was asked for but no checks were collected: {where}. {fix}"
-
-
-def pytest_report_header(config: pytest.Config) -> list[str]:
-    lines = []
-    if _active(config):
-        from pytest_spark.settings.expectations import expectations_lines
-
-        settings = config.stash[SETTINGS_KEY]
-        lines += expectations_lines(settings.profile, settings.source("threshold"))
-    suite = config.stash.get(SUITE_KEY, None)
-    if suite is None:
-        return lines
-    picked = config.stash.get(SELECTED_KEY, None)
-    if picked:
-        lines.append(
-            f"pytest-dgx-spark: {', '.join(picked)}: not in {config.invocation_params.dir}, "
-            f"selected from the installed suite ({', '.join(map(str, suite))})"
-        )
-    else:
-        lines.append(
-            f"pytest-dgx-spark: no paths given: running the installed suite "
-            f"({', '.join(map(str, suite))}); name paths to run other checks"
-        )
-    return lines
+def _fixtures(item: pytest.Item) -> set[str]:
+    return set(getattr(item, "fixturenames", ()))
 
 
 def _cluster_usage_error(needy: list[pytest.Item]) -> pytest.UsageError:
@@ -451,26 +318,6 @@ class InactiveGuard:
     test runs exactly as without the plugin."""
 
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
-        needy = [i for i in items if set(getattr(i, "fixturenames", ())) & SPARK_FIXTURES]
+        needy = [i for i in items if _fixtures(i) & SPARK_FIXTURES]
         if needy:
             raise _cluster_usage_error(needy)
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not _active(config):
-        return
-    settings = config.stash[SETTINGS_KEY]
-    if settings.head:
-        return
-    cluster_tests = [i for i in items if set(getattr(i, "fixturenames", ())) & CLUSTER_FIXTURES]
-    if settings.api_url:
-        skip = pytest.mark.skip(
-            reason="needs the cluster's nodes (--spark-head): only the "
-            "API was given (--spark-api-url)"
-        )
-        for item in cluster_tests:
-            item.add_marker(skip)
-        return
-    needy = cluster_tests + [i for i in items if set(getattr(i, "fixturenames", ())) & API_FIXTURES]
-    if needy:
-        raise _cluster_usage_error(needy)

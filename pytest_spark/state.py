@@ -1,10 +1,10 @@
 """The wiring's session state in ``config.stash`` (never ``config._something``): the keys
 whose values the plugin and the fixtures make (settings, run directory, simulated cluster,
-connected cluster, whether the serving verdict runs).
+connected cluster).
 
 A key whose value a part owns lives with that part: ``MEASURE_KEY`` in
 ``measure.once``, ``RESULTS_KEY`` in ``report.results``, ``REACHABILITY_VERDICT_KEY``
-in ``readiness.reachability``.
+in ``readiness.reachability``, ``SERVING_VERDICT_KEY`` in ``readiness.serving``.
 """
 
 from __future__ import annotations
@@ -24,6 +24,3 @@ SETTINGS_KEY: pytest.StashKey[Settings] = pytest.StashKey()
 CLUSTER_KEY: pytest.StashKey[Cluster] = pytest.StashKey()
 SIM_KEY: pytest.StashKey[SimCluster] = pytest.StashKey()
 RUN_DIR_KEY: pytest.StashKey[Path] = pytest.StashKey()
-# Whether a spark_serving_verdict check (test_cluster_serving) runs in this session: only
-# then may the checks that need the server skip when it is down (else they must fail).
-SERVING_VERDICT_KEY: pytest.StashKey[bool] = pytest.StashKey()

@@ -1,6 +1,9 @@
 """Where the suite (``tests_infra/``, ``tests_e2e/``) lives: inside the installed package,
 or beside it in a checkout.
 
+What it holds: the categories of its checks (markers, report rows), and which of its
+checks the command line selects when the suite is the installed one.
+
 The wheel carries the suite as ``pytest_spark/suite/tests_infra`` and ``.../tests_e2e``
 (pyproject.toml maps them from the checkout's top level). pytest names a file outside its
 rootdir relative to the initial path that holds it, so collecting ``pytest_spark/suite``
@@ -19,6 +22,33 @@ import pytest
 
 SUITE_DIRS = ("tests_infra", "tests_e2e")
 PACKAGE = Path(__file__).resolve().parent
+SUITE_KEY = pytest.StashKey[list[Path]]()  # the installed suite, when collection went there
+SELECTED_KEY = pytest.StashKey[list[str]]()  # node ids named from the installed suite
+
+# The suite's categories, one table: each is a marker (declared even while the plugin is
+# inert, so collecting the suite without a cluster ends in a usage error, not in unknown-
+# marker errors) and a row of the report, in this order (report.results.CATEGORIES).
+CATEGORY_MARKERS = {
+    "preflight": "node fitness before serving (docker, GPU, disk, model dir, clocks, env)",
+    "link": "fabric link state per node and twin (NIC, RoCE, rate, MTU, reachability)",
+    "nccl": "collective (all-reduce) bandwidth and transport over the fabric",
+    "readiness": "the served model is up, complete and answering",
+    "accuracy": "the model answers correctly: exact canaries alone and under load, a logprob "
+    "fingerprint against a baseline, the math set by option (--spark-accuracy=math)",
+    "tool_calls": "tool-call parsing end to end",
+    "reasoning": "reasoning separation end to end",
+    "throughput": "tokens/sec and latency against the profile",
+    "structured_output": "response_format (json_schema, json_object) answers end to end",
+    "load": "open-loop load and the soak, by option (--spark-open-loop, --spark-soak)",
+    "context": "prefix cache and long context (max_model_len) end to end",
+}
+# The markers of the checks that own a root cause (their dependants skip citing them).
+VERDICT_MARKERS = {
+    "spark_serving_verdict": "this check fails when the cluster is not serving; while it "
+    "runs, the checks that need the server skip naming the root cause",
+    "spark_reachability_verdict": "this check fails when a node cannot be reached; while "
+    "it runs, the checks that need that node skip naming it",
+}
 
 
 def suite_paths(rootpath: Path, package: Path = PACKAGE) -> list[Path]:
@@ -103,6 +133,122 @@ def needed(rel: str, selectors: Sequence[str]) -> bool:
         if rel == path or path.startswith(rel + "/") or rel.startswith(path + "/"):
             return True
     return False
+
+
+def select_installed_suite(config: pytest.Config) -> None:
+    """Collect from the suite that came with the package: all of it when there are no
+    paths, no testpaths and no test files here; the checks named by node id (as the
+    checkout and the report print them) when those paths do not exist here."""
+    suite = suite_paths(config.rootpath)
+    if not suite:
+        return
+    shorten = SuiteRelativeSkips(suite_base(suite))
+    if config.args_source == pytest.Config.ArgsSource.INVOCATION_DIR:
+        here = config.invocation_params.dir
+        if not holds_tests(here, config.getini("python_files"), config.getini("norecursedirs")):
+            config.args[:] = [str(path) for path in suite]
+            config.stash[SUITE_KEY] = suite
+            config.pluginmanager.register(shorten, "spark.suite-relative-skips")
+        return
+    if config.args_source != pytest.Config.ArgsSource.ARGS:
+        return
+    base = suite_base(suite)
+    kept, selectors = installed_selection(config.args, config.invocation_params.dir, base)
+    if selectors:
+        config.args[:] = [*kept, *(str(path) for path in suite)]
+        config.stash[SUITE_KEY] = suite
+        config.stash[SELECTED_KEY] = selectors
+        config.pluginmanager.register(shorten, "spark.suite-relative-skips")
+        config.pluginmanager.register(SuiteSelection(base, selectors), "spark.selection")
+
+
+class SuiteSelection:
+    """Node ids of the installed suite named on the command line: pytest collects the
+    suite from where it is installed (so node ids stay ``tests_infra/...``), only the
+    files they name, and keeps only the checks they name; a name that matches no check is
+    a usage error, as pytest's own "not found"."""
+
+    def __init__(self, base: Path, selectors: list[str]) -> None:
+        self.base = base
+        self.selectors = selectors
+
+    def pytest_ignore_collect(self, collection_path: Path) -> bool | None:
+        try:
+            rel = collection_path.relative_to(self.base).as_posix()
+        except ValueError:
+            return None  # the user's own paths
+        return None if needed(rel, self.selectors) else True
+
+    @pytest.hookimpl(tryfirst=True)  # before -m/-k deselect, so "not found" means not found
+    def pytest_collection_modifyitems(
+        self, config: pytest.Config, items: list[pytest.Item]
+    ) -> None:
+        ours = [item for item in items if item.path.is_relative_to(self.base)]
+        missing = [s for s in self.selectors if not any(selected(i.nodeid, [s]) for i in ours)]
+        if missing:
+            raise pytest.UsageError(
+                *(
+                    f"not found: {name} (no such check in the installed suite at {self.base}; "
+                    "pytest --co -q with no paths lists its node ids)"
+                    for name in missing
+                )
+            )
+        dropped = [item for item in ours if not selected(item.nodeid, self.selectors)]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+        gone = set(map(id, dropped))
+        suite_ids = set(map(id, ours))
+        kept = [item for item in ours if id(item) not in gone]
+        # In the order of the command line, as pytest runs named paths (stable within one).
+        kept.sort(key=lambda item: self._first_match(item.nodeid))
+        items[:] = [item for item in items if id(item) not in suite_ids] + kept
+
+    def _first_match(self, nodeid: str) -> int:
+        return next(i for i, s in enumerate(self.selectors) if selected(nodeid, [s]))
+
+
+def nothing_collected(config: pytest.Config) -> str:
+    """Asked to check a cluster, pytest found no checks: say where it looked, and how to
+    point it at the suite (never a silent "no tests ran")."""
+    looked = ", ".join(config.args) or str(config.invocation_params.dir)
+    suite = config.stash.get(SUITE_KEY, None)
+    if suite is not None:
+        where = f"the installed suite at {', '.join(map(str, suite))} holds no tests"
+        fix = "reinstall pytest-dgx-spark (its wheel carries tests_infra/ and tests_e2e/)"
+    elif not suite_paths(config.rootpath):
+        where = f"no tests in {looked}, and this pytest-dgx-spark install carries no suite"
+        fix = (
+            "install pytest-dgx-spark from its wheel or checkout (pip install PATH; an "
+            "editable install runs the suite only inside its checkout), or name the files "
+            "that hold your checks"
+        )
+    else:
+        where = f"no tests in {looked}"
+        fix = (
+            "run pytest with no paths to run the installed suite (tests_infra/, tests_e2e/), "
+            "or name the files or directories that hold your checks"
+        )
+    return f"pytest-dgx-spark: a cluster was asked for but no checks were collected: {where}. {fix}"
+
+
+def suite_header(config: pytest.Config) -> list[str]:
+    """The report header's line on the installed suite, when collection went there."""
+    suite = config.stash.get(SUITE_KEY, None)
+    if suite is None:
+        return []
+    lines = []
+    picked = config.stash.get(SELECTED_KEY, None)
+    if picked:
+        lines.append(
+            f"pytest-dgx-spark: {', '.join(picked)}: not in {config.invocation_params.dir}, "
+            f"selected from the installed suite ({', '.join(map(str, suite))})"
+        )
+    else:
+        lines.append(
+            f"pytest-dgx-spark: no paths given: running the installed suite "
+            f"({', '.join(map(str, suite))}); name paths to run other checks"
+        )
+    return lines
 
 
 def suite_relative(path: str, base: Path) -> str:

@@ -64,7 +64,9 @@ MAY_IMPORT: dict[str, set[str]] = {
         "settings",
     },
     "collective": {"infra.check", "infra.probe", "infra.parse", "access", "settings"},
-    "report": {WIRING, "infra.check", "infra.parse", "access", "settings"},
+    # the report's live lines show the launch's progress (readiness.watch); nothing there
+    # imports the report
+    "report": {WIRING, "readiness", "infra.check", "infra.parse", "access", "settings"},
     "serving": {"measure", "infra.check", "infra.probe", "infra.parse", "access", "settings"},
     "measure": {"access", "settings"},
     "infra.check": {"infra.probe", "infra.parse", "settings"},
@@ -211,9 +213,11 @@ def test_every_module_is_in_a_part() -> None:
     )
 
 
-def test_at_most_six_loose_modules() -> None:
+def test_at_most_seven_loose_modules() -> None:
+    """The wiring: __init__, plugin, hooks, fixtures, state, suitedir and verdict (the
+    check's verdict API the suite imports through the root)."""
     loose = sorted(p.name for p in PACKAGE.glob("*.py"))
-    assert len(loose) <= 6, f"pytest_spark/ has {len(loose)} loose modules: {loose}"
+    assert len(loose) <= 7, f"pytest_spark/ has {len(loose)} loose modules: {loose}"
 
 
 def test_no_new_circle() -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from pytest_spark.fixtures import progress_line_writer
+from pytest_spark import progress_line_writer
 from pytest_spark.infra.errors import ParseError
 from pytest_spark.infra.modelhash.probe import (
     HashProgress,

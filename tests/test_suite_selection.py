@@ -91,7 +91,7 @@ def test_skip_lines_name_the_suites_path_not_site_packages(
 ) -> None:
     """Installed-suite mode from an empty directory: the skip line says
     ``tests_infra/test_x.py:LINE``, not the long site-packages path it was collected from."""
-    import pytest_spark.plugin
+    import pytest_spark.suitedir
 
     suite = tmp_path / "venv" / "lib" / "python3.11" / "site-packages" / "pytest_spark" / "suite"
     (suite / "tests_infra").mkdir(parents=True)
@@ -99,7 +99,7 @@ def test_skip_lines_name_the_suites_path_not_site_packages(
     (suite / "tests_infra" / "test_x.py").write_text(
         "import pytest\n\ndef test_s():\n    pytest.skip('needs x')\n"
     )
-    monkeypatch.setattr(pytest_spark.plugin, "suite_paths", lambda rootpath: [suite])
+    monkeypatch.setattr(pytest_spark.suitedir, "suite_paths", lambda rootpath: [suite])
     result = pytester.runpytest(
         "-rs", "-p", "no:cacheprovider", "--spark-api-url=http://127.0.0.1:1/v1"
     )

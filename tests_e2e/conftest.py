@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
+from pytest_spark import Settings, progress_line_writer, verdict_in_session
 from pytest_spark.access.api import ApiEndpoint
-from pytest_spark.fixtures import Sweep, progress_line_writer, verdict_in_session
 from pytest_spark.infra.server.probe import ServerCommand
 from pytest_spark.measure.once import measure_once
 from pytest_spark.report.history import resolve_history_dir
 from pytest_spark.serving import ServingClient
-from pytest_spark.serving.load.closedloop import decode_sweep, encode_sweep, measure_sweep
+from pytest_spark.serving.load.closedloop import Sweep, decode_sweep, encode_sweep, measure_sweep
 from pytest_spark.serving.load.specs import load_spec
 from pytest_spark.serving.validate.accuracy import ALONE_VERDICT
 from pytest_spark.serving.validate.accuracyprobe import (
@@ -28,7 +28,6 @@ from pytest_spark.serving.validate.canary import WireProbe
 from pytest_spark.serving.validate.causes import STREAM_VERDICT, wire_cause, wire_verdict
 from pytest_spark.serving.validate.formatturns import FormatTurns
 from pytest_spark.serving.validate.toolturns import ToolTurns
-from pytest_spark.settings.resolve import Settings
 
 # The soak runs last in the session: it holds the GPUs under a steady batch for its whole
 # duration (minutes on a Spark), heating them and filling the KV cache, and the checks

@@ -15,8 +15,7 @@ from dataclasses import replace
 
 import pytest
 
-from pytest_spark.fixtures import SparkCheck, verdict_in_session
-from pytest_spark.infra.finding import Finding
+from pytest_spark import Finding, Settings, SparkCheck, verdict_in_session
 from pytest_spark.serving import ServingError
 from pytest_spark.serving.validate.accuracy import (
     ALONE_VERDICT,
@@ -27,7 +26,6 @@ from pytest_spark.serving.validate.accuracy import (
     check_under_load,
 )
 from pytest_spark.serving.validate.accuracyprobe import AccuracyProbe, BaselineKey, BaselineStore
-from pytest_spark.settings.resolve import Settings
 
 pytestmark = pytest.mark.accuracy
 

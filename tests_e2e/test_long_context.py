@@ -16,9 +16,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from pytest_spark import Finding, Settings, SparkCheck
 from pytest_spark.access.api import ApiEndpoint
-from pytest_spark.fixtures import SparkCheck
-from pytest_spark.infra.finding import Finding
 from pytest_spark.serving import ServingClient, ServingError, Turn
 from pytest_spark.serving.validate.context import (
     LongPrompt,
@@ -30,7 +29,6 @@ from pytest_spark.serving.validate.context import (
     tokenize_count,
     too_long_problem,
 )
-from pytest_spark.settings.resolve import Settings
 
 pytestmark = pytest.mark.context
 SHORTER_SHARE = 8  # a lost needle is asked again at max_model_len / this

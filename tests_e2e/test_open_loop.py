@@ -14,17 +14,16 @@ from typing import Any
 
 import pytest
 
+from pytest_spark import Finding, Settings, SparkCheck, progress_line_writer, verdict_in_session
 from pytest_spark.access.api import ApiEndpoint
-from pytest_spark.fixtures import SparkCheck, Sweep, progress_line_writer, verdict_in_session
-from pytest_spark.infra.finding import Finding
 from pytest_spark.measure.once import measure_once
 from pytest_spark.serving import ServingError
+from pytest_spark.serving.load.closedloop import Sweep
 from pytest_spark.serving.load.openloop import run_rate_sweep
 from pytest_spark.serving.load.slo import LABELS, goodput
 from pytest_spark.serving.load.specs import load_spec, open_loop_spec, slo_of
 from pytest_spark.serving.load.sweep import LoadClient
 from pytest_spark.serving.validate.causes import DECODE_VERDICT, GOODPUT_VERDICT, knee_cause
-from pytest_spark.settings.resolve import Settings
 
 pytestmark = pytest.mark.load
 

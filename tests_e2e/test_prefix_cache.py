@@ -9,13 +9,11 @@ from collections.abc import Iterator
 
 import pytest
 
+from pytest_spark import Finding, Settings, SparkCheck
 from pytest_spark.access.api import ApiEndpoint
-from pytest_spark.fixtures import SparkCheck
-from pytest_spark.infra.finding import Finding
 from pytest_spark.serving import ServingClient, ServingError
 from pytest_spark.serving.load.metricsnap import prefix_cache_problem
 from pytest_spark.serving.validate.context import run_prefix_pair
-from pytest_spark.settings.resolve import Settings
 
 pytestmark = pytest.mark.context
 

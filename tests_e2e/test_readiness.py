@@ -6,18 +6,18 @@ import shlex
 
 import pytest
 
-from pytest_spark import Cluster, Finding, Node, SparkCheck
-from pytest_spark.access import body
-from pytest_spark.access.api import ApiEndpoint
-from pytest_spark.access.base import RemoteError
-from pytest_spark.access.cluster import node_names
-from pytest_spark.fixtures import (
-    ApiState,
-    ServingState,
-    not_serving_reason,
-    server_log_hint,
+from pytest_spark import (
+    Cluster,
+    Finding,
+    Node,
+    RemoteError,
+    Settings,
+    SparkCheck,
     verdict_in_session,
 )
+from pytest_spark.access import body
+from pytest_spark.access.api import ApiEndpoint
+from pytest_spark.access.cluster import node_names
 from pytest_spark.infra.server.parse import expected_ray_members, parse_serve_args
 from pytest_spark.readiness.launch import (
     ServingInfo,
@@ -26,13 +26,18 @@ from pytest_spark.readiness.launch import (
     serving_nodes,
 )
 from pytest_spark.readiness.ray import parse_ray_status
+from pytest_spark.readiness.serving import (
+    SERVING_VERDICT_KEY,
+    ApiState,
+    ServingState,
+    not_serving_reason,
+    server_log_hint,
+)
 from pytest_spark.readiness.wait import SINCE_START, parse_probe, probe_command
 from pytest_spark.serving import ServingError
 from pytest_spark.serving.client.stream import Reply
 from pytest_spark.serving.validate.canary import WireProbe
 from pytest_spark.serving.validate.causes import body_failure, check_stream_wire
-from pytest_spark.settings.resolve import Settings
-from pytest_spark.state import SERVING_VERDICT_KEY
 
 pytestmark = pytest.mark.readiness
 

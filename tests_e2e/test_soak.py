@@ -12,15 +12,13 @@ from typing import Any
 
 import pytest
 
+from pytest_spark import Finding, Settings, SparkCheck, progress_line_writer
 from pytest_spark.access.api import ApiEndpoint
-from pytest_spark.fixtures import SparkCheck, progress_line_writer
-from pytest_spark.infra.finding import Finding
 from pytest_spark.measure.once import measure_once
 from pytest_spark.serving import ServingError
 from pytest_spark.serving.load.soak import run_soak
 from pytest_spark.serving.load.specs import load_spec, soak_spec
 from pytest_spark.serving.load.sweep import LoadClient
-from pytest_spark.settings.resolve import Settings
 
 pytestmark = pytest.mark.load
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_spark.fixtures import SparkCheck
+from pytest_spark import SparkCheck
 from pytest_spark.serving import ServingError, Turn
 from pytest_spark.serving.validate.formatturns import (
     FormatTurns,

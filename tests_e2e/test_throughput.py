@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from pytest_spark.fixtures import SparkCheck, Sweep, verdict_in_session
-from pytest_spark.infra.finding import Finding
+from pytest_spark import Finding, Settings, SparkCheck, verdict_in_session
 from pytest_spark.serving import LevelResult
+from pytest_spark.serving.load.closedloop import Sweep
 from pytest_spark.serving.load.metricsnap import health_fixes, level_health
 from pytest_spark.serving.load.slo import failure_text, goodput
 from pytest_spark.serving.load.specs import slo_of
@@ -27,7 +27,6 @@ from pytest_spark.serving.validate.causes import (
     decode_explains_aggregate,
     decode_explains_goodput,
 )
-from pytest_spark.settings.resolve import Settings
 
 pytestmark = pytest.mark.throughput
 

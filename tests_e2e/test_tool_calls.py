@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import pytest
 
+from pytest_spark import Finding, Settings, SparkCheck, verdict_in_session
 from pytest_spark.access.api import ApiEndpoint
-from pytest_spark.fixtures import SparkCheck, verdict_in_session
-from pytest_spark.infra.finding import Finding
 from pytest_spark.infra.preflight.check import Skip
 from pytest_spark.infra.server.check import TOOLS_VERDICT, check_tool_parser, missing_tool_parser
 from pytest_spark.infra.server.probe import ServerCommand
@@ -32,7 +31,6 @@ from pytest_spark.serving.validate.toolturns import (
     cited_calls_in_content,
     cited_unstreamed_arguments,
 )
-from pytest_spark.settings.resolve import Settings
 
 pytestmark = pytest.mark.tool_calls
 

@@ -17,9 +17,8 @@ from typing import Any
 
 import pytest
 
+from pytest_spark import Finding, Settings, SparkCheck, verdict_in_session
 from pytest_spark.access.api import ApiEndpoint
-from pytest_spark.fixtures import SparkCheck, verdict_in_session
-from pytest_spark.infra.finding import Finding
 from pytest_spark.infra.server.check import (
     REASONING_VERDICT,
     TOOLS_VERDICT,
@@ -56,7 +55,6 @@ from pytest_spark.serving.validate.toolturns import (
     cited_calls_in_content,
     cited_unstreamed_arguments,
 )
-from pytest_spark.settings.resolve import Settings
 
 STREAMED = pytest.mark.parametrize("streamed", [False, True], ids=["plain", "stream"])
 # The raw reasoning check's question (tests_e2e/test_reasoning.py) and its verdict.

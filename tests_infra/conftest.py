@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_spark.access.cluster import Cluster, Node
-from pytest_spark.fixtures import verdict_in_session
+from pytest_spark import Cluster, Node, verdict_in_session
 from pytest_spark.infra.links.check import fabric_twin_missing
 from pytest_spark.infra.links.gather import all_link_facts, fabric_ifs, node_link_facts, port_of
 from pytest_spark.infra.links.probe import NodeLinkFacts, PortFacts, discover_fabric_ifs

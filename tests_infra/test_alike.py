@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_spark import Cluster, Finding, SparkCheck
-from pytest_spark.access.base import RemoteError
+from pytest_spark import Cluster, Finding, RemoteError, SparkCheck
 from pytest_spark.infra.alike.check import check_host_alike, check_image_alike, check_time_sync
 from pytest_spark.infra.alike.gather import all_alike
 from pytest_spark.infra.alike.probe import NodeAlike

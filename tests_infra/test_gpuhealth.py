@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_spark import Cluster, Node, SparkCheck
-from pytest_spark.access.base import RemoteError
-from pytest_spark.fixtures import verdict_in_session
+from pytest_spark import Cluster, Node, RemoteError, SparkCheck, verdict_in_session
 from pytest_spark.infra.gpuhealth.check import (
     KERNEL_VERDICT,
     TEMPERATURE_VERDICT,

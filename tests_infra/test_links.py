@@ -7,10 +7,8 @@ from typing import Any
 
 import pytest
 
-from pytest_spark import Cluster, Node, SparkCheck
-from pytest_spark.access.base import RemoteError
+from pytest_spark import Cluster, Finding, Node, RemoteError, SparkCheck
 from pytest_spark.infra.errors import ParseError
-from pytest_spark.infra.finding import Finding
 from pytest_spark.infra.links.check import (
     check_fabric_twins,
     check_link_rate,

@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_spark import Cluster, Node, SparkCheck
-from pytest_spark.fixtures import verdict_in_session
+from pytest_spark import Cluster, Node, SparkCheck, verdict_in_session
 from pytest_spark.infra.memory.check import check_memory_headroom
 from pytest_spark.infra.memory.gather import engine_claim, engine_state, node_memory
 from pytest_spark.infra.preflight.check import Skip, check_gpu_holders

@@ -8,10 +8,12 @@ from collections.abc import Sequence
 
 import pytest
 
-from pytest_spark import Cluster, Finding, Node, SparkCheck
-from pytest_spark.fixtures import (
-    ServingState,
-    not_serving_reason,
+from pytest_spark import (
+    Cluster,
+    Finding,
+    Node,
+    Settings,
+    SparkCheck,
     progress_line_writer,
     require_unless_twin_down,
     verdict_in_session,
@@ -55,8 +57,7 @@ from pytest_spark.measure.codec import dump, load
 from pytest_spark.measure.once import Measured, measure_once
 from pytest_spark.readiness.launch import container_states, serving_nodes
 from pytest_spark.readiness.reachability import require_reachable
-from pytest_spark.settings.resolve import Settings
-from pytest_spark.state import SERVING_VERDICT_KEY
+from pytest_spark.readiness.serving import SERVING_VERDICT_KEY, ServingState, not_serving_reason
 
 pytestmark = pytest.mark.nccl
 

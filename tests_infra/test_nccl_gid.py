@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_spark import Cluster, Node, SparkCheck
-from pytest_spark.fixtures import verdict_in_session
+from pytest_spark import Cluster, Node, Settings, SparkCheck, verdict_in_session
 from pytest_spark.infra.nccl.check import FABRIC_DEVS
 from pytest_spark.infra.nccl.gather import fabric_devs, gid_tables, nodes_without_rdma, rank_envs
 from pytest_spark.infra.nccl.gid_check import (
@@ -23,7 +22,6 @@ from pytest_spark.infra.nccl.gid_check import (
 )
 from pytest_spark.infra.nccl.gid_parse import GidTable
 from pytest_spark.readiness.reachability import require_reachable
-from pytest_spark.settings.resolve import Settings
 
 pytestmark = pytest.mark.nccl
 

@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_spark import Cluster, Finding, Node, SparkCheck
-from pytest_spark.access.base import HostKeyError, RemoteError
-from pytest_spark.fixtures import (
+from pytest_spark import (
+    Cluster,
+    Finding,
+    HostKeyError,
+    Node,
+    RemoteError,
+    SparkCheck,
     progress_line_writer,
     require_unless_twin_down,
     verdict_in_session,

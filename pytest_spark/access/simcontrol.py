@@ -10,9 +10,12 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from pytest_spark.settings.resolve import Settings
 
 
 def _cli() -> list[str]:
@@ -103,3 +106,28 @@ def sim_attach(cluster_json: Path) -> SimCluster:
     """A worker process (xdist) attaching to the controller's sim; it never tears down."""
     info = json.loads(cluster_json.read_text())
     return SimCluster(cluster_json.parent, info, owned=False)
+
+
+def served_by_sim(settings: Settings, sim: SimCluster) -> Settings:
+    """The settings pointed at the simulated cluster (its nodes, its ssh_config, root), and
+    served as the sim says it is (launch script, image, container...) where the user's own
+    settings do not say otherwise."""
+    settings = settings.replace(
+        head=sim.head, workers=sim.workers, ssh_config=sim.ssh_config, user="root"
+    )
+    launch = sim.info.get("launch")
+    if launch:  # how the sim says it is served; the user's own settings win
+        hints = {
+            "launch": True,
+            "launch_script": launch["script"],
+            "image": launch["image"],
+            "container": launch["container"],
+            "port": launch["port"],
+            "serve_args": launch["serve_args"],
+            "model_dir": launch.get("model_dir"),
+            "ray": {"ray": "on", "no-ray": "off"}.get(launch.get("mode", "")),
+        }
+        settings = settings.replace(
+            **{k: v for k, v in hints.items() if v is not None and settings.source(k) == "default"}
+        )
+    return settings

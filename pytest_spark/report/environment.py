@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from pytest_spark.report.figures import as_dict
+from pytest_spark.report.history import suite_version
 from pytest_spark.report.summary import fmt_value
 
 Value = str | dict[str, str]
@@ -131,9 +132,7 @@ def environment(
         ("Firmware", FIRMWARE_KEYS, "the link/preflight checks"),
     ):
         env[label] = _per_node(_extras(doc, keys)) or f"unknown: not recorded by {who}"
-    from pytest_spark import __version__
-
-    suite = f"pytest-dgx-spark {__version__}"
+    suite = f"pytest-dgx-spark {suite_version()}"
     if commit:
         suite += f", commit {commit.get('short')}" + (" (modified)" if commit.get("dirty") else "")
     env["Suite"] = suite

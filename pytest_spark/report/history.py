@@ -5,6 +5,7 @@ identity, the suite's git commit, time, profile and the run's figures."""
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import os
 import platform
@@ -87,9 +88,16 @@ def git_commit(path: Path) -> dict[str, Any] | None:
     return {"id": commit, "short": commit[:8], "branch": branch, "dirty": dirty}
 
 
-def machine_info() -> dict[str, Any]:
-    from pytest_spark import __version__
+def suite_version() -> str:
+    """pytest-dgx-spark's version, as installed (not through the package root: the report
+    must not import the plugin's public surface, which imports the report)."""
+    try:
+        return importlib.metadata.version("pytest-dgx-spark")
+    except importlib.metadata.PackageNotFoundError:  # run from a bare source tree
+        return "unknown"
 
+
+def machine_info() -> dict[str, Any]:
     return {
         "node": platform.node(),
         "system": platform.system(),
@@ -97,7 +105,7 @@ def machine_info() -> dict[str, Any]:
         "machine": platform.machine(),
         "python": platform.python_version(),
         "python_implementation": platform.python_implementation(),
-        "pytest_dgx_spark": __version__,
+        "pytest_dgx_spark": suite_version(),
         "argv0": Path(sys.argv[0]).name if sys.argv else None,
     }
 

@@ -7,27 +7,19 @@ import time
 from collections.abc import Generator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from pytest_spark.access.files import write_json
 from pytest_spark.infra.finding import Finding
 from pytest_spark.report.accuracy import accuracy_block
+from pytest_spark.suitedir import CATEGORY_MARKERS
 
-CATEGORIES = (
-    "preflight",
-    "link",
-    "nccl",
-    "readiness",
-    "accuracy",
-    "tool_calls",
-    "reasoning",
-    "throughput",
-    "structured_output",
-    "load",
-    "context",
-)
+if TYPE_CHECKING:
+    from pytest_spark.settings.resolve import Settings
+
+CATEGORIES = tuple(CATEGORY_MARKERS)  # the report's rows, in the suite's table's order
 FINDING_PROP = "spark_finding"
 NODE_PROP = "spark_node"
 CATEGORY_PROP = "spark_category"
@@ -208,3 +200,22 @@ def _jsonable(value: Any) -> bool:
     except (TypeError, ValueError):
         return False
     return True
+
+
+def cluster_info(settings: Settings) -> dict[str, Any]:
+    from pytest_spark.access.cluster import node_names
+    from pytest_spark.settings.expectations import server_expectations
+
+    return {
+        "head": settings.head,
+        "nodes": [
+            {"name": n, "role": r, "address": a}
+            for n, r, a in (node_names(settings) if settings.head else [])
+        ],
+        "sim": bool(settings.sim),
+        "profile": settings.profile.name,
+        "hostkey_check": settings.hostkey_check,
+        "server_expectations": [
+            e.to_json() for e in server_expectations(settings.profile, settings.source("threshold"))
+        ],
+    }

@@ -50,7 +50,7 @@ def validate(settings: Any) -> None:
 
 
 class ReportPlugin:
-    """Registered on the controller only (``hasattr(config, "workerinput")`` is false)."""
+    """Registered on the controller only (``report.register_controller``)."""
 
     def __init__(self, config: pytest.Config, settings: Any, redactor: Redactor) -> None:
         self.config = config
