@@ -79,7 +79,10 @@ def check_fd_limits(
         )
     low = [
         who
-        for who, hard in (("dockerd", limits.hard), ("the serving container", box and box.hard))
+        for who, hard in (
+            ("dockerd", limits.hard),
+            ("the serving container", box.hard if box else None),
+        )
         if hard is not None and hard < min_open_files
     ]
     if low:
