@@ -158,7 +158,7 @@ def test_low_dockerd_with_a_container_of_its_own_limit_still_fails() -> None:
     )
     result = finding(facts)
     assert result.level == "fail"
-    assert "now runs with its own --ulimit" in result.message
+    assert "kept the limit it started with" in result.message
     assert "hard 1048576" in result.message
 
 

@@ -91,8 +91,9 @@ def check_fd_limits(
             why = "the container was started with a --ulimit nofile below it"
         elif box is not None and "the serving container" not in low:
             why = (
-                "the serving container now runs with its own --ulimit, but every container "
-                "started without one (docker compose, docker run by hand) inherits dockerd's"
+                "the serving container kept the limit it started with, but every container "
+                "started now without --ulimit (docker compose, docker run by hand, the next "
+                "launch) inherits dockerd's"
             )
         else:
             why = "containers started without --ulimit inherit dockerd's"
