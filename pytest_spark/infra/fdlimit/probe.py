@@ -73,15 +73,6 @@ class NodeFdLimits:
     nr_open: int | None
 
 
-def _why(section: ProbeSection | None, what: str) -> str:
-    if section is None:
-        return f"{what} was not probed"
-    if section.missing:
-        return f"{what}: command not found"
-    text = (section.stderr.strip() or section.stdout.strip()).splitlines()
-    return f"{what}: {text[0].strip() if text else f'exit {section.rc}'}"
-
-
 def _int(section: ProbeSection | None, what: str) -> int | None:
     if section is None or section.rc != 0:
         return None
@@ -111,7 +102,8 @@ def parse_fdlimit_probe(text: str) -> NodeFdLimits:
         except ParseError as exc:
             error = str(exc)
     else:
-        error = _why(section, "dockerd's /proc/PID/limits")
+        problem = section.problem() if section is not None else "dockerd: not probed"
+        error = problem or "dockerd: no output"
     serving = sections.get("container")
     container_pid = container = None
     if serving is not None and serving.rc == 0:
