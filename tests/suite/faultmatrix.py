@@ -499,7 +499,11 @@ def check_row(row: Row, run: SuiteRun, baseline: dict[str, set[str]]) -> None:
     skips in ``baseline`` (by run and mode): the rows after it may skip those too."""
     checks = run.results["checks"]
     assert checks, f"no JSON results:\n{run.output[-3000:]}"
-    assert len(checks) >= 60, f"the whole suite did not run:\n{run.output[-3000:]}"
+    if row.only:  # +only: the row's categories ran, each with checks of its own
+        ran = {c["category"] for c in checks}
+        assert set(row.only) <= ran, f"+only {row.only} ran {sorted(ran)}:\n{run.output[-3000:]}"
+    else:
+        assert len(checks) >= 60, f"the whole suite did not run:\n{run.output[-3000:]}"
     crashed = [f"{c['nodeid']}: {c['crashed']}: {c['message']}" for c in checks if c["crashed"]]
     assert not crashed, "checks died of an exception instead of a verdict:\n" + "\n".join(crashed)
     if not row.fails:
