@@ -132,6 +132,12 @@ def test_systemd_default_passes() -> None:
     result = finding(HEALTHY)
     assert result.level == "pass"
     assert result.measured["dockerd_nofile_hard"] == 524288
+    assert result.message.endswith("a container can raise its limit to vLLM's 65535")
+    low_floor = check_fd_limits(W, replace(HEALTHY, dockerd=OpenFiles(20000, 20000)), 16384)
+    assert isinstance(low_floor, Finding) and low_floor.level == "pass"
+    assert "below vLLM's 65535: a container raises its soft limit to 20000 only" in (
+        low_floor.message
+    )
 
 
 def test_low_dockerd_hard_limit_fails_with_node_figures_and_fix() -> None:

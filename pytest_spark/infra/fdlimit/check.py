@@ -129,6 +129,11 @@ def check_fd_limits(
         measured,
         expected,
         node=node,
-        message=f"{node}: {state}; the serving container can raise its limit to "
-        f"{VLLM_NOFILE_TARGET}",
+        message=f"{node}: {state}; "
+        + (
+            f"a container can raise its limit to vLLM's {VLLM_NOFILE_TARGET}"
+            if limits.hard >= VLLM_NOFILE_TARGET
+            else f"at or above the profile's floor of {min_open_files}, but below vLLM's "
+            f"{VLLM_NOFILE_TARGET}: a container raises its soft limit to {_n(limits.hard)} only"
+        ),
     )
