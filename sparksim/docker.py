@@ -44,6 +44,7 @@ from .docker_runtime import RUNTIME, install_lib
 from .netns import SimError, kill_pids, pid_alive
 
 DOCKERD = "/usr/sbin/dockerd"
+NOFILE_SOFT, NOFILE_HARD = 1024, 524288  # dockerd's open-files limit, as systemd sets it
 RUN_DIRS = ("/run/docker", "/run/containerd")
 CREATED_RUN_DIRS = Path("/run/sparksim/docker-run-dirs.json")
 DRIVER_ENV = "SPARKSIM_DOCKER_STORAGE_DRIVER"
@@ -237,6 +238,9 @@ def _engine_script(engine: Engine, driver: str, lib: Path) -> str:
         "--storage-driver", driver,
         "--cgroup-parent", engine.cgroup_parent,
     ]  # fmt: skip
+    # systemd's default for a service without LimitNOFILE (docker.service has none since
+    # Docker 25): soft 1024, hard 524288 (systemd 240+). Below nr_open only.
+    steps.append(f"{{ ulimit -Hn {NOFILE_HARD} && ulimit -Sn {NOFILE_SOFT}; }} 2>/dev/null || true")
     steps.append("exec " + shlex.join(argv))
     return "\n".join(steps)
 

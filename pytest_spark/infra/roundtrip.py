@@ -19,6 +19,7 @@ from pytest_spark.access.base import CommandResult
 from pytest_spark.access.cluster import Cluster, Node
 from pytest_spark.infra.alike.probe import alike_probe_command
 from pytest_spark.infra.errors import ParseError
+from pytest_spark.infra.fdlimit.probe import fdlimit_probe_command
 from pytest_spark.infra.memory.probe import memory_probe_command
 from pytest_spark.infra.preflight.probe import model_dir, preflight_probe_command
 from pytest_spark.infra.probe import joint_probe
@@ -34,7 +35,7 @@ def host_probe_commands(settings: Settings) -> dict[str, str]:
     preflight probe and the nodes-alike probe run side by side in one ``sh -c``
     (:func:`~pytest_spark.infra.probe.joint_probe`), so a node costs one SSH round trip
     for its host facts whichever check asks first. A probe of host facts joins by being
-    listed here: the preflight, nodes-alike and memory probes."""
+    listed here: the preflight, nodes-alike, memory and open-file limit probes."""
     where = model_dir(settings).path
     return {
         "preflight": preflight_probe_command(
@@ -42,6 +43,7 @@ def host_probe_commands(settings: Settings) -> dict[str, str]:
         ),
         "alike": alike_probe_command(container=settings.container, image=settings.image),
         "memory": memory_probe_command(),
+        "fdlimit": fdlimit_probe_command(container=settings.container),
     }
 
 

@@ -111,6 +111,14 @@ class MemorySection:
 
 
 @dataclass(frozen=True)
+class FdLimitSection:
+    """``[fdlimit]``: the Docker engine's open-files limit, which containers inherit
+    (tests_infra/test_fdlimit.py)."""
+
+    min_open_files: int = 65535  # dockerd's hard RLIMIT_NOFILE floor (vLLM's set_ulimit)
+
+
+@dataclass(frozen=True)
 class ReadinessSection:
     """``[readiness]``: the startup wait. ``ready_timeout_s`` and ``hang_timeout_s`` are
     the defaults of --spark-ready-timeout and --spark-hang-timeout."""
@@ -274,6 +282,7 @@ Section = (
     | GpuHealthSection
     | ReadinessSection
     | MemorySection
+    | FdLimitSection
     | ThroughputSection
     | ToolCallsSection
     | ReasoningSection
@@ -304,6 +313,7 @@ class Profile:
     tool_calls: ToolCallsSection
     reasoning: ReasoningSection
     memory: MemorySection
+    fdlimit: FdLimitSection = field(default_factory=FdLimitSection)
     collectives: CollectivesSection = field(default_factory=CollectivesSection)
     structured_output: StructuredOutputSection = field(default_factory=StructuredOutputSection)
     slo: SloSection = field(default_factory=SloSection)
@@ -598,6 +608,7 @@ def load_profile(ref: str) -> Profile:
         tool_calls=ToolCallsSection(**given("tool_calls")),
         reasoning=ReasoningSection(**given("reasoning")),
         memory=MemorySection(**given("memory")),
+        fdlimit=FdLimitSection(**given("fdlimit")),
         collectives=CollectivesSection(**given("collectives")),
         structured_output=StructuredOutputSection(**given("structured_output")),
         slo=SloSection(**given("slo")),

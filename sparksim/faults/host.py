@@ -24,6 +24,10 @@ or the tools can hold it:
 - ``link-flap NODE TWIN N``: the fabric link taken down and up N times; the kernel's
   carrier counters of both ends count every loss. ``clear`` replaces the cable (a new veth
   pair, or port on the twin's switch), which resets them; so it does after ``link-down``.
+- ``fd-limit NODE [--nofile N]``: the node's dockerd, and the containerd it runs, get an
+  open-files limit of N soft and hard (default 4096) with ``prlimit``, as a bad
+  ``LimitNOFILE`` in docker.service would give them: the kernel's /proc/PID/limits shows
+  it. ``clear`` gives them back the limits they had.
 
 Every fault is recorded in faults.json; :func:`clear` undoes them all.
 """
@@ -40,9 +44,18 @@ from .. import docker, image, models, serving
 from .. import node as nodes_mod
 from ..netns import SimError, ip_batch, run
 from ..topology import FABRIC_TWINS, HEALTHY_MTU, MGMT_IF, NodeSpec, Topology
-from .common import Kinds, load_faults, record, resolve
+from .common import Kinds, load_faults, positive_int, record, resolve
 
-KINDS = ("docker", "gpu-invisible", "disk-full", "clock", "ssh", "nccl-socket", "link-flap")
+KINDS = (
+    "docker",
+    "gpu-invisible",
+    "disk-full",
+    "clock",
+    "ssh",
+    "nccl-socket",
+    "link-flap",
+    "fd-limit",
+)
 BACKUP = "fault-backup"  # DIR/nodes/<name>/fault-backup: files a fault changed
 MODELS_MOUNT = f"/root/{models.MODELS_DIR}"
 DISK_SIZE_MIB = 16
@@ -90,6 +103,10 @@ def add_parsers(kinds: Kinds) -> None:
     k = kinds.on_node("link-flap", "take a fabric link down and up N times")
     k.add_argument("twin", metavar="TWIN", help="twin: 0, 1 or interface name")
     k.add_argument("count", metavar="N", type=int, help="number of carrier losses")
+    k = kinds.on_node("fd-limit", "lower a node's dockerd open-files limit (prlimit)")
+    k.add_argument(
+        "--nofile", type=positive_int, default=4096, metavar="N", help="soft = hard (default 4096)"
+    )
 
 
 def apply(state_dir: Path, topo: Topology, args: argparse.Namespace) -> list[str]:
@@ -109,6 +126,8 @@ def apply(state_dir: Path, topo: Topology, args: argparse.Namespace) -> list[str
         return nccl_socket(state_dir, node)
     if kind == "link-flap":
         return link_flap(state_dir, node, args.twin, args.count)
+    if kind == "fd-limit":
+        return fd_limit(state_dir, node, args.nofile)
     raise SimError(f"unknown fault {kind!r}")
 
 
@@ -411,6 +430,83 @@ def _replug(topo: Topology, node: NodeSpec, ifname: str) -> None:
         ip_batch([f"addr add {addr}/24 dev {ifname}", f"link set {ifname} up"], netns=n.netns)
 
 
+# ---------------------------------------------------------------------------- fd-limit
+
+
+def _engine_pids(state_dir: Path, node: NodeSpec) -> list[int]:
+    """The node's dockerd (host PID) and the containerd it started."""
+    pid = serving.engine(state_dir, node).host_pid()
+    if pid is None:
+        return []
+    try:
+        kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        kids = []
+    found = [pid]
+    for kid in kids:
+        try:
+            if Path(f"/proc/{kid}/comm").read_text().strip() == "containerd":
+                found.append(int(kid))
+        except OSError:
+            continue
+    return found
+
+
+def _nofile(pid: int) -> tuple[int, int]:
+    for line in Path(f"/proc/{pid}/limits").read_text().splitlines():
+        if line.startswith("Max open files"):
+            soft, hard = line.split()[3:5]
+            return int(soft), int(hard)
+    raise SimError(f"/proc/{pid}/limits has no 'Max open files' line")
+
+
+def fd_limit(state_dir: Path, node: NodeSpec, nofile: int) -> list[str]:
+    if serving.enabled() is not None:
+        raise SimError(f"this sim has no Docker engines ({serving.enabled()})")
+    pids = _engine_pids(state_dir, node)
+    if not pids:
+        raise SimError(f"{node.name}: its Docker engine is not running")
+    was = next(
+        (f["value"]["was"] for f in load_faults(state_dir) if _is_fd_fault(f, node)),
+        {str(p): _nofile(p) for p in pids},
+    )
+    for pid in pids:
+        run(["prlimit", "--pid", str(pid), f"--nofile={nofile}:{nofile}"])
+    record(state_dir, "fd-limit", node.name, "-", {"nofile": nofile, "was": was})
+    return [f"{node.name}: dockerd (pid {pids[0]}) and its containerd: open files {nofile}"]
+
+
+def _is_fd_fault(f: dict[str, object], node: NodeSpec) -> bool:
+    return (f.get("kind"), f.get("node")) == ("fd-limit", node.name)
+
+
+def _clear_fd_limit(state_dir: Path, node: NodeSpec) -> list[str]:
+    """Give the engine its limits back; where raising a hard limit is not permitted (no
+    CAP_SYS_RESOURCE, e.g. in a container), stop the engine: :func:`_restore_docker`
+    starts it again with the sim's limits (its containers are gone, as after a restart
+    of docker.service)."""
+    msgs = []
+    for f in load_faults(state_dir):
+        if not _is_fd_fault(f, node):
+            continue
+        for pid, (soft, hard) in f["value"]["was"].items():
+            if not Path(f"/proc/{pid}").exists():  # a restarted engine has its own limits
+                continue
+            back = subprocess.run(
+                ["prlimit", "--pid", pid, f"--nofile={soft}:{hard}"], capture_output=True, text=True
+            )
+            if back.returncode == 0:
+                msgs.append(f"{node.name}: pid {pid} open files back to {soft}:{hard}")
+                continue
+            done = docker.stop_engines([serving.engine(state_dir, node)])
+            msgs.append(
+                f"{node.name}: Docker engine stopped to restore its open-files limit "
+                f"({back.stderr.strip()}; {', '.join(done) or 'was not running'})"
+            )
+            break
+    return msgs
+
+
 # ------------------------------------------------------------------------------ clear
 
 
@@ -435,5 +531,6 @@ def clear(state_dir: Path, topo: Topology) -> list[str]:
         msgs += _clear_clock(state_dir, node)
         msgs += _clear_ssh(state_dir, node)
         msgs += _clear_env(state_dir, node)
+        msgs += _clear_fd_limit(state_dir, node)
     msgs += _restore_docker(state_dir, topo)
     return msgs
