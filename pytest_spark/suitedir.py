@@ -283,3 +283,32 @@ class SuiteRelativeSkips:
     @pytest.hookimpl(tryfirst=True)
     def pytest_collectreport(self, report: Any) -> None:
         self._shorten(report)
+
+
+# Which collected checks need a cluster (or its API): the fixtures that reach it. The
+# inactive plugin refuses them with a usage error; the active one parametrizes them per node.
+API_FIXTURES = {"spark_api", "spark_api_state"}
+NODE_FIXTURES = {"spark_node", "spark_node_unchecked", "_spark_node", "host"}
+CLUSTER_FIXTURES = NODE_FIXTURES | {
+    "spark_cluster",
+    "spark_head",
+    "spark_workers",
+    "spark_twin",
+    "spark_serving",
+    "spark_serving_state",
+}
+# The fixtures the plugin provides (testinfra's ``host`` is not ours when inactive).
+SPARK_FIXTURES = (CLUSTER_FIXTURES - {"host"}) | API_FIXTURES | {"spark_settings", "spark_check"}
+
+
+def item_fixtures(item: pytest.Item) -> set[str]:
+    return set(getattr(item, "fixturenames", ()))
+
+
+def cluster_usage_error(needy: list[pytest.Item]) -> pytest.UsageError:
+    return pytest.UsageError(
+        "these tests check a cluster: give --spark-head=HOST (the head node's management "
+        "address or ssh_config alias), --spark-api-url=URL for the serving checks alone, "
+        "or --spark-sim to run them against the embedded simulated cluster "
+        f"({len(needy)} tests need it, e.g. {needy[0].nodeid})"
+    )
