@@ -76,19 +76,16 @@ def test_container_sources_are_visible_inside_every_node(sim: Any, sparksim: Any
             assert sim.out(node, f"test -d {src} && echo yes").strip() == "yes", (node, src)
 
 
-def test_private_tmp_binds_back_sources_that_lie_under_it(
-    sparksim: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_private_tmp_binds_back_sources_that_lie_under_it(sparksim: Any, tmp_path: Path) -> None:
     node_mod = importlib.import_module("sparksim_under_test.node")
-    serving = importlib.import_module("sparksim_under_test.serving")
     topo = importlib.import_module("sparksim_under_test.topology").build(0, 2)
     site = Path(tempfile.mkdtemp(prefix="site-", dir="/tmp"))
     elsewhere = Path("/usr/lib")
-    monkeypatch.setattr(serving, "container_sources", lambda state_dir: [site, elsewhere])
     state = tmp_path / "state"
     (state / "nodes" / topo.nodes[0].name).mkdir(parents=True)
     try:
-        steps = node_mod._private_tmp_steps(state, topo.nodes[0])
+        # the serving containers' sources, which cluster.py passes (serving.container_sources)
+        steps = node_mod._private_tmp_steps(state, topo.nodes[0], [site, elsewhere])
     finally:
         site.rmdir()
     own_tmp = node_mod.node_dir(state, topo.nodes[0]) / "tmp"
