@@ -14,8 +14,11 @@ import pytest
 # Only what the inert path needs is imported here (options, the activation check, where
 # the suite is and which checks need a cluster): installed but not asked for, the plugin
 # must not cost the import of paramiko, testinfra and httpx. The roles (pytest_spark.roles)
-# are imported once active.
-from pytest_spark import hooks
+# are imported once active. The stash keys (state) load with the entry point, not with the
+# roles: they must be the same objects for every session of one process (pytester's
+# in-process runs drop the modules first imported inside a run; a key made again is
+# another key, and the next session's fixtures missed the settings).
+from pytest_spark import hooks, state  # noqa: F401
 from pytest_spark.settings.resolve import add_options, asked_for, refuse_spaced_paths
 from pytest_spark.suitedir import (
     CATEGORY_MARKERS,
