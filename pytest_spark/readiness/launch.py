@@ -613,7 +613,7 @@ def ensure_serving(
                 if mode is None and head.processes:
                     mode = mode_of_processes(head.processes)
                     mode_source = "the head container's processes" if mode else ""
-                attached_line = head_serve_line(head.processes)
+                attached_line = head_serve_line(head.processes or [])
                 log_path = settings.serve_log
                 if log_path is None and mode != "no-ray":
                     head_log_visible = False

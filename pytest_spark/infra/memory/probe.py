@@ -147,10 +147,12 @@ def parse_container_limit(node: str, text: str) -> ContainerMemory:
     the rank's ``vllm serve`` line (None when the container runs none)."""
     parts = probe_parts(text)
     cgroup, inspect = _limit(parts.get("cgroup", "")), _limit(parts.get("limit", ""))
-    if cgroup is not None:
-        limit, source = cgroup, "the container's cgroup memory limit, read inside it"
-    else:
-        limit, source = inspect, "docker inspect HostConfig.Memory"
+    limit: int | None = cgroup if cgroup is not None else inspect
+    source = (
+        "the container's cgroup memory limit, read inside it"
+        if cgroup is not None
+        else "docker inspect HostConfig.Memory"
+    )
     found = parse_server_probe(text, None)
     line = (
         found.line if found is not None and found.source != "vLLM's non-default args line" else None
