@@ -40,13 +40,14 @@ from typing import Protocol
 from pytest_spark.access.base import CommandResult, RemoteError
 from pytest_spark.access.cluster import Cluster, Node
 from pytest_spark.access.retry import Backoff, RetryState, for_connection
+from pytest_spark.readiness.follow import HealthFollower
 from pytest_spark.readiness.watch import StartupFailure, StartupWatch
 
 SEP = "__PYTEST_SPARK_PROBE__"
 # A poll runs `docker inspect`, `docker logs` and `docker top` on every serving node (and
 # curl on the head): ~150 ms of CPU on each node (measured on sparksim). Each second, not
-# each half, halves what the watch costs the nodes; a crash or /health 200 is seen up to
-# 0.5 s later.
+# each half, halves what the watch costs the nodes: a crash is seen within a second; /health
+# turning 200 within ~0.1 s plus one poll (the head follows it between polls: follow.py).
 POLL_S = 1.0
 PROBE_TIMEOUT_S = 15.0
 # ``since`` meaning "from this container's current start" (its .State.StartedAt).
@@ -374,7 +375,10 @@ class ReadinessWait:
             n for n in self.nodes if n.name not in self.retrying or self.retrying[n.name].due(now)
         ]
 
-    def command(self, node: Node) -> str:
+    def command(self, node: Node, processes: bool = True) -> str:
+        """The poll's round trip on ``node``; ``processes=False`` leaves out its serving
+        processes (the follower's poll at the moment /health turns 200: one docker call
+        less, and a rank found dead there is found by the polls before)."""
         is_head = node is self.head
         return probe_command(
             self.spec.container,
@@ -383,7 +387,7 @@ class ReadinessWait:
             self.spec.launcher_pid if is_head else None,
             self.spec.launcher_log_path if is_head else None,
             self.launcher_offset,
-            processes=True,
+            processes=processes,
         )
 
     # -- one poll --------------------------------------------------------------------
@@ -711,13 +715,16 @@ def wait_ready(
     notify: Callable[[str], None] | None = None,
     clock: Clock = REAL_CLOCK,
     retry: Backoff | None = None,
+    follow: bool = True,
 ) -> StartupWatch:
     """Return the watch once the head's /health answers 200; raise StartupFailed otherwise.
 
     ``spec``: what to watch and the limits (:class:`WaitSpec`). ``progress``: called after
     each poll that settles nothing; ``notify``: one-off notes for the operator. ``clock``:
     the one time source (``now`` for every limit, ``sleep`` between polls); ``retry``: the
-    back-off for a node that does not answer (default: the connection's)."""
+    back-off for a node that does not answer (default: the connection's); ``follow``: sleep
+    on the head's /health followed from the head between polls (False: the poll alone, the
+    benchmark's before)."""
     serving_nodes = list(spec.nodes) if spec.nodes else list(cluster.nodes)
     if cluster.head not in serving_nodes:
         serving_nodes.insert(0, cluster.head)
@@ -734,19 +741,47 @@ def wait_ready(
         result = node.run(wait.command(node), timeout=PROBE_TIMEOUT_S)
         return parse_probe(result, node is cluster.head)
 
-    while True:
-        tick = clock.now()
-        results = cluster.map(probe, wait.due(tick))
-        for name, outcome in results.items():
-            if isinstance(outcome, RemoteError):
-                cluster.node(name).conn.close()  # the next attempt connects afresh
-        now = clock.now()
-        stage = wait.observe(results, now)
-        if stage is Stage.READY:
-            return wait.watch
-        if stage is Stage.FAILED:
-            assert wait.watch.failure is not None
-            raise StartupFailed(wait.watch.failure, wait.watch)
-        if progress is not None:
-            progress(wait.watch, now)
-        clock.sleep(max(0.0, spec.poll_s - (clock.now() - tick)))
+    # Between polls the wait sleeps on the head's /health followed from the head (ready
+    # seen within ~0.1 s, pytest_spark.readiness.follow), on the real clock; a test's
+    # clock, and the polls after the follower saw 200 once, sleep the poll interval.
+    followed = follow and clock is REAL_CLOCK
+    follower = (
+        HealthFollower(
+            cluster.head, spec.port, lambda: wait.command(cluster.head, processes=False)
+        ).start()
+        if followed
+        else None
+    )
+    stop_follower = follower
+    try:
+        while True:
+            tick = clock.now()
+            if follower is not None and follower.result is not None:
+                # /health turned 200: the head's poll taken by the follower at that moment
+                # (its last log lines, container, processes) is this poll's head answer.
+                results: dict[str, Outcome] = {
+                    cluster.head.name: parse_probe(follower.result, with_health=True)
+                }
+                follower = None
+            else:
+                results = cluster.map(probe, wait.due(tick))
+            for name, outcome in results.items():
+                if isinstance(outcome, RemoteError):
+                    cluster.node(name).conn.close()  # the next attempt connects afresh
+            now = clock.now()
+            stage = wait.observe(results, now)
+            if stage is Stage.READY:
+                return wait.watch
+            if stage is Stage.FAILED:
+                assert wait.watch.failure is not None
+                raise StartupFailed(wait.watch.failure, wait.watch)
+            if progress is not None:
+                progress(wait.watch, now)
+            remaining = max(0.0, spec.poll_s - (clock.now() - tick))
+            if follower is not None:
+                follower.wait(remaining)  # wakes the moment /health turns 200
+            else:
+                clock.sleep(remaining)
+    finally:
+        if stop_follower is not None:
+            stop_follower.stop()
