@@ -12,8 +12,16 @@
   ``vllm-node:latest`` in the node's own engine, as an image built on each node instead of
   copied from one. The next launch runs it; the ranks of a real cluster hang at NCCL init.
 
+- ``cx7-firmware NODE VERSION``: the node's ConnectX-7 runs firmware VERSION (``28.39.1002``,
+  or with its PSID ``"28.39.1002 (NVD0000000087)"``), as after a firmware update on one node
+  alone: ``ethtool -i``, ``ibstat`` and ``ibdev2netdev -v`` say it (state.json).
+- ``dgx-os NODE VERSION``: the node's /etc/dgx-release says ``DGX_SWBUILD_VERSION=VERSION``,
+  as after a DGX OS update on that node alone (the node's file, bound over /etc/dgx-release
+  in its mount namespace, rewritten in place).
+
 ``clear`` removes the rebuilt image (host.clear imports the original again); the
-sim core's clear resets state.json (driver, NTP).
+sim core's clear resets state.json (driver, NTP, firmware) and ``clear`` here writes
+/etc/dgx-release back.
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ from ..netns import SimError
 from ..topology import NodeSpec, Topology
 from .common import Kinds, load_faults, record, resolve
 
-KINDS = ("driver", "ntp", "nccl-build")
+KINDS = ("driver", "ntp", "nccl-build", "cx7-firmware", "dgx-os")
 REBUILT = "sparksim-nccl-build-2"
 
 
@@ -39,6 +47,10 @@ def add_parsers(kinds: Kinds) -> None:
     k.add_argument("version", metavar="VERSION", help="driver version, e.g. 580.82.09")
     k.add_argument("--cuda", metavar="X", help="CUDA version nvidia-smi reports with it")
     k = kinds.on_node("ntp", "a node's NTP service off, its clock unsynchronised")
+    k = kinds.on_node("cx7-firmware", "a node's ConnectX-7 firmware differs (ethtool -i)")
+    k.add_argument("version", metavar="VERSION", help="e.g. 28.39.1002 or '28.39.1002 (PSID)'")
+    k = kinds.on_node("dgx-os", "a node's DGX OS release differs (/etc/dgx-release)")
+    k.add_argument("version", metavar="VERSION", help="DGX_SWBUILD_VERSION, e.g. 7.2.3")
     k = kinds.on_node(
         "nccl-build", "the serving image on a node carries another build of the same NCCL version"
     )
@@ -52,6 +64,10 @@ def apply(state_dir: Path, topo: Topology, args: argparse.Namespace) -> list[str
         return ntp_off(state_dir, node)
     if args.kind == "nccl-build":
         return nccl_build(state_dir, node)
+    if args.kind == "cx7-firmware":
+        return cx7_firmware(state_dir, node, args.version)
+    if args.kind == "dgx-os":
+        return dgx_os(state_dir, node, args.version)
     raise SimError(f"unknown fault {args.kind!r}")
 
 
@@ -65,6 +81,31 @@ def driver(state_dir: Path, node: NodeSpec, version: str, cuda: str | None) -> l
     nodes_mod.write_state(state_dir, node, state)
     record(state_dir, "driver", node.name, "-", {"driver": version, "cuda": cuda})
     return [f"{node.name}: NVIDIA driver {version}" + (f", CUDA {cuda}" if cuda else "")]
+
+
+def cx7_firmware(state_dir: Path, node: NodeSpec, version: str) -> list[str]:
+    firmware, _, psid = version.partition("(")
+    state = nodes_mod.read_state(state_dir, node)
+    state["firmware"] = firmware.strip()
+    if psid.strip(" )"):
+        state["psid"] = psid.strip(" )")
+    nodes_mod.write_state(state_dir, node, state)
+    record(state_dir, "cx7-firmware", node.name, "-", version)
+    return [f"{node.name}: ConnectX-7 firmware {version}"]
+
+
+def _write_dgx_release(state_dir: Path, node: NodeSpec, version: str) -> None:
+    # in place (not a rename): the file is bound over /etc/dgx-release by its inode
+    path = nodes_mod.node_dir(state_dir, node) / "dgx-release"
+    with path.open("r+") as fh:
+        fh.truncate(0)
+        fh.write(nodes_mod.dgx_release(version))
+
+
+def dgx_os(state_dir: Path, node: NodeSpec, version: str) -> list[str]:
+    _write_dgx_release(state_dir, node, version)
+    record(state_dir, "dgx-os", node.name, "-", version)
+    return [f"{node.name}: DGX OS {version} (/etc/dgx-release)"]
 
 
 def ntp_off(state_dir: Path, node: NodeSpec) -> list[str]:
@@ -104,12 +145,16 @@ def nccl_build(state_dir: Path, node: NodeSpec) -> list[str]:
 
 
 def clear(state_dir: Path, topo: Topology) -> list[str]:
-    """Remove the rebuilt images (host.clear imports the original on those nodes)."""
+    """Write /etc/dgx-release back; remove the rebuilt images (host.clear imports the
+    original on those nodes)."""
     msgs = []
     for f in load_faults(state_dir):
+        node = next((n for n in topo.nodes if n.name == f.get("node")), None)
+        if f.get("kind") == "dgx-os" and node is not None:
+            _write_dgx_release(state_dir, node, nodes_mod.DGX_OS_VERSION)
+            msgs.append(f"{node.name}: DGX OS {nodes_mod.DGX_OS_VERSION} again")
         if f.get("kind") != "nccl-build":
             continue
-        node = next((n for n in topo.nodes if n.name == f.get("node")), None)
         if node is None or serving.enabled() is not None:
             continue
         e = serving.engine(state_dir, node)
