@@ -1,5 +1,5 @@
 """The nodes-alike probe on a real sim node, and the faults that make a node unlike the
-head: ``driver``, ``ntp`` and ``nccl-build`` are each seen by their check, naming the node;
+head: ``driver``, ``ntp``, ``nccl-build``, ``cx7-firmware`` and ``dgx-os`` are each seen by their check, naming the node;
 ``fault clear`` makes the nodes alike again (the original image back)."""
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ def test_alike_faults_caught_and_cleared(healthy_sim: Any) -> None:
     head = facts["spark-head"]
     assert head.driver.value == "580.95.05" and head.cuda.value == "13.0"
     assert head.container is not None and head.container.nccl_loaded is not None
+    assert head.dgx_os.value == "7.5.0", head.dgx_os  # /etc/dgx-release
+    assert head.cx7_firmware.value == "28.45.4028 (NVD0000000087)", head.cx7_firmware
     assert check_host_alike("spark-head", facts).ok
     image = check_image_alike("spark-head", facts, "vllm_node")
     assert not isinstance(image, Skip) and image.ok, image.message
@@ -40,9 +42,13 @@ def test_alike_faults_caught_and_cleared(healthy_sim: Any) -> None:
     healthy_sim.cli("fault", "driver", "spark-2", "580.82.09")
     healthy_sim.cli("fault", "ntp", "spark-2")
     healthy_sim.cli("fault", "nccl-build", "spark-2")
+    healthy_sim.cli("fault", "cx7-firmware", "spark-2", "28.39.1002 (NVD0000000099)")
+    healthy_sim.cli("fault", "dgx-os", "spark-2", "7.2.3")
     facts = probe_all(healthy_sim)
     host = check_host_alike("spark-head", facts)
     assert not host.ok and host.node == "spark-worker-1" and "580.82.09" in host.message
+    assert "ConnectX-7 firmware: spark-worker-1 has 28.39.1002 (NVD0000000099)" in host.message
+    assert "DGX OS release: spark-worker-1 has 7.2.3, spark-head has 7.5.0" in host.message
     image = check_image_alike("spark-head", facts, "vllm_node")
     assert not isinstance(image, Skip) and not image.ok and image.node == "spark-worker-1"
     assert "the same version 2.27.7+cuda13.0, a different build" in image.message
@@ -52,6 +58,7 @@ def test_alike_faults_caught_and_cleared(healthy_sim: Any) -> None:
     healthy_sim.cli("fault", "clear")
     facts = probe_all(healthy_sim)
     assert check_host_alike("spark-head", facts).ok
+    assert facts["spark-worker-1"].dgx_os.value == "7.5.0"
     image = check_image_alike("spark-head", facts, "vllm_node")
     assert not isinstance(image, Skip) and image.ok, image.message
     after = facts["spark-worker-1"].image
