@@ -1,9 +1,11 @@
 """The nodes-alike probe on a real sim node, and the faults that make a node unlike the
-head: ``driver``, ``ntp``, ``nccl-build``, ``cx7-firmware`` and ``dgx-os`` are each seen by their check, naming the node;
-``fault clear`` makes the nodes alike again (the original image back)."""
+head: ``driver``, ``ntp``, ``nccl-build``, ``cx7-firmware``, ``dgx-os`` and ``running-image``
+are each seen by their check, naming the node; ``fault clear`` makes the nodes alike again
+(the original image back)."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -63,3 +65,34 @@ def test_alike_faults_caught_and_cleared(healthy_sim: Any) -> None:
     assert not isinstance(image, Skip) and image.ok, image.message
     after = facts["spark-worker-1"].image
     assert before is not None and after is not None and after.identity == before.identity
+
+
+def test_running_image_fault_seen_in_attach(healthy_sim: Any) -> None:
+    """``running-image``: the node's next serving container starts from another build, then
+    its tag goes back: the tags are alike, the running containers are not."""
+    start = "docker run -d --rm --name vllm_node --entrypoint= vllm-node:latest sleep infinity"
+    healthy_sim.cli("fault", "running-image", "spark-2")
+    try:
+        for name in NAMES:
+            proc = healthy_sim.ssh(name, start)
+            assert proc.returncode == 0, proc.stderr
+        back = "docker image inspect -f '{{.Id}}' vllm-node:latest"
+        running = "docker inspect -f '{{.Image}}' vllm_node"
+        for _ in range(50):  # the watcher puts the tag back within ~0.2 s
+            tag, run = (healthy_sim.ssh("spark-2", c).stdout.strip() for c in (back, running))
+            if tag != run:
+                break
+            time.sleep(0.2)
+        assert tag != run, "the tag was not put back on the original image"
+        facts = probe_all(healthy_sim)
+        assert all(f.running is not None for f in facts.values())
+        image = check_image_alike("spark-head", facts, "vllm_node")
+        assert not isinstance(image, Skip) and not image.ok and image.node == "spark-worker-1"
+        assert "both tagged vllm-node:latest" in image.message, image.message
+    finally:
+        healthy_sim.cli("fault", "clear")
+        healthy_sim.ssh("spark-1", "docker rm -f vllm_node")
+    assert healthy_sim.ssh("spark-2", "docker ps -q --filter name=vllm_node").stdout.strip() == ""
+    facts = probe_all(healthy_sim)
+    image = check_image_alike("spark-head", facts, "vllm_node")
+    assert not isinstance(image, Skip) and image.ok, image.message

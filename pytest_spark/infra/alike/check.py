@@ -120,9 +120,9 @@ def check_host_alike(
     whose value a known-bad rule names (pytest_spark.infra.knownbad.check.denied_nodes):
     those values are left out here, as that check fails for them (one cause, one failure)."""
     by_field: dict[str, set[str]] = {}
-    for component, nodes in (owned or {}).items():
+    for component, owners in (owned or {}).items():
         for name in FIELDS_OF_COMPONENT.get(component, ()):
-            by_field.setdefault(name, set()).update(nodes)
+            by_field.setdefault(name, set()).update(owners)
     problems: list[str] = []
     fixes: list[str] = []
     notes: list[str] = []

@@ -95,7 +95,7 @@ def parse_pattern(spec: str) -> Pattern:
         want = text[7:].lower()
         if not re.fullmatch(r"[0-9a-f]{8,64}", want):
             raise ParseError("known-bad match", f"{spec!r}: expected sha256: and 8-64 hex digits")
-        return Pattern(spec, lambda v: bool(v.sha256) and v.sha256.lower().startswith(want))
+        return Pattern(spec, lambda v: v.sha256 is not None and v.sha256.lower().startswith(want))
     if text[:1] and text[0] in "<>=":
         parts = [p for p in re.split(r"[\s,]+", text) if p]
         comparators = [_COMPARATOR.fullmatch(p) for p in parts]
