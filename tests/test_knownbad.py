@@ -5,14 +5,18 @@ nodes-alike one."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from pytest_spark.infra.alike.check import check_host_alike
-from pytest_spark.infra.alike.parse import ContainerFacts, NcclLibrary
-from pytest_spark.infra.alike.probe import Fact, NodeAlike, parse_alike_probe
+from pytest_spark.infra.alike.parse import ContainerFacts, NcclLibrary, parse_container_facts
+from pytest_spark.infra.alike.probe import CONTAINER_SCRIPT, Fact, NodeAlike, parse_alike_probe
 from pytest_spark.infra.errors import ParseError
 from pytest_spark.infra.knownbad.check import check_known_bad, denied_nodes, rule_matches
 from pytest_spark.infra.knownbad.parse import Value, parse_pattern, version_key
@@ -217,3 +221,29 @@ def test_bad_profile_entry_is_refused(tmp_path: Path, entry: str) -> None:
     mine.write_text(f'extends = "sim"\n[[known_bad.deny]]\n{entry}\n')
     with pytest.raises(ProfileError, match=r"\[known_bad\] deny = .*expected a list of tables"):
         load_profile(str(mine))
+
+
+def test_build_id_read_from_the_library_and_matched(tmp_path: Path) -> None:
+    """The image's python3 runs CONTAINER_SCRIPT: a libnccl with an ELF GNU Build ID note
+    (namesz 4, descsz 20, type 3, "GNU") and the version string NCCL carries."""
+    bid = bytes(range(1, 21))
+    note = (4).to_bytes(4, "little") + (20).to_bytes(4, "little") + (3).to_bytes(4, "little")
+    lib = tmp_path / "libnccl.so.2"
+    lib.write_bytes(
+        b"\x7fELF" + b"\0" * 60 + note + b"GNU\0" + bid + b"NCCL version 2.28.9+cuda13.0\0"
+    )
+    env = {**os.environ, "LD_LIBRARY_PATH": str(tmp_path)}
+    out = subprocess.run(
+        [sys.executable, "-c", CONTAINER_SCRIPT],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    ).stdout
+    facts = parse_container_facts(out)
+    mine = next(x for x in facts.nccl if x.path == str(lib))
+    assert mine.build_id == bid.hex() and mine.version == "2.28.9+cuda13.0"
+    assert json.loads(out)["nccl"]
+    assert matches(f"build-id:{bid.hex()[:12]}", "2.28.9", None) is False
+    assert parse_pattern(f"build-id:{bid.hex()[:12]}").matches(Value("2.28.9", None, bid.hex()))
+    assert not parse_pattern("build-id:ffffffff").matches(Value("2.28.9", None, bid.hex()))

@@ -259,7 +259,8 @@ class VersionRule:
     """One ``[[known_bad.deny]]`` or ``[[known_bad.allow]]`` entry. ``match``: any of its
     patterns matching the node's value matches (pytest_spark.infra.knownbad.parse says the
     forms: a version prefix ``590.``, a range ``>=590 <591``, ``re:REGEX``, and for NCCL
-    ``sha256:HEX``); an empty list matches nothing (an entry that waits for evidence)."""
+    ``sha256:HEX`` or ``build-id:HEX``); an empty list matches nothing (an entry that waits
+    for evidence)."""
 
     component: str  # one of RULE_COMPONENTS
     match: tuple[str, ...]

@@ -294,7 +294,11 @@ def check_image_alike(head: str, facts: Mapping[str, NodeAlike], container: str)
                     "vllm": c.vllm,
                     "torch": c.torch,
                     "python": c.python,
-                    "nccl": [f"{lib.path} {lib.version} sha256:{lib.sha256}" for lib in c.nccl],
+                    "nccl": [
+                        f"{lib.path} {lib.version} sha256:{lib.sha256}"
+                        + (f" build-id:{lib.build_id}" if lib.build_id else "")
+                        for lib in c.nccl
+                    ],
                 }
                 if (c := facts[n].container) is not None
                 else {"container_facts": facts[n].container_error}

@@ -195,6 +195,7 @@ class NcclLibrary:
     size: int
     sha256: str
     version: str | None  # from the library's own "NCCL version X" string
+    build_id: str | None = None  # its ELF NT_GNU_BUILD_ID note, hex (readelf -n's Build ID)
 
     @property
     def short_sha(self) -> str:
@@ -234,6 +235,7 @@ def parse_container_facts(text: str) -> ContainerFacts:
                 int(lib.get("bytes") or 0),
                 str(lib["sha256"]),
                 lib.get("version"),
+                lib.get("build_id"),
             )
         )
     return ContainerFacts(

@@ -12,7 +12,7 @@ image inspect``: what an attached cluster really runs, whatever the tag says now
 that image, from one ``docker run --rm --network none --entrypoint python3 REF -c SCRIPT``
 (no GPU, no mounts, nothing imported but the standard library: vLLM and torch versions
 from their package metadata, Python's own, and every ``libnccl.so*`` on the loader's path
-hashed whole, with the version the library itself carries).
+hashed whole, with the version the library itself carries and its ELF GNU Build ID).
 
 Why the image and not the running container: this is preflight, before a 15-minute load;
 the image is what every node will run, the same whether the suite launches or attaches,
@@ -76,10 +76,13 @@ for d in dirs:
         if real in seen or not os.path.isfile(real):
             continue
         seen.add(real)
-        h, size, found = hashlib.sha256(), 0, None
+        h, size, found, bid = hashlib.sha256(), 0, None, None
         with open(real, "rb") as fh:
             tail = b""
             for chunk in iter(lambda: fh.read(1 << 20), b""):
+                if size == 0:
+                    n = re.search(rb"\x04\0\0\0([\x08-\x40])\0\0\0\x03\0\0\0GNU\0", chunk)
+                    bid = chunk[n.end():n.end() + n.group(1)[0]].hex() if n else None
                 h.update(chunk)
                 size += len(chunk)
                 if found is None:
@@ -87,7 +90,7 @@ for d in dirs:
                     found = m.group(1).decode() if m else None
                 tail = chunk[-64:]
         libs.append({"path": f, "file": real, "bytes": size, "sha256": h.hexdigest(),
-                     "version": found})
+                     "version": found, "build_id": bid})
 pkg = next((v for v in map(ver, ("nvidia-nccl-cu13", "nvidia-nccl-cu12")) if v), None)
 print(json.dumps({"python": sys.version.split()[0], "vllm": ver("vllm"),
                   "torch": ver("torch"), "nccl": libs, "nccl_pkg": pkg}))

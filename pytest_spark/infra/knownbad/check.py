@@ -42,7 +42,9 @@ def component_value(facts: NodeAlike, component: str) -> tuple[Value | None, str
         lib = facts.container.nccl_loaded
         if lib is None:
             return None, "no libnccl in the serving image"
-        return Value(f"{lib.version or '?'} ({lib.path}, sha256 {lib.sha256})", lib.sha256), None
+        build = f", Build ID {lib.build_id}" if lib.build_id else ""
+        text = f"{lib.version or '?'} ({lib.path}, sha256 {lib.sha256}{build})"
+        return Value(text, lib.sha256, lib.build_id), None
     fact: Fact = {
         "driver": facts.driver,
         "kernel": facts.kernel,
@@ -133,7 +135,7 @@ def check_known_bad(facts: Mapping[str, NodeAlike], known_bad: KnownBadSection) 
             None,
             "match patterns a profile can hold",
             message=f"cannot read a [known_bad] entry of the profile: {exc}. Fix: correct "
-            "its match list ('590.', '>=590 <591', 're:REGEX', 'sha256:HEX')",
+            "its match list ('590.', '>=590 <591', 're:REGEX', 'sha256:HEX', 'build-id:HEX')",
         )
     rules = [r for r in known_bad.deny if r.match]
     measured = {

@@ -9,8 +9,9 @@ Forms (one string each; an entry's ``match`` is a list, any of which matching ma
   not match.
 - ``re:REGEX``: the regular expression searched in the value's text (NCCL: the version
   string, e.g. ``2.28.9+cuda13.0``).
-- ``sha256:HEX``: NCCL only, the loaded library's sha256 starts with HEX (a build, where
-  the version string cannot tell a development build from the release).
+- ``sha256:HEX`` / ``build-id:HEX``: NCCL only, the loaded library's sha256 or ELF GNU
+  Build ID (``readelf -n``) starts with HEX: a build, where the version string cannot tell
+  a development build from the release.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class Value:
 
     text: str
     sha256: str | None = None
+    build_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -91,11 +93,18 @@ def parse_pattern(spec: str) -> Pattern:
                 "known-bad match", f"{spec!r}: bad regular expression ({exc})"
             ) from None
         return Pattern(spec, lambda v: rx.search(v.text) is not None)
-    if text.startswith("sha256:"):
-        want = text[7:].lower()
+    if text.startswith(("sha256:", "build-id:")):
+        kind, _, want = text.partition(":")
+        want = want.lower()
         if not re.fullmatch(r"[0-9a-f]{8,64}", want):
-            raise ParseError("known-bad match", f"{spec!r}: expected sha256: and 8-64 hex digits")
-        return Pattern(spec, lambda v: v.sha256 is not None and v.sha256.lower().startswith(want))
+            raise ParseError("known-bad match", f"{spec!r}: expected {kind}: and 8-64 hex digits")
+        field = "sha256" if kind == "sha256" else "build_id"
+
+        def build(v: Value) -> bool:
+            have = getattr(v, field)
+            return have is not None and have.lower().startswith(want)
+
+        return Pattern(spec, build)
     if text[:1] and text[0] in "<>=":
         parts = [p for p in re.split(r"[\s,]+", text) if p]
         comparators = [_COMPARATOR.fullmatch(p) for p in parts]
@@ -109,7 +118,7 @@ def parse_pattern(spec: str) -> Pattern:
         raise ParseError(
             "known-bad match",
             f"{spec!r}: expected a version prefix ('590.'), a range ('>=590 <591'), "
-            "'re:REGEX' or 'sha256:HEX'",
+            "'re:REGEX', 'sha256:HEX' or 'build-id:HEX'",
         )
     if text.endswith(("x", "*")) and not prefix.endswith("."):
         prefix += "."
