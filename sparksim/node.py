@@ -49,6 +49,7 @@ TOOLS_PKG = "sparksim_tools"
 CABLED = {dev for _, dev, _ in FABRIC_TWINS}
 FIRMWARE = "28.45.4028"
 DRIVER_VERSION = "580.95.05"
+DGX_OS_VERSION = "7.5.0"  # DGX OS on the Sparks of dgx-spark-playbooks PR #103 and PR #108
 CUDA_VERSION = "13.0"
 # An idle GB10 as nvidia-smi reads it (fixtures/gpu/README.md: 41-45 C, 208 of 3003 MHz,
 # P8, ~4.5 W, persistence On, only the idle clocks event reason active).
@@ -119,6 +120,18 @@ def pubkey(path: Path) -> str:
 def host_key_line(path: Path) -> str:
     """``ssh-ed25519 AAAA...`` without the comment."""
     return " ".join(pubkey(path).split()[:2])
+
+
+def dgx_release(version: str) -> str:
+    """A DGX's /etc/dgx-release (the KEY="VALUE" form NVIDIA/NemoClaw#9898 shows for a DGX
+    Station; a Spark's own file is not public, its reports say "DGX OS 7.5.0")."""
+    return (
+        'DGX_NAME="DGX Spark"\n'
+        'DGX_PRETTY_NAME="NVIDIA DGX Spark"\n'
+        'DGX_SWBUILD_DATE="2026-06-16-11-48-10"\n'
+        f'DGX_SWBUILD_VERSION="{version}"\n'
+        'DGX_PLATFORM="DGX Spark"\n'
+    )
 
 
 def node_dir(state_dir: Path, node: NodeSpec) -> Path:
@@ -267,6 +280,8 @@ def write_node_files(
     )
     write_atomic(nd / "empty", "")
     write_meminfo(nd / "meminfo")  # a GB10's /proc/meminfo (sim/meminfo.py)
+    if not (nd / "dgx-release").exists():  # faults/alike.py rewrites it in place
+        write_atomic(nd / "dgx-release", dgx_release(DGX_OS_VERSION))
     # The node's /etc/hosts: every node by hostname on the management network.
     hosts = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
     hosts += [f"{n.mgmt}\t{n.name}" for n in topo.nodes]
@@ -329,6 +344,19 @@ def _mount_script(
         # /sys/class/infiniband: the RDMA devices' GID tables (rdmasysfs.py), unless
         # its RDMA drivers are not loaded (fault no-rdma, faults/rdma.py)
         *rdmasysfs.mount_steps(nd, infiniband=read_state(state_dir, node).get("rdma") is not False),
+    ]
+    # /etc/dgx-release, which the host lacks: /etc under an overlay whose upper layer is a
+    # tmpfs of this mount namespace (nothing lands in the host's /etc), the node's file
+    # bound over it there.
+    ovl = q(str(nd / "etc-overlay"))
+    steps += [
+        f"mkdir -p {ovl}",
+        f"mount -t tmpfs sparksim-etc {ovl}",
+        f"mkdir {ovl}/upper {ovl}/work",
+        f"mount -t overlay sparksim-etc -o lowerdir=/etc,upperdir={ovl}/upper,"
+        f"workdir={ovl}/work /etc",
+        "touch /etc/dgx-release",
+        f"mount --bind {q(str(nd / 'dgx-release'))} /etc/dgx-release",
     ]
     for src, dst in binds:
         steps.append(f"if [ -e {q(dst)} ]; then mount --bind {q(str(src))} {q(dst)}; fi")

@@ -39,7 +39,12 @@ NO_LAUNCH = (
 )
 SERVING = {f"test_serving_env_matches_fabric[{n}]" for n in (H, W)}
 # tests_infra/test_alike.py: nodes alike, in the preflight category, one check each
-ALIKE = {"test_host_software_alike", "test_serving_image_alike", "test_clock_ntp_synchronized"}
+ALIKE = {
+    "test_host_software_alike",
+    "test_serving_image_alike",
+    "test_clock_ntp_synchronized",
+    "test_no_known_bad_versions",
+}
 # tests_infra/test_gpuhealth.py: GPU health per node, in the preflight category
 GPU_HEALTH = {
     f"{t}[{n}]"
