@@ -18,6 +18,7 @@ from pytest_spark import (
     require_unless_twin_down,
     verdict_in_session,
 )
+from pytest_spark.infra.counters.gather import counted
 from pytest_spark.infra.links.gather import (
     fabric_ifs,
     node_link_facts,
@@ -80,7 +81,13 @@ def _allreduce(
     return measure_once(
         request.config,
         "collective-run",
-        lambda: collective_run(spark_cluster, progress_line_writer(request.config)),
+        # Every node's fabric counters read before and after (test_fabric_error_counters).
+        counted(
+            request.config,
+            spark_cluster,
+            "collective-run",
+            lambda: collective_run(spark_cluster, progress_line_writer(request.config)),
+        ),
         encode=dump,
         decode=lambda data: load(CollectiveRun | str, data),
     )
