@@ -44,6 +44,8 @@ def check_fabric_counters(node: str, windows: list[Window]) -> Finding | Skip:
             why = before if isinstance(before, str) else after if isinstance(after, str) else ""
             unread.append(f"{w.what}: {why or 'not read'}")
             continue
+        if before.error or after.error:
+            unread.append(f"{w.what}: {before.error or after.error}")
         for port in after.ports:
             was = before.port(port.netdev)
             if was is None:

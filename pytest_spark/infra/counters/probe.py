@@ -29,6 +29,7 @@ s ports sh -c 'ibdev2netdev | while read -r dev _ port _ netdev state; do
   d="/sys/class/infiniband/$dev/ports/$port/hw_counters"
   if [ -d "$d" ]; then for f in "$d"/*; do echo "hw ${f##*/} $(cat "$f" 2>/dev/null)"; done; fi
 done'
+rm -f "$t"
 """
 
 
@@ -69,18 +70,14 @@ def parse_counters(text: str) -> NodeCounters:
         why = section.problem() if section is not None else "not probed"
         return NodeCounters((), f"ibdev2netdev: {why or 'no RDMA device'}")
     ports: list[PortCounters] = []
-    cur: dict[str, object] | None = None
-    eth: list[str] = []
+    # The port being read: dev, netdev, its ethtool lines, its error, its hw counters.
+    cur: tuple[str, str, list[str], list[str], dict[str, int]] | None = None
 
     def close() -> None:
         if cur is not None:
-            error = cur.get("error")
+            dev, netdev, eth, error, roce = cur
             stats = None if error else parse_ethtool_stats("\n".join(eth))
-            roce = cur["roce"]
-            assert isinstance(roce, dict)
-            ports.append(
-                PortCounters(str(cur["dev"]), str(cur["netdev"]), stats, error and str(error), roce)  # type: ignore[arg-type]
-            )
+            ports.append(PortCounters(dev, netdev, stats, error[0] if error else None, roce))
 
     for line in section.stdout.splitlines():
         kind, _, rest = line.partition(" ")
@@ -89,18 +86,16 @@ def parse_counters(text: str) -> NodeCounters:
             words = rest.split()
             if len(words) < 3:
                 raise ParseError("counters probe", "expected `port DEV PORT NETDEV`", line)
-            cur, eth = {"dev": words[0], "netdev": words[2], "roce": {}}, []
+            cur = (words[0], words[2], [], [], {})
         elif cur is None or not line.strip():
             continue
         elif kind == "eth":
-            eth.append(rest)
+            cur[2].append(rest)
         elif kind == "eth-error":
-            cur["error"] = rest.strip() or "ethtool -S failed"
+            cur[3].append(rest.strip() or "ethtool -S failed")
         elif kind == "hw":
             name, _, value = rest.partition(" ")
             if value.strip().isdigit():
-                roce = cur["roce"]
-                assert isinstance(roce, dict)
-                roce[name] = int(value)
+                cur[4][name] = int(value)
     close()
     return NodeCounters(tuple(ports))

@@ -36,6 +36,7 @@ s prev_tail journalctl -b -1 -n @TAIL@ --no-pager -q -o short-iso
 s prev_events sh -c 'journalctl -k -b -1 --no-pager -q -o short-iso 2>/dev/null |
   awk "{ n++ } /NVRM|Xid|AER|PCIe Bus Error/ { print } END { print \"lines \" n+0 }" |
   tail -n 401'
+rm -f "$t"
 """
 
 
