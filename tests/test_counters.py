@@ -8,9 +8,14 @@ from pathlib import Path
 import pytest
 
 from pytest_spark.infra.counters.check import check_fabric_counters
-from pytest_spark.infra.counters.gather import Window
 from pytest_spark.infra.counters.parse import ETH_ERRORS, parse_ethtool_stats, rises
-from pytest_spark.infra.counters.probe import MARKER, NodeCounters, PortCounters, parse_counters
+from pytest_spark.infra.counters.probe import (
+    MARKER,
+    NodeCounters,
+    PortCounters,
+    Window,
+    parse_counters,
+)
 from pytest_spark.infra.errors import ParseError
 from pytest_spark.infra.preflight.check import Skip
 

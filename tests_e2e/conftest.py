@@ -13,7 +13,7 @@ from pytest_spark import Settings, progress_line_writer, verdict_in_session
 from pytest_spark.access.api import ApiEndpoint
 from pytest_spark.infra.counters.gather import counted
 from pytest_spark.infra.server.probe import ServerCommand
-from pytest_spark.measure.once import measure_once
+from pytest_spark.measure.once import measure_dir, measure_once
 from pytest_spark.report.history import resolve_history_dir
 from pytest_spark.serving import ServingClient
 from pytest_spark.serving.load.closedloop import Sweep, decode_sweep, encode_sweep, measure_sweep
@@ -170,7 +170,7 @@ def _sweep(
     compute: Callable[[], Any] = sweep
     if not spark_settings.api_only:  # every node's fabric counters before and after it
         cluster = request.getfixturevalue("spark_cluster")
-        compute = counted(request.config, cluster, "throughput-sweep", sweep)
+        compute = counted(measure_dir(request.config), cluster, "throughput-sweep", sweep)
     # Once per session, alone on the cluster, also under xdist (pytest_spark.measure.once):
     # tok/s taken while other tests send requests would not be a measurement.
     measured = measure_once(

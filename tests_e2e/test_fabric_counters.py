@@ -15,6 +15,7 @@ from pytest_spark import Cluster, Node, SparkCheck
 from pytest_spark.infra.counters.check import check_fabric_counters
 from pytest_spark.infra.counters.gather import windows
 from pytest_spark.infra.preflight.check import Skip
+from pytest_spark.measure.once import measure_dir
 
 pytestmark = pytest.mark.throughput
 
@@ -27,7 +28,7 @@ def test_fabric_error_counters(
     _sweep: tuple[Any, dict[str, Any]],
 ) -> None:
     """No fabric error counter of this node rose during the suite's traffic."""
-    result = check_fabric_counters(spark_node.name, windows(request.config))
+    result = check_fabric_counters(spark_node.name, windows(measure_dir(request.config)))
     if isinstance(result, Skip):
         pytest.skip(result.reason)
     spark_check.require(result)

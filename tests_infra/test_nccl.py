@@ -55,7 +55,7 @@ from pytest_spark.infra.nccl.parse import NcclOutput
 from pytest_spark.infra.nccl.probe import CollectiveRun
 from pytest_spark.infra.preflight.check import ENV_VERDICT
 from pytest_spark.measure.codec import dump, load
-from pytest_spark.measure.once import Measured, measure_once
+from pytest_spark.measure.once import Measured, measure_dir, measure_once
 from pytest_spark.readiness.launch import container_states, serving_nodes
 from pytest_spark.readiness.reachability import require_reachable
 from pytest_spark.readiness.serving import SERVING_VERDICT_KEY, ServingState, not_serving_reason
@@ -83,7 +83,7 @@ def _allreduce(
         "collective-run",
         # Every node's fabric counters read before and after (test_fabric_error_counters).
         counted(
-            request.config,
+            measure_dir(request.config),
             spark_cluster,
             "collective-run",
             lambda: collective_run(spark_cluster, progress_line_writer(request.config)),

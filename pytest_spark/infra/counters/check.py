@@ -12,8 +12,8 @@ the link checks read the link before the traffic.
 
 from __future__ import annotations
 
-from pytest_spark.infra.counters.gather import Window
 from pytest_spark.infra.counters.parse import ETH_ERRORS, ROCE_ERRORS, rises
+from pytest_spark.infra.counters.probe import Window
 from pytest_spark.infra.finding import Finding
 from pytest_spark.infra.preflight.check import Skip
 

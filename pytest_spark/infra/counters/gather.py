@@ -8,36 +8,23 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-import pytest
-
 from pytest_spark.access.cluster import Cluster
 from pytest_spark.access.files import write_json
-from pytest_spark.infra.counters.probe import NodeCounters, counters_probe_command, parse_counters
+from pytest_spark.infra.counters.probe import (
+    WINDOWS,
+    NodeCounters,
+    Window,
+    counters_probe_command,
+    parse_counters,
+)
 from pytest_spark.infra.errors import ParseError
-from pytest_spark.measure.once import MEASURE_KEY
 
-__all__ = ["WINDOWS", "Window", "counted", "windows"]
+__all__ = ["counted", "windows"]
 
 T = TypeVar("T")
-# The measurements that send traffic over the fabric, and what a message calls them.
-WINDOWS = {"collective-run": "the all-reduce run", "throughput-sweep": "the throughput sweep"}
-
-
-@dataclass(frozen=True)
-class Window:
-    """One measurement's readings: node -> counters (or why they could not be read)."""
-
-    name: str
-    before: dict[str, NodeCounters | str]
-    after: dict[str, NodeCounters | str]
-
-    @property
-    def what(self) -> str:
-        return WINDOWS.get(self.name, self.name)
 
 
 def _read(cluster: Cluster) -> dict[str, dict[str, str]]:
@@ -63,24 +50,19 @@ def _decode(doc: dict[str, dict[str, str]]) -> dict[str, NodeCounters | str]:
     return out
 
 
-def _dir(config: pytest.Config) -> Path | None:
-    measurements = config.stash.get(MEASURE_KEY, None)
-    return measurements.run_dir if measurements is not None else None
-
-
 def counted(
-    config: pytest.Config, cluster: Cluster, name: str, compute: Callable[[], T]
+    where: Path | None, cluster: Cluster, name: str, compute: Callable[[], T]
 ) -> Callable[[], T]:
-    """``compute`` with every node's counters read before and after it (kept for
-    :func:`windows`); a reading that fails is kept as its error, never fails the
-    measurement."""
+    """``compute`` with every node's counters read before and after it, kept in
+    ``where`` (the session's run directory, :func:`pytest_spark.measure.once.measure_dir`;
+    None: not kept) for :func:`windows`; a reading that fails is kept as its error, never
+    fails the measurement."""
 
     def run() -> T:
         before = _read(cluster)
         try:
             return compute()
         finally:
-            where = _dir(config)
             if where is not None:
                 write_json(
                     where / f"counters-{name}.json", {"before": before, "after": _read(cluster)}
@@ -89,10 +71,9 @@ def counted(
     return run
 
 
-def windows(config: pytest.Config) -> list[Window]:
-    """The readings of the measurements that ran in this session, in :data:`WINDOWS`'
-    order."""
-    where = _dir(config)
+def windows(where: Path | None) -> list[Window]:
+    """The readings kept in ``where`` of the measurements that ran in this session, in
+    :data:`WINDOWS`' order."""
     out = []
     for name in WINDOWS:
         path = where / f"counters-{name}.json" if where is not None else None

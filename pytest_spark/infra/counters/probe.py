@@ -17,9 +17,19 @@ from pytest_spark.infra.counters.parse import parse_ethtool_stats
 from pytest_spark.infra.errors import ParseError
 from pytest_spark.infra.probe import probe_script, split_probe
 
-__all__ = ["MARKER", "NodeCounters", "PortCounters", "counters_probe_command", "parse_counters"]
+__all__ = [
+    "MARKER",
+    "WINDOWS",
+    "NodeCounters",
+    "PortCounters",
+    "Window",
+    "counters_probe_command",
+    "parse_counters",
+]
 
 MARKER = "@@pytest-spark-counters@@"
+# The measurements that send traffic over the fabric, and what a message calls them.
+WINDOWS = {"collective-run": "the all-reduce run", "throughput-sweep": "the throughput sweep"}
 
 _BODY = r"""
 s ports sh -c 'ibdev2netdev | while read -r dev _ port _ netdev state; do
@@ -59,6 +69,19 @@ class NodeCounters:
 
     def port(self, netdev: str) -> PortCounters | None:
         return next((p for p in self.ports if p.netdev == netdev), None)
+
+
+@dataclass(frozen=True)
+class Window:
+    """One measurement's readings: node -> counters (or why they could not be read)."""
+
+    name: str
+    before: dict[str, NodeCounters | str]
+    after: dict[str, NodeCounters | str]
+
+    @property
+    def what(self) -> str:
+        return WINDOWS.get(self.name, self.name)
 
 
 def parse_counters(text: str) -> NodeCounters:
