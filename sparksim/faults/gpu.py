@@ -1,5 +1,6 @@
-"""GPU health faults (the preflight's tests_infra/test_gpuhealth.py catches each), all
-state.json changes that the node's nvidia-smi, journalctl and dmesg report:
+"""GPU health and kernel-log faults (the preflight's tests_infra/test_gpuhealth.py and
+tests_infra/test_kernel.py catch them), all state.json changes that the node's
+nvidia-smi, journalctl and dmesg report:
 
 - ``gpu-xid NODE [--xid N]``: the driver logs Xid N (default 79) in the node's kernel
   log now, in the driver's words (``NVRM: Xid (PCI:000f:01:00): 79, pid=..., GPU has
