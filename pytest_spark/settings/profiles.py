@@ -99,6 +99,12 @@ class GpuHealthSection:
     busy_util_pct: float = 80.0  # "busy": utilisation at or above this
     require_persistence: bool = True  # persistence mode Disabled fails (else warns)
     warn_xids: tuple[int, ...] = (13, 31, 43, 45)  # application-level Xids: warn only
+    # NVRM NV_ERR_NO_MEMORY: this many lines within the window is a burst (fails); fewer
+    # warn (a transient allocation probe during warm-up). infra/kernel reads them too.
+    nvrm_burst_lines: int = 10
+    nvrm_burst_window_s: float = 600.0
+    # A previous boot's errors this close to its last line are "near its end".
+    boot_end_window_s: float = 900.0
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,8 @@ GPU_HEALTH = {
 # tests_infra/test_memory.py: GB10 memory headroom, preflight, per node
 MEMORY = {f"test_memory_headroom[{n}]" for n in (H, W)}
 FDLIMIT = {f"test_dockerd_open_files_limit[{n}]" for n in (H, W)}
+# tests_infra/test_kernel.py: the previous boot and PCIe AER, preflight, per node
+KERNEL = {f"{t}[{n}]" for t in ("test_previous_boot_clean", "test_pcie_aer") for n in (H, W)}
 
 
 def launch(sim: SimCluster) -> dict[str, Any]:
@@ -266,7 +268,8 @@ def test_spark_sim_healthy_passes_every_preflight_check(tmp_path: Path) -> None:
     assert run.ret == 0, run.output
     assert run.results["cluster"]["sim"] is True
     outcomes = run.outcomes()
-    assert set(outcomes) == NO_LAUNCH | SERVING | ALIKE | GPU_HEALTH | MEMORY | FDLIMIT, outcomes
+    expected = NO_LAUNCH | SERVING | ALIKE | GPU_HEALTH | MEMORY | FDLIMIT | KERNEL
+    assert set(outcomes) == expected, outcomes
     assert set(outcomes.values()) == {"passed"}, outcomes
     assert {c["category"] for c in run.results["checks"]} == {"preflight"}
 
