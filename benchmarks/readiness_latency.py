@@ -11,6 +11,12 @@ outside) to the wait returning. The hand loop (`sleep 60; curl /v1/models`, 20 t
 evaluated on the same timestamps: it notices readiness at its next 60 s tick and never
 notices a crash (it gives up after 20 minutes).
 
+(d) and (e), issue #28: a worker's `vllm serve` killed inside its running container (no
+Ray; `spark-sim fault rank-kill worker-1`: SIGKILL, the container stays up), (d) while the
+weights load (the load slowed x10, the kill at the first shard the watch reports) and (e)
+after ready (an attached wait started at the kill): seconds from the kill to the wait
+failing with the dead rank named. Goal <= 5 s.
+
     sudo .venv/bin/python benchmarks/readiness_latency.py
 """
 
@@ -123,6 +129,38 @@ def attach_after_restart(cluster: Cluster, sim: SimCluster, wait: WaitSpec) -> t
         cluster.head.run("docker rm -f vllm_node", timeout=60)
 
 
+def dead_rank(cluster: Cluster, sim: SimCluster, wait: WaitSpec, loading: bool) -> float:
+    """(d)/(e): seconds from the worker's rank killed to the wait failing naming it."""
+    killed: list[float] = []
+
+    def kill_at_first_shard(watch: object, now: float) -> None:
+        if not killed and "weights" in getattr(watch, "progress", {}):
+            sim.cli("fault", "rank-kill", "worker-1")
+            killed.append(time.time())
+
+    if loading:
+        for node in ("head", "worker-1"):
+            sim.cli("fault", "engine", "slow-load", "--node", node)
+    _, since = launch(cluster, sim)
+    try:
+        if loading:
+            wait_ready(cluster, replace(wait, since=since), progress=kill_at_first_shard)
+        else:
+            wait_ready(cluster, replace(wait, since=since))
+            sim.cli("fault", "rank-kill", "worker-1")
+            killed.append(time.time())
+            wait_ready(cluster, replace(wait, since=since))
+        raise SystemExit("the dead rank was not detected")
+    except StartupFailed as exc:
+        failed = time.time()
+        if exc.failure.node != "spark-worker-1" or not killed:
+            raise SystemExit(f"not the dead rank: {exc}") from None
+    finally:
+        stop(cluster, sim)
+        sim.cli("fault", "clear")
+    return failed - killed[0]
+
+
 def main() -> None:
     sim = sim_up(2)
     try:
@@ -159,6 +197,9 @@ def main() -> None:
         # (c) attach after a restart
         ours_restart, load = attach_after_restart(cluster, sim, wait)
         hand_restart = 60 * math.ceil(load / 60) - load  # the loop started at the restart
+        # (d), (e) a rank's vllm serve killed, its container up (issue #28)
+        dead_loading = dead_rank(cluster, sim, wait, loading=True)
+        dead_ready = dead_rank(cluster, sim, wait, loading=False)
         cluster.close()
     finally:
         sim.down()
@@ -175,6 +216,10 @@ def main() -> None:
     print(
         f"  attach after restart: /health 200 -> noticed: ours {ours_restart:6.2f} s   "
         f"hand 60 s loop {hand_restart:6.1f} s   goal <= 1 s"
+    )
+    print(
+        f"  vllm serve killed, container up -> dead rank named: while loading "
+        f"{dead_loading:5.2f} s, after ready (attached) {dead_ready:5.2f} s   goal <= 5 s"
     )
     print(
         f"  ratio hand/ours: ready {hand_ready / max(ours_ready, 1e-3):.0f}x, "

@@ -370,7 +370,8 @@ def test_earlyoom_reports_are_no_proof_of_life_a_stall_under_them_is_a_stall() -
         watch.check_stall(float(t))
     assert watch.failure is not None and watch.failure.kind == "stalled"
     assert "no log progress for 30 s" in watch.failure.signature
-    assert report in watch.failure.tails["spark-worker-1"]  # the evidence stays in the tail
+    tail = watch.failure.tails["spark-worker-1"]
+    assert tail == [LOADING, report]  # the newest report stays, the older ones make room
 
 
 def test_an_earlyoom_kill_is_the_one_failure_over_the_engine_dead_error_it_causes() -> None:

@@ -16,6 +16,7 @@ from pytest_spark.readiness.vllm_log import (
 )
 
 TAIL_LINES = 40
+REPORT = "mem avail:"  # earlyoom's periodic memory report
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,14 @@ class StartupFailure:
             parts.append(f"--- last {len(tail)} log lines of {node} ---")
             parts.extend(tail or ["(no output)"])
         return "\n".join(parts)
+
+
+def _drop_older_report(tail: deque[str], raw: str) -> None:
+    """A periodic report (earlyoom's ``mem avail: ...`` every -r seconds) keeps only its
+    newest line in the tail, so that the reports do not push the ranks' lines out."""
+    if raw.startswith(REPORT):
+        for old in [line for line in tail if line.startswith(REPORT)]:
+            tail.remove(old)
 
 
 @dataclass
@@ -102,8 +111,10 @@ class StartupWatch:
         for raw in lines:
             if not raw.strip():
                 continue
-            tail.append(raw.rstrip("\n"))
             events = classify(raw)
+            if events and all(event.kind == "monitor" for event in events):
+                _drop_older_report(tail, raw)
+            tail.append(raw.rstrip("\n"))
             # A monitor's line (earlyoom's memory report) is no sign that the load moves.
             if not events or any(event.kind != "monitor" for event in events):
                 self.last_activity = now
