@@ -130,8 +130,12 @@ def attach_after_restart(cluster: Cluster, sim: SimCluster, wait: WaitSpec) -> t
         cluster.head.run("docker rm -f vllm_node", timeout=60)
 
 
-def dead_rank(cluster: Cluster, sim: SimCluster, wait: WaitSpec, loading: bool) -> float:
-    """(d)/(e): seconds from the worker's rank killed to the wait failing naming it."""
+def dead_rank(
+    cluster: Cluster, sim: SimCluster, wait: WaitSpec, loading: bool
+) -> tuple[float, float]:
+    """(d)/(e): seconds to the wait failing naming the worker, from the kill command's start
+    and from its return (`spark-sim fault rank-kill`: a process start and a `docker exec
+    pkill`; the kill lies between the two)."""
     killed: list[float] = []
 
     def fault(*args: str) -> None:
@@ -141,8 +145,9 @@ def dead_rank(cluster: Cluster, sim: SimCluster, wait: WaitSpec, loading: bool) 
 
     def kill_at_first_shard(watch: object, now: float) -> None:
         if not killed and "weights" in getattr(watch, "progress", {}):
-            killed.append(time.time())  # before the call: the latency is not understated
+            killed.append(time.time())
             fault("rank-kill", "worker-1")
+            killed.append(time.time())
 
     if loading:
         for node in ("head", "worker-1"):
@@ -155,6 +160,7 @@ def dead_rank(cluster: Cluster, sim: SimCluster, wait: WaitSpec, loading: bool) 
             wait_ready(cluster, replace(wait, since=since))
             killed.append(time.time())
             fault("rank-kill", "worker-1")
+            killed.append(time.time())
             wait_ready(cluster, replace(wait, since=since))
         raise SystemExit("the dead rank was not detected")
     except StartupFailed as exc:
@@ -164,7 +170,15 @@ def dead_rank(cluster: Cluster, sim: SimCluster, wait: WaitSpec, loading: bool) 
     finally:
         stop(cluster, sim)
         sim.cli("fault", "clear")
-    return failed - killed[0]
+    return failed - killed[0], failed - killed[-1]
+
+
+def dead_text(loading: tuple[float, float], ready: tuple[float, float]) -> str:
+    return (
+        f"while loading {loading[1]:5.2f}-{loading[0]:5.2f} s, after ready (attached) "
+        f"{ready[1]:5.2f}-{ready[0]:5.2f} s after the kill (from the kill command's return "
+        "to its start)   goal <= 5 s"
+    )
 
 
 def main() -> None:
@@ -182,10 +196,7 @@ def main() -> None:
         if "--dead-rank" in sys.argv:  # (d) and (e) alone
             loading, ready = (dead_rank(cluster, sim, wait, loading=x) for x in (True, False))
             cluster.close()
-            print(
-                f"vllm serve killed, container up -> dead rank named: while loading "
-                f"{loading:5.2f} s, after ready (attached) {ready:5.2f} s   goal <= 5 s"
-            )
+            print(f"vllm serve killed, container up -> dead rank named: {dead_text(loading, ready)}")
             return
         # (a) ready
         t0, since = launch(cluster, sim)
@@ -232,8 +243,8 @@ def main() -> None:
         f"hand 60 s loop {hand_restart:6.1f} s   goal <= 1 s"
     )
     print(
-        f"  vllm serve killed, container up -> dead rank named: while loading "
-        f"{dead_loading:5.2f} s, after ready (attached) {dead_ready:5.2f} s   goal <= 5 s"
+        f"  vllm serve killed, container up -> dead rank named: "
+        f"{dead_text(dead_loading, dead_ready)}"
     )
     print(
         f"  ratio hand/ours: ready {hand_ready / max(ours_ready, 1e-3):.0f}x, "
