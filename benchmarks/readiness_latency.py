@@ -196,7 +196,7 @@ def main() -> None:
         if "--dead-rank" in sys.argv:  # (d) and (e) alone
             loading, ready = (dead_rank(cluster, sim, wait, loading=x) for x in (True, False))
             cluster.close()
-            print(f"vllm serve killed, container up -> dead rank named: {dead_text(loading, ready)}")
+            print("vllm serve killed, container up -> dead rank named:", dead_text(loading, ready))
             return
         # (a) ready
         t0, since = launch(cluster, sim)
