@@ -11,13 +11,20 @@ outside) to the wait returning. The hand loop (`sleep 60; curl /v1/models`, 20 t
 evaluated on the same timestamps: it notices readiness at its next 60 s tick and never
 notices a crash (it gives up after 20 minutes).
 
-    sudo .venv/bin/python benchmarks/readiness_latency.py
+(d) and (e), issue #28: a worker's `vllm serve` killed inside its running container (no
+Ray; `spark-sim fault rank-kill worker-1`: SIGKILL, the container stays up), (d) while the
+weights load (the load slowed x10, the kill at the first shard the watch reports) and (e)
+after ready (an attached wait started at the kill): seconds from the kill to the wait
+failing with the dead rank named. Goal <= 5 s.
+
+    sudo .venv/bin/python benchmarks/readiness_latency.py [--dead-rank]
 """
 
 from __future__ import annotations
 
 import math
 import shlex
+import sys
 import threading
 import time
 import urllib.error
@@ -125,6 +132,57 @@ def attach_after_restart(
         cluster.head.run("docker rm -f vllm_node", timeout=60)
 
 
+def dead_rank(
+    cluster: Cluster, sim: SimCluster, wait: WaitSpec, loading: bool
+) -> tuple[float, float]:
+    """(d)/(e): seconds to the wait failing naming the worker, from the kill command's start
+    and from its return (`spark-sim fault rank-kill`: a process start and a `docker exec
+    pkill`; the kill lies between the two)."""
+    killed: list[float] = []
+
+    def fault(*args: str) -> None:
+        done = sim.cli("fault", *args)
+        if done.returncode != 0:
+            raise SystemExit(f"spark-sim fault {' '.join(args)}: {done.stderr}")
+
+    def kill_at_first_shard(watch: object, now: float) -> None:
+        if not killed and "weights" in getattr(watch, "progress", {}):
+            killed.append(time.time())
+            fault("rank-kill", "worker-1")
+            killed.append(time.time())
+
+    if loading:
+        for node in ("head", "worker-1"):
+            fault("engine", "slow-load", "--node", node)
+    _, since = launch(cluster, sim)
+    try:
+        if loading:
+            wait_ready(cluster, replace(wait, since=since), progress=kill_at_first_shard)
+        else:
+            wait_ready(cluster, replace(wait, since=since))
+            killed.append(time.time())
+            fault("rank-kill", "worker-1")
+            killed.append(time.time())
+            wait_ready(cluster, replace(wait, since=since))
+        raise SystemExit("the dead rank was not detected")
+    except StartupFailed as exc:
+        failed = time.time()
+        if exc.failure.node != "spark-worker-1" or not killed:
+            raise SystemExit(f"not the dead rank: {exc}") from None
+    finally:
+        stop(cluster, sim)
+        sim.cli("fault", "clear")
+    return failed - killed[0], failed - killed[-1]
+
+
+def dead_text(loading: tuple[float, float], ready: tuple[float, float]) -> str:
+    return (
+        f"while loading {loading[1]:5.2f}-{loading[0]:5.2f} s, after ready (attached) "
+        f"{ready[1]:5.2f}-{ready[0]:5.2f} s after the kill (from the kill command's return "
+        "to its start)   goal <= 5 s"
+    )
+
+
 def main() -> None:
     sim = sim_up(2)
     try:
@@ -137,6 +195,11 @@ def main() -> None:
             hang_timeout=60,
             placement_timeout=60,
         )
+        if "--dead-rank" in sys.argv:  # (d) and (e) alone
+            loading, loaded = (dead_rank(cluster, sim, wait, loading=x) for x in (True, False))
+            cluster.close()
+            print("vllm serve killed, container up -> dead rank named:", dead_text(loading, loaded))
+            return
         # (a) ready: the poll alone (before issue #27), then /health followed between polls
         ready: dict[bool, float] = {}
         for follow in (False, True):
@@ -167,6 +230,9 @@ def main() -> None:
             restart[follow], load = attach_after_restart(cluster, sim, wait, follow)
         ours_restart = restart[True]
         hand_restart = 60 * math.ceil(load / 60) - load  # the loop started at the restart
+        # (d), (e) a rank's vllm serve killed, its container up (issue #28)
+        dead_loading = dead_rank(cluster, sim, wait, loading=True)
+        dead_ready = dead_rank(cluster, sim, wait, loading=False)
         cluster.close()
     finally:
         sim.down()
@@ -192,6 +258,10 @@ def main() -> None:
     print(
         f"  attach after restart: /health 200 -> noticed: ours {ours_restart:6.2f} s   "
         f"hand 60 s loop {hand_restart:6.1f} s   goal <= 0.25 s"
+    )
+    print(
+        f"  vllm serve killed, container up -> dead rank named: "
+        f"{dead_text(dead_loading, dead_ready)}"
     )
     print(
         f"  ratio hand/ours: ready {hand_ready / max(ours_ready, 1e-3):.0f}x, "

@@ -25,6 +25,8 @@ LOAD_FAULTS = {
     "hang-silent": "logging stops mid-load, never ready",
     "slow-load": "every startup phase x10",
     "crawl-load": "every startup phase x100: a load no test's node-loss window outlasts",
+    "killed-during-load": "the process is SIGKILLed a third into the weights, printing "
+    "nothing (vllm serve gone, its container up: an OOM kill or an operator's kill)",
 }
 
 # Faults that act while serving (environment or control file).
