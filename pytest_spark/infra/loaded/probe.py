@@ -36,6 +36,7 @@ _BODY = r"""
 s loaded sh -c 'r=$(docker inspect --type container -f "{{.State.Running}}" "$1" 2>/dev/null)
   [ "$r" = true ] || { echo "not running" >&2; exit @RC@; }
   exec docker exec "$1" python3 -c "$2"' _ @CONTAINER@ @SCRIPT@
+rm -f "$t"
 """
 
 
