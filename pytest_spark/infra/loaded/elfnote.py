@@ -6,18 +6,21 @@ Layout (ELF gABI; goblin's ``NT_GNU_BUILD_ID = 3``): each note is ``uint32 names
 type``, the name (``GNU\\0``) padded to 4 bytes, the descriptor (the ID bytes, 20 for
 ``ld --build-id=sha1``) padded to the segment's alignment (4, or 8 for 8-aligned notes)."""
 
+from __future__ import annotations
+
 import struct
+from typing import BinaryIO
 
 NT_GNU_BUILD_ID = 3
 PT_NOTE = 4
 MAX_NOTE_BYTES = 1 << 16
 
 
-def _pad(n, align):
+def _pad(n: int, align: int) -> int:
     return (n + align - 1) // align * align
 
 
-def build_id_of(f):
+def build_id_of(f: BinaryIO) -> str | None:
     """The Build ID (lower-case hex) of the open ELF file ``f`` (binary, seekable), or
     None when it has none; ValueError when ``f`` is not ELF."""
     f.seek(0)
@@ -48,7 +51,7 @@ def build_id_of(f):
     return None
 
 
-def _notes_build_id(f, offset, size, endian, align):
+def _notes_build_id(f: BinaryIO, offset: int, size: int, endian: str, align: int) -> str | None:
     f.seek(offset)
     data = f.read(size)
     align = 8 if align == 8 else 4

@@ -14,12 +14,18 @@ imported): its files' SHA-256 in path order; a file over 8 MiB (the native exten
 hashed by its size and its first and last MiB, which keeps a node under a second.
 """
 
+from __future__ import annotations
+
 import hashlib
 import importlib.util
 import json
 import os
 import re
 import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # in the container it is defined just above this script (elfnote)
+    from pytest_spark.infra.loaded.elfnote import build_id_of
 
 SERVING = re.compile(r"\bvllm serve\b|VLLM::|ray::")
 ENV_PREFIXES = ("NCCL_", "GLOO_", "UCX_", "TP_", "OMPI_", "VLLM_", "RAY_", "MN_IF_NAME")
@@ -29,7 +35,7 @@ BIG = 8 << 20
 EDGE = 1 << 20
 
 
-def _read(path, mode="rb"):
+def _read(path: str, mode: str = "rb") -> Any:
     try:
         with open(path, mode) as fh:
             return fh.read()
@@ -37,7 +43,7 @@ def _read(path, mode="rb"):
         return None
 
 
-def _env(pid):
+def _env(pid: str) -> dict[str, str]:
     raw = _read(f"/proc/{pid}/environ") or b""
     out = {}
     for item in raw.split(b"\0"):
@@ -49,7 +55,7 @@ def _env(pid):
     return out
 
 
-def nccl_paths_in(maps_text):
+def nccl_paths_in(maps_text: str) -> list[str]:
     """The libnccl files a /proc/PID/maps text maps, in order, each once (by basename:
     NCCL's /dev/shm/nccl-* segments are not the library)."""
     paths = []
@@ -61,18 +67,18 @@ def nccl_paths_in(maps_text):
     return paths
 
 
-def _lib(path):
+def _lib(path: str) -> dict[str, Any]:
     if path.endswith(" (deleted)"):
         return {"error": "replaced on disk since the rank mapped it"}
     try:
         with open(path, "rb") as fh:
             size = os.fstat(fh.fileno()).st_size
-            return {"size": size, "build_id": build_id_of(fh)}  # noqa: F821 (elfnote)
+            return {"size": size, "build_id": build_id_of(fh)}
     except (OSError, ValueError) as exc:
         return {"error": str(exc)}
 
 
-def _file_digest(path):
+def _file_digest(path: str) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         size = os.fstat(fh.fileno()).st_size
@@ -86,7 +92,7 @@ def _file_digest(path):
     return h.hexdigest()
 
 
-def _vllm_tree():
+def _vllm_tree() -> dict[str, Any]:
     try:
         spec = importlib.util.find_spec("vllm")
     except (ImportError, ValueError) as exc:
@@ -116,9 +122,9 @@ def _vllm_tree():
     }
 
 
-def main():
+def main() -> None:
     start = time.monotonic()
-    procs = []
+    procs: list[dict[str, Any]] = []
     me = os.getpid()
     for entry in sorted(os.listdir("/proc"), key=lambda s: (len(s), s)):
         if not entry.isdigit() or int(entry) == me:

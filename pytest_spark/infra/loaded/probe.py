@@ -30,6 +30,7 @@ __all__ = [
 ]
 
 MARKER = "@@pytest-spark-loaded@@"
+FUTURE = "from __future__ import annotations\n"
 NOT_RUNNING_RC = 3
 
 _BODY = r"""
@@ -42,7 +43,8 @@ rm -f "$t"
 
 def inner_script() -> str:
     """The Python text run inside the container (the Build ID reader, then the walk)."""
-    return inspect.getsource(elfnote) + "\n\n" + inspect.getsource(inner)
+    walk = inspect.getsource(inner).replace(FUTURE, "", 1)  # once, at the top
+    return inspect.getsource(elfnote) + "\n\n" + walk
 
 
 def loaded_probe_command(*, container: str, timeout_s: int = 10) -> str:
