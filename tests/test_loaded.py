@@ -19,8 +19,8 @@ import pytest
 from pytest_spark.infra.errors import ParseError
 from pytest_spark.infra.finding import Finding
 from pytest_spark.infra.loaded.check import check_nccl_loaded, check_vllm_tree
-from pytest_spark.infra.loaded.elfnote import build_id_of
-from pytest_spark.infra.loaded.inner import nccl_paths_in
+from pytest_spark.infra.loaded.container_probe import nccl_paths_in
+from pytest_spark.infra.loaded.elf_parse import build_id_of
 from pytest_spark.infra.loaded.probe import (
     MARKER,
     LoadedFacts,

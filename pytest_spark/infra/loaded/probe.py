@@ -1,8 +1,8 @@
 """One probe of what a node's serving container loaded, riding in the node's shared round
-trip: ``docker exec CONTAINER python3 -c SCRIPT`` (the script: :mod:`elfnote` then
-:mod:`inner`, sent as text; the container's own python reads its own /proc, where the
+trip: ``docker exec CONTAINER python3 -c SCRIPT`` (the script: :mod:`elf_parse` then
+:mod:`container_probe`, sent as text; the container's own python reads its own /proc, where the
 ranks' map paths resolve as the ranks saw them and its root may read every process's
-environ). One section, ``loaded``: the JSON line of :mod:`inner`; exit 3 with ``not
+environ). One section, ``loaded``: the JSON line of :mod:`container_probe`; exit 3 with ``not
 running`` when the container does not run.
 """
 
@@ -14,7 +14,7 @@ import shlex
 from dataclasses import dataclass, field
 
 from pytest_spark.infra.errors import ParseError
-from pytest_spark.infra.loaded import elfnote, inner
+from pytest_spark.infra.loaded import container_probe, elf_parse
 from pytest_spark.infra.probe import probe_script, split_probe
 
 __all__ = [
@@ -43,8 +43,8 @@ rm -f "$t"
 
 def inner_script() -> str:
     """The Python text run inside the container (the Build ID reader, then the walk)."""
-    walk = inspect.getsource(inner).replace(FUTURE, "", 1)  # once, at the top
-    return inspect.getsource(elfnote) + "\n\n" + walk
+    walk = inspect.getsource(container_probe).replace(FUTURE, "", 1)  # once, at the top
+    return inspect.getsource(elf_parse) + "\n\n" + walk
 
 
 def loaded_probe_command(*, container: str, timeout_s: int = 10) -> str:
@@ -109,7 +109,7 @@ class LoadedFacts:
 
 
 def parse_loaded_json(text: str) -> LoadedFacts:
-    """The JSON line of :mod:`inner` as facts."""
+    """The JSON line of :mod:`container_probe` as facts."""
     line = next((ln for ln in text.splitlines() if ln.startswith("{")), None)
     if line is None:
         raise ParseError("loaded probe", "no JSON line", text.strip()[:200])

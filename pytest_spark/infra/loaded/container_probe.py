@@ -1,5 +1,5 @@
 """The script the loaded probe runs with the serving container's own ``python3`` (standard
-library only; sent as text, with :mod:`pytest_spark.infra.loaded.elfnote` before it): one
+library only; sent as text, with :mod:`pytest_spark.infra.loaded.elf_parse` before it): one
 JSON line of what the container's serving processes loaded.
 
 Rank processes: every process of the container that mapped a ``libnccl.so*`` file
@@ -24,8 +24,8 @@ import re
 import time
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # in the container it is defined just above this script (elfnote)
-    from pytest_spark.infra.loaded.elfnote import build_id_of
+if TYPE_CHECKING:  # in the container it is defined just above this script (elf_parse)
+    from pytest_spark.infra.loaded.elf_parse import build_id_of
 
 SERVING = re.compile(r"\bvllm serve\b|VLLM::|ray::")
 ENV_PREFIXES = ("NCCL_", "GLOO_", "UCX_", "TP_", "OMPI_", "VLLM_", "RAY_", "MN_IF_NAME")
