@@ -26,6 +26,12 @@
   on NODE is rebuilt as for ``nccl-build``, and a watcher tags it back on the original
   image once C runs (within 15 min; ``clear`` stops the watcher and removes the rebuilt
   image once no container uses it).
+- ``vllm-patch NODE``: one file of the installed vllm package
+  (``vllm/distributed/device_communicators/pynccl_wrapper.py`` under the image's site
+  directory) gains a line in NODE's running serving container(s), as eugr's
+  ``--apply-vllm-pr`` / ``--apply-mod`` patch the tree in place (``git apply`` in the
+  container) and leave the version string as it was. The file's original is kept in the
+  container's /tmp (outside the tree); ``clear`` puts it back.
 
 ``clear`` removes the rebuilt image (host.clear imports the original again); the
 sim core's clear resets state.json (driver, NTP, firmware) and ``clear`` here writes
@@ -47,9 +53,13 @@ from .. import image, serving
 from .. import node as nodes_mod
 from ..netns import SimError
 from ..topology import NodeSpec, Topology
+from . import serving as serving_faults
 from .common import Kinds, load_faults, record, resolve
 
-KINDS = ("driver", "ntp", "nccl-build", "cx7-firmware", "dgx-os", "running-image")
+KINDS = ("driver", "ntp", "nccl-build", "cx7-firmware", "dgx-os", "running-image", "vllm-patch")
+VLLM_PATCHED = "vllm/distributed/device_communicators/pynccl_wrapper.py"
+PATCH_BACKUP = "/tmp/.sparksim-vllm-patch.orig"
+PATCH_LINE = "# sparksim fault vllm-patch: applied at launch, as --apply-vllm-pr does"
 REBUILT = "sparksim-nccl-build-2"
 
 
@@ -69,6 +79,9 @@ def add_parsers(kinds: Kinds) -> None:
     k = kinds.on_node(
         "nccl-build", "the serving image on a node carries another build of the same NCCL version"
     )
+    kinds.on_node(
+        "vllm-patch", "one file of the installed vllm package patched in a node's container"
+    )
 
 
 def apply(state_dir: Path, topo: Topology, args: argparse.Namespace) -> list[str]:
@@ -85,6 +98,8 @@ def apply(state_dir: Path, topo: Topology, args: argparse.Namespace) -> list[str
         return dgx_os(state_dir, node, args.version)
     if args.kind == "running-image":
         return running_image(state_dir, node, args.name)
+    if args.kind == "vllm-patch":
+        return vllm_patch(state_dir, node)
     raise SimError(f"unknown fault {args.kind!r}")
 
 
@@ -220,9 +235,44 @@ def _clear_running_image(
     return [f"{node.name}: container {name} on the rebuilt image removed, {image.IMAGE} back"]
 
 
+def _patched_file() -> str:
+    return f"{image.site_in_image()}/{VLLM_PATCHED}"
+
+
+def vllm_patch(state_dir: Path, node: NodeSpec) -> list[str]:
+    names = serving_faults.serving_containers(state_dir, node)
+    if not names:
+        raise SimError(f"{node.name}: no serving container is running to patch")
+    target = _patched_file()
+    script = (
+        f'[ -f {PATCH_BACKUP} ] || cp "$1" {PATCH_BACKUP} || exit 1; printf "\\n%s\\n" "$2" >> "$1"'
+    )
+    for name in names:
+        serving_faults._docker(
+            state_dir, node, "exec", name, "sh", "-c", script, "_", target, PATCH_LINE
+        )
+    record(state_dir, "vllm-patch", node.name, "-", ",".join(names))
+    return [f"{node.name}: {target} patched in {', '.join(names)}"]
+
+
+def _clear_vllm_patch(state_dir: Path, node: NodeSpec) -> list[str]:
+    script = f'[ -f {PATCH_BACKUP} ] || exit 0; cp {PATCH_BACKUP} "$1" && rm -f {PATCH_BACKUP}'
+    msgs = []
+    try:
+        names = serving_faults.serving_containers(state_dir, node)
+    except SimError:
+        return []
+    for name in names:
+        serving_faults._docker(
+            state_dir, node, "exec", name, "sh", "-c", script, "_", _patched_file(), check=False
+        )
+        msgs.append(f"{node.name}: {VLLM_PATCHED} restored in {name}")
+    return msgs
+
+
 def clear(state_dir: Path, topo: Topology) -> list[str]:
     """Write /etc/dgx-release back; remove the rebuilt images (host.clear imports the
-    original on those nodes)."""
+    original on those nodes); put the patched vllm file back in the running containers."""
     msgs = []
     for f in load_faults(state_dir):
         node = next((n for n in topo.nodes if n.name == f.get("node")), None)
@@ -231,9 +281,9 @@ def clear(state_dir: Path, topo: Topology) -> list[str]:
         if f.get("kind") == "dgx-os" and node is not None:
             _write_dgx_release(state_dir, node, nodes_mod.DGX_OS_VERSION)
             msgs.append(f"{node.name}: DGX OS {nodes_mod.DGX_OS_VERSION} again")
-        if f.get("kind") != "nccl-build":
-            continue
-        if node is None or serving.enabled() is not None:
+        if f.get("kind") == "vllm-patch" and node is not None and serving.enabled() is None:
+            msgs += _clear_vllm_patch(state_dir, node)
+        if f.get("kind") != "nccl-build" or node is None or serving.enabled() is not None:
             continue
         e = serving.engine(state_dir, node)
         subprocess.run(
