@@ -247,6 +247,29 @@ class MetricsHealthSection:
     max_drain_s: float = 5.0  # vllm:num_requests_waiting back to 0 after a level
 
 
+@dataclass(frozen=True)
+class SpecDecodeSection:
+    """``[spec_decode]``: speculative decoding read from /metrics around the throughput
+    levels (issue #27 part 1; tests_e2e/test_throughput.py::test_spec_decode_acceptance),
+    checked only when the server drafts (--speculative-config, or the counters on /metrics).
+    ``no_draft_tok_s``: single-stream decode without drafting, the figure a collapse falls
+    under (None: ``throughput.min_decode_tok_s_1``)."""
+
+    min_acceptance: float = 0.5  # accepted / draft tokens over the sweep
+    no_draft_tok_s: float | None = None
+
+
+@dataclass(frozen=True)
+class RooflineSection:
+    """``[roofline]``: single-stream decode as a fraction of the memory-bandwidth roofline
+    (issue #27 part 3; pytest_spark.serving.load.roofline). ``active_params_b``: the
+    model's active parameters (billions), used when neither its name nor its config.json
+    tells them."""
+
+    bandwidth_gbs: float = 273.0  # one node's memory bandwidth (DGX Spark LPDDR5x)
+    active_params_b: float | None = None
+
+
 # The built-in accuracy canaries by name (pytest_spark.serving.validate.accuracy builds them).
 CANARY_KINDS = ("add", "multiply", "arithmetic", "count", "copy", "reverse", "sort", "json_sum")
 
@@ -295,6 +318,8 @@ Section = (
     | LongContextSection
     | MetricsHealthSection
     | AccuracySection
+    | SpecDecodeSection
+    | RooflineSection
 )
 
 
@@ -323,6 +348,8 @@ class Profile:
     long_context: LongContextSection = field(default_factory=LongContextSection)
     metrics_health: MetricsHealthSection = field(default_factory=MetricsHealthSection)
     accuracy: AccuracySection = field(default_factory=AccuracySection)
+    spec_decode: SpecDecodeSection = field(default_factory=SpecDecodeSection)
+    roofline: RooflineSection = field(default_factory=RooflineSection)
     overridden: frozenset[str] = field(default_factory=frozenset)
 
     def value(self, key: str) -> object:
@@ -618,4 +645,6 @@ def load_profile(ref: str) -> Profile:
         long_context=LongContextSection(**given("long_context")),
         metrics_health=MetricsHealthSection(**given("metrics_health")),
         accuracy=AccuracySection(**given("accuracy")),
+        spec_decode=SpecDecodeSection(**given("spec_decode")),
+        roofline=RooflineSection(**given("roofline")),
     )

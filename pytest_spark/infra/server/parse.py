@@ -26,6 +26,9 @@ class ServeArgs:
     kv_cache_memory_bytes: int | None = None  # --kv-cache-memory-bytes, per GPU
     parallelism_given: bool = False  # any of TP/PP/DP on the line (the launcher trims then)
     max_num_seqs: int | None = None  # --max-num-seqs (None: vLLM's default for the platform)
+    speculative_config: str | None = None  # --speculative-config's JSON text (spec decoding)
+    quantization: str | None = None  # --quantization
+    dtype: str | None = None  # --dtype
 
     @property
     def mode(self) -> str | None:
@@ -59,6 +62,8 @@ class ServeArgs:
 
 RAY_PROCESS = re.compile(r"\bray start\b|\braylet\b|\bgcs_server\b")
 SHORT = {
+    "-sc": "--speculative-config",
+    "-q": "--quantization",
     "-tp": "--tensor-parallel-size",
     "-pp": "--pipeline-parallel-size",
     "-dp": "--data-parallel-size",
@@ -159,6 +164,9 @@ def parse_serve_args(command: str) -> ServeArgs:
             & values.keys()
         ),
         max_num_seqs=int(values["max-num-seqs"]) if "max-num-seqs" in values else None,
+        speculative_config=values.get("speculative-config"),
+        quantization=values.get("quantization"),
+        dtype=values.get("dtype"),
     )
 
 
