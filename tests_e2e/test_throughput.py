@@ -105,6 +105,7 @@ def _roofline_text(
     spark_settings: Settings,
     api: ApiEndpoint,
     command: ServerCommand | None,
+    config: dict[str, Any] | None,
     decode: float,
 ) -> str:
     """`` (58% of the 54.6 tok/s roofline ...)`` beside the decode figure (attached as
@@ -113,14 +114,15 @@ def _roofline_text(
     section = spark_settings.profile.roofline
     roof = roofline_of(
         (args.model if args is not None else None) or api.model,
-        None,
+        config,
         args.quantization if args is not None else None,
         args.dtype if args is not None else None,
         args.tensor_parallel_size if args is not None else 1,
         section.active_params_b,
     )
     if roof is None and args is not None and args.model != api.model:
-        roof = roofline_of(api.model, None, args.quantization, args.dtype, 1, None)
+        tp = args.tensor_parallel_size
+        roof = roofline_of(api.model, config, args.quantization, args.dtype, tp, None)
     if roof is None:
         return ""
     roof = dataclasses.replace(roof, bandwidth_gbs=section.bandwidth_gbs)
@@ -151,6 +153,7 @@ def test_decode_single_stream(
     spark_settings: Settings,
     spark_api: ApiEndpoint,
     spark_server_command: ServerCommand | None,
+    spark_model_config: dict[str, Any] | None,
 ) -> None:
     """Single-stream decode speed (1 / TPOT, median) >= throughput.min_decode_tok_s_1: the
     decode verdict (the aggregate check skips citing it when it accounts for the rest),
@@ -166,7 +169,9 @@ def test_decode_single_stream(
             "tokens, so decode speed cannot be measured",
             pytrace=False,
         )
-    roof = _roofline_text(spark_check, spark_settings, spark_api, spark_server_command, decode)
+    roof = _roofline_text(
+        spark_check, spark_settings, spark_api, spark_server_command, spark_model_config, decode
+    )
     finding = Finding.passed(decode, floor, "tok/s", message=f"decode {decode:.1f} tok/s{roof}")
     spec = _spec_of(sweep, 1)
     if decode < floor and spec is not None and verdict_in_session(request.session, SPEC_VERDICT):
