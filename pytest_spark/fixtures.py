@@ -4,6 +4,7 @@ check recording, and the serving cluster and its API (or why not: ``readiness.se
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import testinfra.host
@@ -217,6 +218,33 @@ def spark_server_command(
         return read_server_command(head, container, spark_settings.serve_args)
     except RemoteError:
         return parse_serve_args_text(spark_settings.serve_args)
+
+
+@pytest.fixture(scope="session")
+def spark_model_config(
+    pytestconfig: pytest.Config, spark_settings: Settings
+) -> dict[str, Any] | None:
+    """The served model's ``config.json``, read on the head from the model directory
+    (--spark-model-dir, or the serve args' model path); None when there is no head, no
+    directory, or the file cannot be read (the roofline then takes other sources)."""
+    import json
+    import shlex
+
+    from pytest_spark.infra.preflight.probe import model_dir
+
+    where = model_dir(spark_settings).path if spark_settings.head else None
+    if not where:
+        return None
+    cluster = pytestconfig.stash.get(CLUSTER_KEY, None) or _cluster(pytestconfig)
+    try:
+        result = cluster.head.run(f"cat {shlex.quote(where)}/config.json", timeout=10.0)
+    except RemoteError:
+        return None
+    try:
+        config = json.loads(result.stdout) if result.rc == 0 else None
+    except ValueError:
+        return None
+    return config if isinstance(config, dict) else None
 
 
 def _cluster(config: pytest.Config) -> Cluster:

@@ -201,3 +201,44 @@ def test_attached_load_is_not_measured_and_says_why() -> None:
     assert not any(name.startswith("load") for name in metrics_of(figures))
     launched = figures_of({"checks": [], "serving": {**doc["serving"], "launched": True}})
     assert dict(key_figures(launched))["load"] == "0.1 s"
+
+
+ROOFLINE = {
+    "roofline_tok_s": 54.6,
+    "fraction": 0.5769,
+    "decode_tok_s": 31.5,
+    "active_params_b": 10.0,
+    "bytes_per_param": 1.0,
+    "nodes": 2,
+}
+SPEC = {
+    "acceptance": 0.7062,
+    "mean_length": 3.119,
+    "per_pos": [0.85, 0.697, 0.5715],
+    "method": "mtp",
+    "num_speculative_tokens": 3,
+    "decode_tok_s_1": 95.2,
+    "no_draft_tok_s": 40.0,
+    "min_acceptance": 0.4,
+}
+
+
+def test_key_figures_show_the_roofline_fraction_and_spec_decoding() -> None:
+    one = {**LEVEL, "concurrency": 1, "output_tok_s": 30.0}
+    doc = {
+        "checks": [
+            check("throughput", level=one, roofline=ROOFLINE),
+            check("throughput", spec_decode=SPEC),
+        ]
+    }
+    figures = dict(key_figures(figures_of(doc)))
+    assert figures["tok/s @1"] == (
+        "30 tok/s, TTFT p90 0.7 s, p99 0.9 s; decode 31.5 tok/s, 58% of the 54.6 tok/s roofline"
+    )
+    assert figures["spec decode"] == (
+        "mtp k=3: acceptance 70.6% (>= 40%), mean accepted length 3.12, per position "
+        "0.85/0.70/0.57; 95.2 tok/s single-stream (no drafting: 40)"
+    )
+    plain = dict(key_figures(figures_of({"checks": [check("throughput", level=one)]})))
+    assert plain["tok/s @1"] == "30 tok/s, TTFT p90 0.7 s, p99 0.9 s"
+    assert "spec decode" not in plain

@@ -126,3 +126,42 @@ def test_no_figure_measured_is_one_line_in_a_narrow_terminal(
         """)
     result = pytester.runpytest("--spark-history=off")
     result.stdout.fnmatch_lines(["figures: not measured (busbw, tok/s @1, tok/s @4, load)"])
+
+
+def test_summary_shows_the_roofline_and_spec_decoding(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "400")
+    pytester.makepyfile("""
+        import pytest
+        from pytest_spark import Finding
+
+        @pytest.mark.throughput
+        def test_decode_single_stream(spark_check):
+            spark_check.attach("level", {"concurrency": 1, "output_tok_s": 40.0})
+            spark_check.attach(
+                "roofline",
+                {"roofline_tok_s": 54.6, "fraction": 0.7326, "decode_tok_s": 40.0},
+            )
+            spark_check.require(Finding.passed(40.0, 20.0, "tok/s", message="decode"))
+
+        @pytest.mark.throughput
+        def test_spec_decode_acceptance(spark_check):
+            spark_check.attach(
+                "spec_decode",
+                {"acceptance": 0.309, "mean_length": 1.93, "per_pos": [0.5, 0.28, 0.15],
+                 "method": "mtp", "num_speculative_tokens": 3, "decode_tok_s_1": 30.8,
+                 "no_draft_tok_s": 40.0, "min_acceptance": 0.4},
+            )
+            spark_check.require(Finding.failed(0.309, 0.4, message="collapsed"))
+        """)
+    result = pytester.runpytest("-W", "ignore", "--spark-history=off")
+    result.stdout.fnmatch_lines(
+        [
+            "throughput  1 passed, 1 failed*",
+            "figures: busbw not measured | tok/s @1 40 tok/s; decode 40 tok/s, 73% of the "
+            "54.6 tok/s roofline | tok/s @4 not measured | spec decode mtp k=3: acceptance "
+            "30.9% (>= 40%), mean accepted length 1.93, per position 0.50/0.28/0.15; 30.8 "
+            "tok/s single-stream (no drafting: 40) | load not measured",
+        ]
+    )

@@ -114,6 +114,8 @@ class Figures:
     attached: bool = False
     latency: list[LatencySeries] = field(default_factory=list)
     open_loop: OpenLoop | None = None
+    roofline: dict[str, Any] | None = None  # test_decode_single_stream's extra.roofline
+    spec_decode: dict[str, Any] | None = None  # test_spec_decode_acceptance's extra
 
     @property
     def all_reduce(self) -> list[BusbwSeries]:
@@ -321,7 +323,53 @@ def figures_of(doc: dict[str, Any]) -> Figures:
         attached=serving.get("launched") is False,
         latency=latency_series(doc),
         open_loop=open_loop_of(doc),
+        roofline=_first_extra(doc, "roofline"),
+        spec_decode=_first_extra(doc, "spec_decode"),
     )
+
+
+def _first_extra(doc: dict[str, Any], name: str) -> dict[str, Any] | None:
+    return next((data for _, data in _extras(doc, name) if isinstance(data, dict)), None)
+
+
+def roofline_text(roofline: dict[str, Any] | None) -> str:
+    """``decode 40 tok/s, 73% of the 54.6 tok/s roofline`` (empty when not known)."""
+    data = roofline or {}
+    roof, share = number(data.get("roofline_tok_s")), number(data.get("fraction"))
+    decode = number(data.get("decode_tok_s"))
+    if roof is None or share is None or decode is None:
+        return ""
+    return f"decode {decode:.4g} tok/s, {100 * share:.0f}% of the {roof:.4g} tok/s roofline"
+
+
+def spec_decode_text(spec: dict[str, Any]) -> str:
+    """``mtp k=3: acceptance 70.6%, mean accepted length 3.12, per position
+    0.85/0.70/0.57; 95.2 tok/s single-stream (no drafting: 40)``."""
+    acc, mean = number(spec.get("acceptance")), number(spec.get("mean_length"))
+    per = "/".join(f"{r:.2f}" for r in spec.get("per_pos") or () if isinstance(r, (int, float)))
+    head = " ".join(
+        str(x)
+        for x in (
+            spec.get("method"),
+            f"k={spec['num_speculative_tokens']}" if spec.get("num_speculative_tokens") else None,
+        )
+        if x
+    )
+    text = f"{head}: " if head else ""
+    text += f"acceptance {100 * (acc or 0):.1f}%"
+    minimum = number(spec.get("min_acceptance"))
+    if minimum is not None:
+        text += f" (>= {100 * minimum:g}%)"
+    if mean is not None:
+        text += f", mean accepted length {mean:.2f}"
+    if per:
+        text += f", per position {per}"
+    decode, no_draft = number(spec.get("decode_tok_s_1")), number(spec.get("no_draft_tok_s"))
+    if decode is not None:
+        text += f"; {decode:.4g} tok/s single-stream"
+        if no_draft is not None:
+            text += f" (no drafting: {no_draft:g})"
+    return text
 
 
 def metrics_of(figures: Figures) -> dict[str, Metric]:
@@ -395,7 +443,11 @@ def key_figures(figures: Figures) -> list[tuple[str, str]]:
                 text += f", TTFT p90 {level.ttft['p90']:.3g} s"
             if level.ttft.get("p99") is not None:
                 text += f", p99 {level.ttft['p99']:.3g} s"
+            roof = roofline_text(figures.roofline) if c == 1 else ""
+            text += f"; {roof}" if roof else ""
         out.append((f"tok/s @{c}", text))
+    if figures.spec_decode is not None:
+        out.append(("spec decode", spec_decode_text(figures.spec_decode)))
     if figures.open_loop is not None:
         ol = figures.open_loop
         top = ol.points[-1].rate

@@ -290,6 +290,29 @@ class KnownBadSection:
     allow: tuple[VersionRule, ...] = ()
 
 
+@dataclass(frozen=True)
+class SpecDecodeSection:
+    """``[spec_decode]``: speculative decoding read from /metrics around the throughput
+    levels (issue #27 part 1; tests_e2e/test_throughput.py::test_spec_decode_acceptance),
+    checked only when the server drafts (--speculative-config, or the counters on /metrics).
+    ``no_draft_tok_s``: single-stream decode without drafting, the figure a collapse falls
+    under (None: ``throughput.min_decode_tok_s_1``)."""
+
+    min_acceptance: float = 0.5  # accepted / draft tokens over the sweep
+    no_draft_tok_s: float | None = None
+
+
+@dataclass(frozen=True)
+class RooflineSection:
+    """``[roofline]``: single-stream decode as a fraction of the memory-bandwidth roofline
+    (issue #27 part 3; pytest_spark.serving.load.roofline). ``active_params_b``: the
+    model's active parameters (billions), used when neither its name nor its config.json
+    tells them."""
+
+    bandwidth_gbs: float = 273.0  # one node's memory bandwidth (DGX Spark LPDDR5x)
+    active_params_b: float | None = None
+
+
 # The built-in accuracy canaries by name (pytest_spark.serving.validate.accuracy builds them).
 CANARY_KINDS = ("add", "multiply", "arithmetic", "count", "copy", "reverse", "sort", "json_sum")
 
@@ -339,6 +362,8 @@ Section = (
     | MetricsHealthSection
     | AccuracySection
     | KnownBadSection
+    | SpecDecodeSection
+    | RooflineSection
 )
 
 
@@ -368,6 +393,8 @@ class Profile:
     metrics_health: MetricsHealthSection = field(default_factory=MetricsHealthSection)
     accuracy: AccuracySection = field(default_factory=AccuracySection)
     known_bad: KnownBadSection = field(default_factory=KnownBadSection)
+    spec_decode: SpecDecodeSection = field(default_factory=SpecDecodeSection)
+    roofline: RooflineSection = field(default_factory=RooflineSection)
     overridden: frozenset[str] = field(default_factory=frozenset)
 
     def value(self, key: str) -> object:
@@ -688,4 +715,6 @@ def load_profile(ref: str) -> Profile:
         metrics_health=MetricsHealthSection(**given("metrics_health")),
         accuracy=AccuracySection(**given("accuracy")),
         known_bad=KnownBadSection(**given("known_bad")),
+        spec_decode=SpecDecodeSection(**given("spec_decode")),
+        roofline=RooflineSection(**given("roofline")),
     )

@@ -51,6 +51,14 @@ def _parse_len(text: str) -> int:
     return int(number * scale[unit])
 
 
+def _spec_config(text: str) -> dict[str, Any]:
+    """``--speculative-config``'s JSON (vLLM: method, num_speculative_tokens, model, ...)."""
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"--speculative-config must be a JSON object: {text}")
+    return value
+
+
 def _bool_flag(parser: argparse.ArgumentParser, *names: str) -> None:
     parser.add_argument(*names, action=argparse.BooleanOptionalAction, default=None)
 
@@ -89,6 +97,7 @@ def build_serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--disable-log-stats", action="store_true", default=False)
     p.add_argument("--default-chat-template-kwargs", type=json.loads, default=None)
     p.add_argument("--chat-template", default=None)
+    p.add_argument("--speculative-config", "-sc", type=_spec_config, default=None)
     p.add_argument("--uvicorn-log-level", default="info")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--swap-space", type=float, default=None)
@@ -126,6 +135,7 @@ _NON_DEFAULT_ORDER = (
     "enforce_eager",
     "served_model_name",
     "reasoning_parser",
+    "speculative_config",
     "distributed_executor_backend",
     "pipeline_parallel_size",
     "tensor_parallel_size",
@@ -175,6 +185,7 @@ class ServeArgs:
     master_addr: str = "127.0.0.1"
     master_port: int = 29501
     headless: bool = False
+    speculative: dict[str, Any] | None = None  # --speculative-config
 
     @property
     def world_size(self) -> int:
@@ -257,6 +268,7 @@ def parse_serve_args(argv: list[str], environ: dict[str, str] | None = None) -> 
         master_addr=ns.master_addr,
         master_port=ns.master_port,
         headless=bool(ns.headless),
+        speculative=ns.speculative_config,
     )
 
 

@@ -25,6 +25,7 @@ from .logs import Log, frame
 from .metrics import Metrics
 from .prefixcache import PrefixCache
 from .raystatus import StatusWriter
+from .specdecode import SpecModel
 from .thermal import Heat
 
 if TYPE_CHECKING:
@@ -77,7 +78,12 @@ class Engine:
         )
         self.prefix_caching = args.non_default.get("enable_prefix_caching") is not False
         self.prefix_cache = PrefixCache(self.prefix_caching)
-        self.pacer = Pacer(self._step, self._cap, self._ttft)
+        self.spec = SpecModel.of(args.speculative, collapse=False)
+        if self.spec is not None:
+            self.metrics.drafting(self.spec.k)
+        self.pacer = Pacer(
+            self._step, self._cap, self._ttft, spec=self._spec, on_draft=self.metrics.spec_step
+        )
         self.heat = Heat()  # tracked always, felt only under the heat-throttle fault
         self._slots = threading.BoundedSemaphore(args.max_num_seqs)
         self._lock = threading.Lock()
@@ -122,6 +128,12 @@ class Engine:
     # --- pacing knobs (control-file overrides win) ---------------------------------------
     def _step(self) -> StepModel:
         return step_model(self.knobs, self.faults, self.heat.factor(self.pacer.running))
+
+    def _spec(self) -> SpecModel | None:
+        """Drafting in force: the speculative config's, collapsed under spec-collapse."""
+        if self.spec is None or not self.faults.active("spec-collapse"):
+            return self.spec
+        return SpecModel.of(self.args.speculative, collapse=True)
 
     def _cap(self) -> float:
         return self.faults.override("max_agg_tok_s", self.knobs.max_agg_tok_s)

@@ -77,6 +77,10 @@ RUN_FAULTS = {
     "garble-under-batch": "wrong answers only with GARBLE_BATCH (4) or more completion requests "
     "in flight: a batch-dependent path (CUDA graphs captured per batch size, speculative "
     "decoding's batched verification)",
+    # speculative decoding (issue #27 part 1): only with --speculative-config
+    "spec-collapse": "drafts mostly rejected (acceptance ~0.31: a draft head that does not "
+    "match the target) while each draft token costs half a decode step: the stream decodes "
+    "at ~0.77x its rate without drafting (specdecode.py)",
     "logprob-drift": "the answers stay right, the prompt logprobs move (mean -0.15 nats/token, "
     "a tenth of the top-1 tokens lose their rank): precision or quantization drift",
 }

@@ -21,6 +21,7 @@ from typing import Any
 from . import tokens as tok
 from .needle import needle_answer
 from .solver import garbled, solve
+from .specdecode import Drafts, SpecModel
 
 EOS = "<|im_end|>"
 CATCH_UP_LIMIT_S = 1.0
@@ -231,8 +232,13 @@ class Pacer:
         ttft: Callable[[int], float],
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        spec: Callable[[], SpecModel | None] = lambda: None,
+        on_draft: Callable[[int], None] = lambda accepted: None,
     ) -> None:
         self._step = step
+        self._spec = spec
+        self._on_draft = on_draft
+        self._drafts = Drafts()
         self._cap = cap
         self._ttft = ttft
         self._clock = clock
@@ -279,6 +285,7 @@ class StreamClock:
     target: float = 0.0
     times: list[float] = field(default_factory=list)
     context: int = 0  # this sequence's tokens while it is in the batch; 0: not in it
+    verified: int = 0  # accepted draft tokens of the last step, not yet sent
 
     def _sleep_until(self, when: float) -> None:
         while True:
@@ -304,8 +311,22 @@ class StreamClock:
         """Next token on the stream's absolute schedule, one decode step at the batch
         decoding now after the last. A thread woken late (CPU contention) catches up, so
         the average rate holds; a slot pushed back by the aggregate cap moves the schedule
-        instead (no burst after batching delays)."""
-        target = self.target + self.pacer.step_s()
+        instead (no burst after batching delays). With drafting (:mod:`.specdecode`) a step
+        is longer and yields its accepted draft tokens at once after the first."""
+        spec = self.pacer._spec()
+        if spec is not None and self.verified > 0:
+            self.verified -= 1
+            if self.context:
+                self.context += 1
+                self.pacer.grow()
+            self.times.append(self.pacer._clock())
+            return
+        step = self.pacer.step_s()
+        if spec is not None:
+            self.verified = self.pacer._drafts.draw(spec)
+            self.pacer._on_draft(self.verified)
+            step *= spec.step_factor
+        target = self.target + step
         if self.context:
             self.context += 1
             self.pacer.grow()

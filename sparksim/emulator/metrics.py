@@ -238,6 +238,12 @@ class Metrics:
         self.prefix_queries = 0.0  # prompt tokens looked up in the prefix cache
         self.prefix_hits = 0.0  # of those, served from it
         self.preemptions = 0.0
+        # speculative decoding (only with a speculative config: spec_k draft positions)
+        self.spec_k = 0
+        self.spec_drafts = 0.0
+        self.spec_draft_tokens = 0.0
+        self.spec_accepted = 0.0
+        self.spec_per_pos: list[float] = []
         self.success = dict.fromkeys(FINISH_REASONS, 0.0)
         self.tool_invocations: dict[tuple[str, str], float] = {}
         tok_buckets = buckets_1_2_5(max_model_len)
@@ -279,6 +285,21 @@ class Metrics:
         with self._lock:
             self.prefix_queries += prompt_tokens
             self.prefix_hits += cached_tokens
+
+    def drafting(self, k: int) -> None:
+        """Served with a speculative config of ``k`` draft tokens: export the counters."""
+        with self._lock:
+            self.spec_k = k
+            self.spec_per_pos = [0.0] * k
+
+    def spec_step(self, accepted: int) -> None:
+        """One draft of ``spec_k`` tokens verified, its first ``accepted`` kept."""
+        with self._lock:
+            self.spec_drafts += 1
+            self.spec_draft_tokens += self.spec_k
+            self.spec_accepted += accepted
+            for pos in range(min(accepted, self.spec_k)):
+                self.spec_per_pos[pos] += 1
 
     def preempted(self) -> None:
         with self._lock:
@@ -414,6 +435,14 @@ class Metrics:
         w.gauge("vllm:kv_cache_usage_perc", [(m, self.kv_usage())])
         w.counter("vllm:prefix_cache_queries", [(m, self.prefix_queries, t0)])
         w.counter("vllm:prefix_cache_hits", [(m, self.prefix_hits, t0)])
+        if self.spec_k:
+            w.counter("vllm:spec_decode_num_drafts", [(m, self.spec_drafts, t0)])
+            w.counter("vllm:spec_decode_num_draft_tokens", [(m, self.spec_draft_tokens, t0)])
+            w.counter("vllm:spec_decode_num_accepted_tokens", [(m, self.spec_accepted, t0)])
+            w.counter(
+                "vllm:spec_decode_num_accepted_tokens_per_pos",
+                [((*m, ("position", str(i))), v, t0) for i, v in enumerate(self.spec_per_pos)],
+            )
         for base in (
             "vllm:external_prefix_cache_queries",
             "vllm:external_prefix_cache_hits",

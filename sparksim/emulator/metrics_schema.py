@@ -23,6 +23,11 @@ HELP = {
     "vllm:external_prefix_cache_hits": "External prefix cache hits from KV connector cross-instance cache sharing, in terms of number of cached tokens.",
     "vllm:mm_cache_queries": "Multi-modal cache queries, in terms of number of queried items.",
     "vllm:mm_cache_hits": "Multi-modal cache hits, in terms of number of cached items.",
+    # vllm/v1/spec_decode/metrics.py SpecDecodingProm: registered only with a speculative config
+    "vllm:spec_decode_num_drafts": "Number of spec decoding drafts.",
+    "vllm:spec_decode_num_draft_tokens": "Number of draft tokens.",
+    "vllm:spec_decode_num_accepted_tokens": "Number of accepted tokens.",
+    "vllm:spec_decode_num_accepted_tokens_per_pos": "Accepted tokens per draft position.",
     "vllm:num_preemptions": "Cumulative number of preemption from the engine.",
     "vllm:prompt_tokens": "Number of prefill tokens processed.",
     "vllm:prompt_tokens_by_source": "Number of prompt tokens by source.",

@@ -295,6 +295,27 @@ def prove_knee_cites_goodput(run: SuiteRun) -> None:
     assert "the SLOs already break in the closed loop" in knee["message"], knee
 
 
+def prove_spec_collapse(run: SuiteRun) -> None:
+    """The emulator drafted (its counters under vLLM's names reached the suite, per
+    position falling), accepted ~31% and decoded slower than the profile's no-drafting
+    figure: test_spec_decode_acceptance names the collapse and its fix; the decode check
+    passed (above its floor) with its roofline fraction beside it."""
+    checks = {c["nodeid"].split("::", 1)[1]: c for c in run.results["checks"]}
+    spec = checks["test_spec_decode_acceptance"]
+    assert spec["outcome"] == "failed", spec
+    doc = spec["extra"]["spec_decode"]
+    assert doc["method"] == "mtp" and doc["num_speculative_tokens"] == 3, doc
+    assert 0.2 < doc["acceptance"] < 0.4, doc
+    assert doc["per_pos"] == sorted(doc["per_pos"], reverse=True), doc
+    assert doc["decode_tok_s_1"] < doc["no_draft_tok_s"], doc
+    assert "num_speculative_tokens" in spec["message"], spec["message"]
+    decode = checks["test_decode_single_stream"]
+    assert decode["outcome"] == "passed", decode
+    roofline = decode["extra"]["roofline"]
+    assert roofline["active_params_b"] == 10.0 and roofline["nodes"] == 2, roofline
+    assert roofline["roofline_tok_s"] == 54.6, roofline
+
+
 ROW_PROOFS: dict[str, Callable[[SuiteRun], None]] = {
     "healthy-launch": prove_healthy_links,
     "fabric-link-down-twin-enp1s0f1np1": prove_link_down,
@@ -302,6 +323,7 @@ ROW_PROOFS: dict[str, Callable[[SuiteRun], None]] = {
     "mtu-mismatch": prove_mtu_mismatch,
     "soak-the-gpu-throttles-as-it-heats-under-a-steady-load": prove_soak_drift,
     "open-loop-ttft-grows-with-the-batch-knee-under-its-floor": prove_knee_cites_goodput,
+    "speculative-decoding-collapses-drafts-rejected-slower-than-without": prove_spec_collapse,
 }
 
 

@@ -29,6 +29,9 @@ class ServeArgs:
     # --gpu-memory-utilization-gb (eugr's gpu-mem-util-gb mod): GiB per rank, in place of
     # the fraction (mods/gpu-mem-util-gb/gpu_mem.patch: ceil(N * 1024**3))
     gpu_memory_utilization_gb: float | None = None
+    speculative_config: str | None = None  # --speculative-config's JSON text (spec decoding)
+    quantization: str | None = None  # --quantization
+    dtype: str | None = None  # --dtype
 
     @property
     def mode(self) -> str | None:
@@ -62,6 +65,8 @@ class ServeArgs:
 
 RAY_PROCESS = re.compile(r"\bray start\b|\braylet\b|\bgcs_server\b")
 SHORT = {
+    "-sc": "--speculative-config",
+    "-q": "--quantization",
     "-tp": "--tensor-parallel-size",
     "-pp": "--pipeline-parallel-size",
     "-dp": "--data-parallel-size",
@@ -167,6 +172,9 @@ def parse_serve_args(command: str) -> ServeArgs:
             if "gpu-memory-utilization-gb" in values
             else None
         ),
+        speculative_config=values.get("speculative-config"),
+        quantization=values.get("quantization"),
+        dtype=values.get("dtype"),
     )
 
 

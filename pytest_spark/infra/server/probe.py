@@ -110,7 +110,17 @@ def _from_values(values: dict[str, Any]) -> ServeArgs:
         tool_call_parser=values.get("tool_call_parser") or None,
         auto_tool_choice=bool(values.get("enable_auto_tool_choice")),
         api_key_set=bool(values.get("api_key")),
+        speculative_config=_json_text(values.get("speculative_config")),
+        quantization=values.get("quantization") or None,
+        dtype=values.get("dtype") or None,
     )
+
+
+def _json_text(value: Any) -> str | None:
+    """A non-default args dict's value as JSON text (vLLM prints the parsed dict)."""
+    if value is None or value == "":
+        return None
+    return value if isinstance(value, str) else json.dumps(value)
 
 
 def probe(container: str) -> str:

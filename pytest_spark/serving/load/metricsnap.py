@@ -32,6 +32,12 @@ PREFIX_COUNTERS = (
     ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"),
     ("vllm:gpu_prefix_cache_queries_total", "vllm:gpu_prefix_cache_hits_total"),
 )
+# Speculative decoding (vllm/v1/spec_decode/metrics.py SpecDecodingProm; registered only
+# with a --speculative-config): counters, labels model_name and engine (+ position).
+SPEC_DRAFTS = "vllm:spec_decode_num_drafts_total"
+SPEC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
+SPEC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
+SPEC_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 # request_success reasons that are not a success of the request.
 FAILED_REASONS = ("error", "abort")
 
@@ -48,14 +54,21 @@ class Snapshot:
     prefix_hits: float | None
     failed_requests: float  # request_success{finished_reason=error|abort}
     prefix_caching: bool | None  # cache_config_info's enable_prefix_caching; None: not shown
+    # spec decoding counters (drafts, draft tokens, accepted, accepted per position); None:
+    # the server exports none (no --speculative-config)
+    spec: dict[str, Any] | None = None
 
     @classmethod
     def of(cls, text: str, t: float) -> Snapshot:
         totals: dict[str, float] = {}
         failed = 0.0
         caching: bool | None = None
+        per_pos: dict[int, float] = {}
         for s in samples(text):
             totals[s.name] = totals.get(s.name, 0.0) + s.value
+            if s.name == SPEC_PER_POS and s.labels.get("position", "").isdigit():
+                pos = int(s.labels["position"])
+                per_pos[pos] = per_pos.get(pos, 0.0) + s.value
             if s.name == SUCCESS and s.labels.get("finished_reason") in FAILED_REASONS:
                 failed += s.value
             if s.name == CACHE_INFO and "enable_prefix_caching" in s.labels:
@@ -72,6 +85,7 @@ class Snapshot:
             totals.get(hits),
             failed,
             caching,
+            _spec_counters(totals, per_pos),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -84,7 +98,21 @@ class Snapshot:
             "prefix_hits": self.prefix_hits,
             "failed_requests": self.failed_requests,
             "prefix_caching": self.prefix_caching,
+            **({"spec": self.spec} if self.spec is not None else {}),
         }
+
+
+def _spec_counters(
+    totals: Mapping[str, float], per_pos: Mapping[int, float]
+) -> dict[str, Any] | None:
+    if SPEC_DRAFTS not in totals:
+        return None
+    return {
+        "drafts": totals[SPEC_DRAFTS],
+        "draft_tokens": totals.get(SPEC_DRAFT_TOKENS, 0.0),
+        "accepted": totals.get(SPEC_ACCEPTED, 0.0),
+        "per_pos": [per_pos[p] for p in sorted(per_pos)],
+    }
 
 
 def _delta(after: float | None, before: float | None) -> float | None:
