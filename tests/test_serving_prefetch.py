@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
+from pytest_spark.infra.finding import Finding
 from pytest_spark.serving.client.chat import TurnCache
 from pytest_spark.serving.client.evidence import Exchange
-from pytest_spark.serving.client.prefetch import Prefetch
+from pytest_spark.serving.client.prefetch import Prefetch, confirmed_alone
 from pytest_spark.serving.client.stream import ServingError
 from pytest_spark.serving.client.turn import Turn
 
@@ -124,3 +125,28 @@ def test_the_modules_that_measure_never_send_ahead() -> None:
         "test_structured_output.py",
         "test_via_sdk.py",
     }
+
+
+def test_a_comparison_that_failed_together_is_decided_on_the_pair_sent_alone() -> None:
+    """Two answers sent in a batch may part (batch-variant greedy decoding): the pair is sent
+    again alone and that comparison decides; a real difference still fails."""
+    differed = Finding.failed("b", "a", message="streamed text differs")
+    asked: list[int] = []
+
+    def again(ok: bool) -> Finding:
+        asked.append(1)
+        if ok:
+            return Finding.passed("a", "a", message="the same")
+        return Finding.failed("c", "a", message="differs alone too")
+
+    together = Prefetch(8)
+    healed = confirmed_alone(together, differed, lambda: again(True))
+    assert healed.ok and "sent alone, one after the other, they agree" in healed.message
+    still = confirmed_alone(together, differed, lambda: again(False))
+    assert not still.ok and still.message == "differs alone too"
+    assert len(asked) == 2
+    # one at a time (or a comparison that passed): the finding stands, nothing re-asked
+    assert confirmed_alone(Prefetch(1), differed, lambda: again(True)) is differed
+    same = Finding.passed("a", "a")
+    assert confirmed_alone(together, same, lambda: again(False)) is same
+    assert len(asked) == 2

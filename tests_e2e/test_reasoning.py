@@ -42,7 +42,12 @@ from pytest_spark.serving import (
     check_truncated,
     compare_stream,
 )
-from pytest_spark.serving.client.prefetch import Prefetch, ask_ahead, item_params
+from pytest_spark.serving.client.prefetch import (
+    Prefetch,
+    ask_ahead,
+    confirmed_alone,
+    item_params,
+)
 from pytest_spark.serving.validate.accuracyprobe import cited_wrong_model
 from pytest_spark.serving.validate.causes import cited_verdict
 from pytest_spark.serving.validate.formatturns import DISABLED_VERDICT
@@ -326,8 +331,20 @@ def test_reasoning_separated(
             plain = turns.turn("thinking", False)
         except ServingError:
             return  # reported by the non-streaming test
-        same = compare_stream(plain, turn, deterministic=True, server=turns.client.server)
+        server = turns.client.server
+        same = confirmed_alone(
+            request.getfixturevalue("serving_prefetch"),
+            compare_stream(plain, turn, deterministic=True, server=server),
+            lambda: compare_stream(
+                turns.client.turn(turns.body("thinking"), False),
+                turns.client.turn(turns.body("thinking"), True),
+                deterministic=True,
+                server=server,
+            ),
+        )
         _skip_if_verdict_failed(request, turns, same, here, SEPARATION_VERDICT)
+        if not same.ok and (wrong := cited_wrong_model(request, here, same)):
+            pytest.skip(wrong)
         spark_check.require(same)
 
 

@@ -113,3 +113,22 @@ def item_params(item: pytest.Item) -> dict[str, Any]:
     """A parametrized check's parameters (``{}`` for a plain one)."""
     callspec = getattr(item, "callspec", None)
     return dict(callspec.params) if callspec is not None else {}
+
+
+def confirmed_alone(prefetch: Prefetch, finding: Any, again: Callable[[], Any]) -> Any:
+    """A comparison of two answers that went out together (a streamed answer against its
+    plain twin, the SDK's against the raw client's): greedy decoding is the same only for
+    the same batch, and vLLM's kernels are not batch-invariant, so two answers sent beside
+    different others may part after some tokens with no parser at fault. A comparison that
+    failed so is made again on the pair sent alone, one after the other (``again()``): its
+    verdict is the check's (a parser that splits the text differently still fails)."""
+    if finding.ok or not prefetch.concurrent:
+        return finding
+    alone = again()
+    if alone.ok:
+        note = (
+            " (sent together with the module's other requests they differed, a batch "
+            "effect on greedy decoding; sent alone, one after the other, they agree)"
+        )
+        return type(alone).passed(alone.measured, alone.expected, message=alone.message + note)
+    return alone
