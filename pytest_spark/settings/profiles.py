@@ -99,6 +99,9 @@ class GpuHealthSection:
     busy_util_pct: float = 80.0  # "busy": utilisation at or above this
     require_persistence: bool = True  # persistence mode Disabled fails (else warns)
     warn_xids: tuple[int, ...] = (13, 31, 43, 45)  # application-level Xids: warn only
+    load_s: float = 20.0  # the pre-serving GPU load's length (launch mode; <= 30 s)
+    load_interval_s: float = 1.0  # nvidia-smi samples it this often
+    peer_clock_ratio: float = 0.8  # busy clock under this share of the fastest node's: warn
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ reports as N/A (power limit, slowdown temperatures, memory) is N/A here too
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -91,8 +92,70 @@ APP_FIELDS: Fields = {
 }
 
 
+# A GB10 under load: 2424-2483 MHz, P0, 84-89 W (hoesing/spark-gpu-throttle-check's
+# README, fixtures/gpu/README.md).
+LOADED = {"sm_clock_mhz": 2483, "power_w": 86.0, "util_pct": 100, "pstate": "P0"}
+HOT_SHARE = 0.3  # a process that has used this share of a core since it started...
+HOT_AGE_S = 1.0  # ...and has run this long (an SSH handshake's burst is shorter)
+_busy: list[bool] = []  # one answer per nvidia-smi call
+
+
+def _ancestors() -> set[int]:
+    pids, pid = set(), os.getpid()
+    while pid > 1 and pid not in pids:
+        pids.add(pid)
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                pid = int(fh.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    return pids
+
+
+def node_busy() -> bool:
+    """Whether a load runs on the node, as a GPU's utilisation says a kernel runs: some
+    process of the node (the node has its own PID namespace, so /proc lists only its
+    processes, its containers' included) other than this call's own chain has used at least
+    HOT_SHARE of a core since it started, for HOT_AGE_S or more. The sim has no GPU for a
+    load to reach, so a load's work is its CPU time (the pre-serving load's matmuls fall
+    back to the CPU here; on a Spark they run on the GPU)."""
+    if _busy:
+        return _busy[0]
+    hz = os.sysconf("SC_CLK_TCK")
+    try:
+        with open("/proc/uptime") as fh:
+            uptime = float(fh.read().split()[0])
+    except (OSError, ValueError):
+        _busy.append(False)
+        return False
+    mine = _ancestors()
+    found = False
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) in mine:
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            cpu_s = (int(fields[11]) + int(fields[12])) / hz
+            age_s = uptime - int(fields[19]) / hz
+        except (OSError, ValueError, IndexError):
+            continue
+        if age_s >= HOT_AGE_S and cpu_s >= HOT_SHARE * age_s:
+            found = True
+            break
+    _busy.append(found)
+    return found
+
+
 def _health(info: State) -> State:
-    return dict(info.get("health") or {})
+    """The readings: state.json's, or a loaded GPU's while a load runs on the node. A fault
+    that already describes the GPU under load (P0: throttled, clock-capped) is read as
+    it is, load or not."""
+    health = dict(info.get("health") or {})
+    if health.get("pstate", "P8") != "P0" and node_busy():
+        health.update(LOADED)
+        health["reasons"] = [r for r in health.get("reasons") or () if r != "gpu_idle"]
+    return health
 
 
 def _mask(health: State) -> int:

@@ -156,11 +156,14 @@ def check_gpu_throttle(
     section: GpuHealthSection,
     *,
     temperature_failed: bool = False,
+    low_clock_owner: str | None = None,
 ) -> Finding | Skip:
     """No clocks event reason that the profile fails on is active, and a busy GPU runs its
     SM clock at least at ``min_busy_sm_clock_mhz`` (the GB10 low-power state caps it with
     no reason set). The clocks and power are in every message. A thermal reason while
-    the temperature check failed is that check's (``temperature_failed``)."""
+    the temperature check failed is that check's (``temperature_failed``); a low clock
+    while busy is ``low_clock_owner``'s where one is given (in launch mode the
+    pre-serving load's check reads the clock under a load of its own)."""
     expected = "no slowdown reason active"
     if not health.gpus:
         return _no_readings(node, health, "the clocks event reasons", expected)
@@ -182,6 +185,13 @@ def check_gpu_throttle(
         return Skip(
             f"{node}: thermal slowdown active because the GPU is too hot "
             f"({TEMPERATURE_VERDICT}[{node}] has the evidence)"
+        )
+    if failing and low_clock_owner and all(r == "low-clock" for _, _, r in failing):
+        g = failing[0][1]
+        return Skip(
+            f"{node}: SM clock {_fmt(g.sm_clock_mhz, 'MHz')} while {_fmt(g.util_pct, '%')} "
+            f"busy because the GPU runs below its clock under load ({low_clock_owner} has "
+            "the evidence, from the pre-serving load)"
         )
     for level, g, reason in failing or problems:
         where = f"{node} {g.name}"
