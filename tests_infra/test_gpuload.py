@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_spark import Cluster, Node, RemoteError, Settings, SparkCheck
+from pytest_spark import Cluster, Node, Settings, SparkCheck
 from pytest_spark.infra.gpuload.check import busy_clock, check_gpu_clock_under_load
 from pytest_spark.infra.gpuload.gather import gpu_load
+from pytest_spark.infra.gpuload.probe import NodeLoad
+from pytest_spark.measure.codec import dump, load
+from pytest_spark.measure.once import measure_once
 from pytest_spark.readiness.reachability import require_reachable
 
 pytestmark = pytest.mark.preflight
@@ -34,14 +37,17 @@ def test_gpu_clock_under_load(
             f"test_gpu_clocks_not_throttled[{spark_node.name}] reads the clock under its load"
         )
     require_reachable(request.config, spark_cluster, [spark_node])
-    loads = gpu_load(spark_cluster)
-    load = loads[spark_node.name]
-    if isinstance(load, RemoteError):
-        pytest.fail(f"{spark_node.name}: the GPU load could not run: {load}", pytrace=False)
+    # Once per session, alone on the cluster, also under xdist (pytest_spark.measure.once).
+    measured = measure_once(
+        request.config,
+        "gpu-load",
+        lambda: gpu_load(spark_cluster),
+        encode=dump,
+        decode=lambda data: load(dict[str, NodeLoad], data),
+    )
+    spark_check.attach("measurement", measured.record)
+    loads = measured.value
+    node_load = loads[spark_node.name]
     section = spark_cluster.profile.gpu_health
-    peers = {
-        name: busy_clock(other, section)
-        for name, other in loads.items()
-        if not isinstance(other, RemoteError)
-    }
-    spark_check.require(check_gpu_clock_under_load(spark_node.name, load, peers, section))
+    peers = {name: busy_clock(other, section) for name, other in loads.items()}
+    spark_check.require(check_gpu_clock_under_load(spark_node.name, node_load, peers, section))

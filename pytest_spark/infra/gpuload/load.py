@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import Any
 
 
 def main(argv: list[str]) -> int:
@@ -25,15 +26,16 @@ def main(argv: list[str]) -> int:
     where = argv[2] if len(argv) > 2 else "host"
     end = time.monotonic() + seconds
     why = ""
+    torch: Any = None
     try:
         import torch
 
         if not torch.cuda.is_available():
             why = "torch: no CUDA device"
     except Exception as exc:  # any import failure: no torch to load the GPU with
-        torch, why = None, f"torch: {exc}"
+        why = f"torch: {exc}"
     work = 0
-    if torch is not None and not why:
+    if not why:
         a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
         while time.monotonic() < end:
