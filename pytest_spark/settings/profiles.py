@@ -58,6 +58,7 @@ class NcclSection:
     socket_busbw_gbps: float | None = None  # the figure of NCCL's TCP socket fallback
     iters: int = 20  # timed iterations per size (nccl-tests -n; >= 1)
     warmup: int = 5  # untimed iterations before them (nccl-tests -w; >= 0)
+    max_mem_share: float = 0.25  # the sweep's buffers may take this of the least MemAvailable
 
 
 @dataclass(frozen=True)
