@@ -1,11 +1,11 @@
 """The NCCL sweep's memory guard: the largest message sized from the smallest node's
-MemAvailable (pytest_spark/infra/nccl/sizing.py; dgx-spark-playbooks#102 / PR #103)."""
+MemAvailable (pytest_spark/infra/nccl/sizing_check.py; dgx-spark-playbooks#102 / PR #103)."""
 
 from __future__ import annotations
 
 import pytest
 
-from pytest_spark.infra.nccl.sizing import BUFFERS, sweep_sizes
+from pytest_spark.infra.nccl.sizing_check import BUFFERS, sweep_sizes
 from pytest_spark.settings.profiles import load_profile
 
 GIB, MIB = 1 << 30, 1 << 20

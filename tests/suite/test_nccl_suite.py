@@ -103,7 +103,7 @@ def test_no_rdma_on_the_nodes_is_one_failure(sim: SimCluster, tmp_path: Path) ->
 
 
 def test_low_memory_caps_the_sweep_rather_than_run_it(sim: SimCluster, tmp_path: Path) -> None:
-    """The memory guard (pytest_spark/infra/nccl/sizing.py): a node whose MemAvailable is
+    """The memory guard (pytest_spark/infra/nccl/sizing_check.py): a node whose MemAvailable is
     down to sparksim's floor (335 MiB, another process holding the rest: fault memory-held)
     runs a 256 MiB sweep capped at 32 MiB (two buffers in a quarter of 335 MiB), and the
     report and the live line say so; the all-reduce itself still passes."""

@@ -3,7 +3,7 @@
 ``gpuload_probe_command(image=..., load_s=..., interval_s=...)`` is one ``sh -c`` command
 (marker-framed sections, :func:`pytest_spark.infra.probe.probe_script`)::
 
-    samples  the load program (:mod:`pytest_spark.infra.gpuload.load`, sent base64 on the
+    samples  the load program (:mod:`pytest_spark.infra.gpuload.load_probe`, sent base64 on the
              command line) started in the background, in the serving image where the node
              has it (``docker run --rm -i --gpus all --network host``: the container's
              torch, as the engine will run) else by the host's ``python3``; while it runs,
@@ -65,7 +65,7 @@ rm -f "$t"
 
 def load_program() -> str:
     """The load program's source, as sent to the node."""
-    return resources.files("pytest_spark").joinpath("infra/gpuload/load.py").read_text()
+    return resources.files("pytest_spark").joinpath("infra/gpuload/load_probe.py").read_text()
 
 
 def gpuload_probe_command(*, image: str | None, load_s: float, interval_s: float) -> str:

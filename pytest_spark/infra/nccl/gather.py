@@ -20,7 +20,7 @@ from pytest_spark.infra.memory.gather import node_memory
 from pytest_spark.infra.nccl.check import _gb, _size
 from pytest_spark.infra.nccl.gid_parse import GID_PROBE, GidTable, parse_gid_probe
 from pytest_spark.infra.nccl.probe import CollectiveRun, SweepProgress
-from pytest_spark.infra.nccl.sizing import sweep_sizes
+from pytest_spark.infra.nccl.sizing_check import sweep_sizes
 
 NCCL_ENV = (
     "NCCL_SOCKET_IFNAME",

@@ -2,7 +2,7 @@
 """A short GPU load (standalone: stdlib plus torch where it exists), run on a node before
 serving while nvidia-smi samples the GPU::
 
-    python3 load.py SECONDS WHERE
+    python3 load_probe.py SECONDS WHERE
 
 With torch and CUDA it multiplies two 4096 x 4096 bf16 matrices in a loop for SECONDS
 (3 x 32 MiB of memory: nothing a Spark's unified memory notices), synchronising every 20
