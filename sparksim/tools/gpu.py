@@ -10,6 +10,11 @@ utilisation, P-state, persistence mode, the active clocks event reasons) answer
 names) and ``-q [-d PERFORMANCE,TEMPERATURE,...]`` in driver 580's layout; what GB10
 reports as N/A (power limit, slowdown temperatures, memory) is N/A here too
 (fixtures/gpu/README.md). The faults.gpu module changes the readings.
+
+Under load: while a process of the node runs hot (:func:`node_busy`: the node's own PID
+namespace, so its containers' processes count), the readings are a loaded GB10's (P0,
+2483 MHz, 86 W, 100 %), as a load's kernels make a real GPU read; a fault that already
+describes the GPU under load (P0: gpu-throttle, gpu-low-clock) is read as it is.
 """
 
 from __future__ import annotations

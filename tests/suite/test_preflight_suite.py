@@ -54,6 +54,8 @@ GPU_HEALTH = {
 # tests_infra/test_memory.py: GB10 memory headroom, preflight, per node
 MEMORY = {f"test_memory_headroom[{n}]" for n in (H, W)}
 FDLIMIT = {f"test_dockerd_open_files_limit[{n}]" for n in (H, W)}
+# tests_infra/test_gpuload.py: the SM clock under a pre-serving load, per node (launched)
+GPU_LOAD = {f"test_gpu_clock_under_load[{n}]" for n in (H, W)}
 
 
 def launch(sim: SimCluster) -> dict[str, Any]:
@@ -261,7 +263,8 @@ def test_spark_sim_healthy_passes_every_preflight_check(tmp_path: Path) -> None:
     assert run.ret == 0, run.output
     assert run.results["cluster"]["sim"] is True
     outcomes = run.outcomes()
-    assert set(outcomes) == NO_LAUNCH | SERVING | ALIKE | GPU_HEALTH | MEMORY | FDLIMIT, outcomes
+    expected = NO_LAUNCH | SERVING | ALIKE | GPU_HEALTH | MEMORY | FDLIMIT | GPU_LOAD
+    assert set(outcomes) == expected, outcomes
     assert set(outcomes.values()) == {"passed"}, outcomes
     assert {c["category"] for c in run.results["checks"]} == {"preflight"}
 
@@ -279,6 +282,11 @@ def test_spark_sim_healthy_passes_every_preflight_check(tmp_path: Path) -> None:
     assert "identical on 2 nodes" in model
     flaps = record(f"test_link_flaps[{H}-twin0]")
     assert flaps["measured"] == 0 and "since boot" in flaps["message"]
+    # the pre-serving load made the sim's GPU busy as a load makes a real one: P0, 2483 MHz
+    loaded = dict(
+        run.checks(nodeid=f"tests_infra/test_gpuload.py::test_gpu_clock_under_load[{W}]")[0]
+    )
+    assert (loaded["level"], loaded["measured"]) == ("pass", 2483), loaded
     env = record(f"test_serving_env_matches_fabric[{W}]")
     assert env["measured"]["NCCL_IB_HCA"] == "roceP2p1s0f1,rocep1s0f1"
     assert run.results["serving"]["launched"] is True and run.results["serving"]["stopped"]
