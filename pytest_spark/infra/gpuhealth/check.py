@@ -19,6 +19,7 @@ from pytest_spark.settings.profiles import GpuHealthSection
 
 __all__ = [
     "KERNEL_VERDICT",
+    "POWER_CYCLE",
     "TEMPERATURE_VERDICT",
     "check_gpu_kernel_log",
     "check_gpu_persistence",
@@ -32,7 +33,7 @@ KERNEL_VERDICT = "test_gpu_kernel_errors"
 LOST_XIDS = (79,)  # the GPU is gone from the bus: nvidia-smi then finds no device
 BENIGN = ("gpu_idle", "applications_clocks_setting", "sync_boost", "display_clocks_setting")
 THERMAL = ("hw_thermal_slowdown", "sw_thermal_slowdown")
-_POWER_CYCLE = (
+POWER_CYCLE = (
     "power-cycle the Spark: unplug its USB-C power brick from the wall and the Spark for "
     "60 s, then reconnect (a fresh power negotiation); check the brick and cable are the "
     "supplied ones and fully seated"
@@ -43,9 +44,9 @@ _COOLING = (
 )
 REASON_FIX: dict[str, str] = {
     "hw_slowdown": "HW Slowdown (clocks cut by half or more: a power brake or "
-    f"over-temperature signal): {_POWER_CYCLE}",
+    f"over-temperature signal): {POWER_CYCLE}",
     "hw_power_brake_slowdown": "HW Power Brake Slowdown (the power supply asserts the "
-    f"brake): {_POWER_CYCLE}",
+    f"brake): {POWER_CYCLE}",
     "hw_thermal_slowdown": f"HW Thermal Slowdown: {_COOLING}",
     "sw_thermal_slowdown": f"SW Thermal Slowdown (the driver's thermal limit): {_COOLING}",
     "sw_power_cap": "SW Power Cap (the power limit is reached: normal under full load; at "
@@ -200,7 +201,7 @@ def check_gpu_throttle(
                 f"SM clock {_fmt(g.sm_clock_mhz, 'MHz')} while {_fmt(g.util_pct, '%')} busy, "
                 f"expected >= {section.min_busy_sm_clock_mhz:g} MHz under load; "
                 f"{_context(g)}. No reason explains it: the GB10 low-power state. "
-                f"Fix: {_POWER_CYCLE}"
+                f"Fix: {POWER_CYCLE}"
             )
             measured: object = g.sm_clock_mhz
         else:

@@ -21,6 +21,7 @@ from __future__ import annotations
 from statistics import median
 
 from pytest_spark.infra.finding import Finding
+from pytest_spark.infra.gpuhealth.check import POWER_CYCLE
 from pytest_spark.infra.gpuload.parse import GpuSample
 from pytest_spark.infra.gpuload.probe import NodeLoad
 from pytest_spark.settings.profiles import GpuHealthSection
@@ -28,11 +29,6 @@ from pytest_spark.settings.profiles import GpuHealthSection
 __all__ = ["LOAD_VERDICT", "busy_clock", "check_gpu_clock_under_load"]
 
 LOAD_VERDICT = "test_gpu_clock_under_load"
-_POWER_CYCLE = (
-    "power-cycle the Spark: unplug its USB-C power brick from the wall and the Spark for "
-    "60 s, then reconnect (a fresh power negotiation); check the brick and cable are the "
-    "supplied ones and fully seated"
-)
 
 
 def _busy(load: NodeLoad, section: GpuHealthSection) -> list[GpuSample]:
@@ -133,7 +129,7 @@ def check_gpu_clock_under_load(
                 f"{seen}; expected {expected} (profile gpu_health.min_busy_sm_clock_mhz; a "
                 "busy GB10 runs ~2400 MHz). No clocks event reason explains it: the GB10 "
                 "low-power state, which a model load would meet only after it loaded. "
-                f"Fix: {_POWER_CYCLE}"
+                f"Fix: {POWER_CYCLE}"
             ),
             evidence=evidence,
         )
