@@ -241,6 +241,7 @@ def test_sim_nvidia_smi_reads_busy_while_a_process_runs_hot(tmp_path: Path) -> N
     try:
         time.sleep(1.5)
         smi._busy.clear()
+        smi._follow[0] = True  # as in a sim node's dir (FOLLOW_FILE), which spark-sim up writes
         info = {
             "health": {"sm_clock_mhz": 208, "util_pct": 0, "pstate": "P8", "reasons": ["gpu_idle"]}
         }
@@ -253,3 +254,20 @@ def test_sim_nvidia_smi_reads_busy_while_a_process_runs_hot(tmp_path: Path) -> N
         hot.kill()
         hot.wait()
         smi._busy.clear()
+        smi._follow[0] = False
+
+
+def test_sim_nvidia_smi_outside_a_sim_node_reads_state_json_alone() -> None:
+    """A node dir without gpu-follows-load (the tools run by a test): no process decides."""
+    from sparksim.tools import gpu as smi
+
+    hot = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(1.5)
+        smi._busy.clear()
+        smi._follow[0] = False
+        info = {"health": {"sm_clock_mhz": 208, "util_pct": 0, "pstate": "P8"}}
+        assert smi._health(info)["sm_clock_mhz"] == 208 and not smi.node_busy()
+    finally:
+        hot.kill()
+        hot.wait()

@@ -11,8 +11,9 @@ names) and ``-q [-d PERFORMANCE,TEMPERATURE,...]`` in driver 580's layout; what 
 reports as N/A (power limit, slowdown temperatures, memory) is N/A here too
 (fixtures/gpu/README.md). The faults.gpu module changes the readings.
 
-Under load: while a process of the node runs hot (:func:`node_busy`: the node's own PID
-namespace, so its containers' processes count), the readings are a loaded GB10's (P0,
+Under load: on a node of a running sim (its dir holds ``gpu-follows-load``), while a
+process of the node runs hot (:func:`node_busy`: the node's own PID namespace, so its
+containers' processes count), the readings are a loaded GB10's (P0,
 2483 MHz, 86 W, 100 %), as a load's kernels make a real GPU read; a fault that already
 describes the GPU under load (P0: gpu-throttle, gpu-low-clock) is read as it is.
 """
@@ -100,9 +101,11 @@ APP_FIELDS: Fields = {
 # A GB10 under load: 2424-2483 MHz, P0, 84-89 W (hoesing/spark-gpu-throttle-check's
 # README, fixtures/gpu/README.md).
 LOADED = {"sm_clock_mhz": 2483, "power_w": 86.0, "util_pct": 100, "pstate": "P0"}
-HOT_SHARE = 0.3  # a process that has used this share of a core since it started...
-HOT_AGE_S = 1.0  # ...and has run this long (an SSH handshake's burst is shorter)
-_busy: list[bool] = []  # one answer per nvidia-smi call
+HOT_SHARE = 0.15  # a process that has used this share of a core since it started...
+HOT_AGE_S = 0.5  # ...and has run this long (an SSH handshake's burst is shorter)
+FOLLOW_FILE = "gpu-follows-load"  # in the node's dir: written by `spark-sim up`
+_busy: list[bool] = []  # one answer per nvidia-smi call; empty: not asked yet
+_follow: list[bool] = [False]  # whether this call's node follows load (FOLLOW_FILE)
 
 
 def _ancestors() -> set[int]:
@@ -124,6 +127,8 @@ def node_busy() -> bool:
     HOT_SHARE of a core since it started, for HOT_AGE_S or more. The sim has no GPU for a
     load to reach, so a load's work is its CPU time (the pre-serving load's matmuls fall
     back to the CPU here; on a Spark they run on the GPU)."""
+    if not _follow[0]:
+        return False  # a node dir of no sim node (the tools run in a test): state.json alone
     if _busy:
         return _busy[0]
     hz = os.sysconf("SC_CLK_TCK")
@@ -397,6 +402,8 @@ def _query(spec: str, table: Fields) -> list[str] | str:
 
 
 def nvidia_smi(node_dir: str, argv: list[str]) -> int:
+    _busy.clear()
+    _follow[0] = os.path.exists(os.path.join(node_dir, FOLLOW_FILE))
     info = load_state(node_dir)["gpu"]
     gpus = info["gpus"]
     if not gpus:  # the driver lost the GPU (fault gpu-invisible): what nvidia-smi says then
