@@ -83,6 +83,7 @@ class Settings:
     soak: float | None
     accuracy: AccuracyMode
     accuracy_baseline: Path | None
+    serving_concurrency: int
     open_loop: bool
     sources: Mapping[str, str] = field(repr=False)
 

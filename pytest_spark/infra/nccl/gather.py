@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import shlex
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from pytest_spark.access.base import RemoteError
 from pytest_spark.access.cluster import Cluster, Node
@@ -130,10 +130,14 @@ def rank_envs(cluster: Cluster) -> dict[str, dict[str, str]] | str:
 
 
 def collective_run(
-    cluster: Cluster, progress: Callable[[str], None] | None = None
+    cluster: Cluster,
+    progress: Callable[[str], None] | None = None,
+    nodes: Sequence[Node] | None = None,
 ) -> CollectiveRun | str:
     """Run (once per session) the sweep; a string says why it could not run. ``progress``
-    gets a live line while the ranks run."""
+    gets a live line while the ranks run. ``nodes``: the ranks' nodes (default: every
+    node; a node the launcher trimmed has no serving container, by design)."""
+    ranks = list(nodes) if nodes else list(cluster.nodes)
 
     def compute() -> CollectiveRun | str:
         settings, profile = cluster.settings, cluster.profile
@@ -150,12 +154,12 @@ def collective_run(
         sizes = sweep_sizes(
             profile.nccl.min_bytes,
             profile.nccl.max_bytes,
-            mem_available(cluster),
+            mem_available(cluster, ranks),
             profile.nccl.max_mem_share,
         )
         try:
             run = run_allreduce(
-                cluster.nodes,
+                ranks,
                 master_addr=master,
                 rank_env=rank_env,
                 container=settings.container,
@@ -166,9 +170,7 @@ def collective_run(
                 timeout=profile.nccl.timeout_s,
                 collectives=COLLECTIVES,
                 latency_max_bytes=profile.collectives.latency_max_bytes,
-                progress=_progress_line(
-                    progress, len(cluster.nodes), profile.nccl.timeout_s, sizes.capped
-                ),
+                progress=_progress_line(progress, len(ranks), profile.nccl.timeout_s, sizes.capped),
             )
         except CollectiveUnavailable as exc:
             return str(exc)
@@ -212,11 +214,12 @@ def nodes_without_rdma(cluster: Cluster) -> list[str]:
     return [node.name for node in reachable if gid_tables(cluster, node) is None]
 
 
-def mem_available(cluster: Cluster) -> dict[str, int | None]:
-    """Each node's MemAvailable in bytes (the memory probe, shared round trip, cached);
-    None where it cannot be read (an unreachable node is the reachability check's)."""
+def mem_available(cluster: Cluster, nodes: Sequence[Node]) -> dict[str, int | None]:
+    """Each rank node's MemAvailable in bytes (the memory probe, shared round trip,
+    cached); None where it cannot be read (an unreachable node is the reachability
+    check's)."""
     available: dict[str, int | None] = {}
-    for node in cluster.nodes:
+    for node in nodes:
         try:
             meminfo = (
                 node_memory(cluster, node).meminfo if cluster.unreachable(node) is None else None
