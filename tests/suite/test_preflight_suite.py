@@ -52,7 +52,9 @@ GPU_HEALTH = {
     for n in (H, W)
 }
 # tests_infra/test_memory.py: GB10 memory headroom, preflight, per node
-MEMORY = {f"test_memory_headroom[{n}]" for n in (H, W)}
+MEMORY = {f"test_memory_headroom[{n}]" for n in (H, W)} | {
+    "test_serving_fits_container_memory_limit"
+}
 FDLIMIT = {f"test_dockerd_open_files_limit[{n}]" for n in (H, W)}
 # tests_infra/test_gpuload.py: the SM clock under a pre-serving load, per node (launched)
 GPU_LOAD = {f"test_gpu_clock_under_load[{n}]" for n in (H, W)}
