@@ -11,8 +11,9 @@ import pytest
 
 from pytest_spark import Settings, progress_line_writer, verdict_in_session
 from pytest_spark.access.api import ApiEndpoint
+from pytest_spark.infra.counters.gather import counted
 from pytest_spark.infra.server.probe import ServerCommand
-from pytest_spark.measure.once import measure_once
+from pytest_spark.measure.once import measure_dir, measure_once
 from pytest_spark.report.history import resolve_history_dir
 from pytest_spark.serving import ServingClient
 from pytest_spark.serving.client.prefetch import Prefetch
@@ -204,12 +205,20 @@ def _sweep(
     """The closed-loop sweep (tests_e2e/test_throughput.py's checks; the open-loop knee
     reads its goodput gate's level), once per session."""
     spec = load_spec(spark_settings.profile, spark_api)
+
+    def sweep() -> Any:
+        return measure_sweep(spark_api, spec, progress_line_writer(request.config))
+
+    compute: Callable[[], Any] = sweep
+    if not spark_settings.api_only:  # every node's fabric counters before and after it
+        cluster = request.getfixturevalue("spark_cluster")
+        compute = counted(measure_dir(request.config), cluster, "throughput-sweep", sweep)
     # Once per session, alone on the cluster, also under xdist (pytest_spark.measure.once):
     # tok/s taken while other tests send requests would not be a measurement.
     measured = measure_once(
         request.config,
         "throughput-sweep",
-        lambda: measure_sweep(spark_api, spec, progress_line_writer(request.config)),
+        compute,
         encode=encode_sweep,
         decode=decode_sweep,
     )

@@ -19,6 +19,7 @@ from pytest_spark import (
     require_unless_twin_down,
     verdict_in_session,
 )
+from pytest_spark.infra.counters.gather import counted
 from pytest_spark.infra.links.gather import (
     fabric_ifs,
     node_link_facts,
@@ -55,7 +56,7 @@ from pytest_spark.infra.nccl.parse import NcclOutput
 from pytest_spark.infra.nccl.probe import CollectiveRun
 from pytest_spark.infra.preflight.check import ENV_VERDICT
 from pytest_spark.measure.codec import dump, load
-from pytest_spark.measure.once import Measured, measure_once
+from pytest_spark.measure.once import Measured, measure_dir, measure_once
 from pytest_spark.readiness.launch import ServingInfo, container_states, serving_nodes
 from pytest_spark.readiness.reachability import require_reachable
 from pytest_spark.readiness.serving import SERVING_VERDICT_KEY, ServingState, not_serving_reason
@@ -83,7 +84,13 @@ def _allreduce(
     return measure_once(
         request.config,
         "collective-run",
-        lambda: collective_run(spark_cluster, progress_line_writer(request.config), ranks),
+        # Every node's fabric counters read before and after (test_fabric_error_counters).
+        counted(
+            measure_dir(request.config),
+            spark_cluster,
+            "collective-run",
+            lambda: collective_run(spark_cluster, progress_line_writer(request.config), ranks),
+        ),
         encode=dump,
         decode=lambda data: load(CollectiveRun | str, data),
     )

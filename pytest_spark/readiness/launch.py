@@ -606,8 +606,10 @@ def ensure_serving(
                 )
                 write_json(state_path, doc)
                 # Ray mode: the head's vLLM output is the launcher's stdout. Without Ray the
-                # head writes to its container log, which the launcher only echoes.
-                log_path = launcher.spec.log_path if mode == "ray" else None
+                # head writes to its container log, which the launcher only echoes (since
+                # 2026-09-15; before, it too was on the launcher's stdout): the launcher's
+                # log is read until the head's container log shows vLLM output.
+                log_path = launcher.spec.log_path
             else:
                 head = attach_precheck(cluster, settings)
                 if mode is None and head.processes:
@@ -643,6 +645,7 @@ def ensure_serving(
                 launcher_pid=launcher.pid if launcher else None,
                 launcher_log=launcher.launcher_log if launcher else None,
                 launcher_log_path=log_path,
+                launcher_log_fallback=launcher is not None and mode != "ray",
             )
             watch = wait_ready(cluster, spec, progress=progress, notify=notify)
         except StartupFailed as exc:

@@ -29,12 +29,18 @@
 #   120g, --pids-limit 4096, --shm-size=64g; --mem-limit-gb & co. change them);
 #   `--device=/dev/infiniband` only where the node has that directory.
 # Left out (not needed to serve on a Spark pair): --apply-mod, --apply-vllm-pr,
-# --setup, -p/-v, --earlyoom, subnet peer scanning by GPU
+# --setup, -p/-v, subnet peer scanning by GPU
 # name, the image-ID consistency check. Nothing in it is specific to sparksim: the simulated
 # nodes supply ibdev2netdev, ip, ssh and docker, and the image supplies `ray` and `vllm`.
 #
 # -d goes before the action (`-d exec vllm serve ...`): everything after `exec` is the
-# command. Containers always get `--gpus all`, as on a Spark. As in the real script the exit
+# command. Containers always get `--gpus all`, as on a Spark.
+#
+# --earlyoom / --earlyoom-args ARGS (2026-07-10): the containers' PID 1 is `earlyoom ARGS`
+# (default `-M 524288,102400 -s 100 -r 60`, or VLLM_SPARK_EARLYOOM_ARGS) instead of `sleep
+# infinity`. HEAD_EXEC_MODE below is this look-alike's switch for the no-Ray head before
+# 2026-09-15 ("foreground": `docker exec -i` in the launcher's foreground, its output on the
+# launcher's stdout only, no exit file); since then "detached" (the default). As in the real script the exit
 # status of `docker run` is not checked: a node whose `docker run` fails (no NVIDIA
 # container toolkit: "could not select device driver") is simply left without a container.
 
@@ -66,6 +72,9 @@ MOUNT_CACHE_DIRS="true"
 NOFILE_LIMIT="${VLLM_SPARK_NOFILE_LIMIT:-1048576}"
 HEAD_EXEC_SENTINEL="/tmp/.launch-cluster-head-exit"
 HEAD_EXEC_POLL_INTERVAL=5
+HEAD_EXEC_MODE="detached"  # "foreground": the launcher before 2026-09-15
+ENABLE_EARLYOOM="false"
+EARLYOOM_ARGS="${VLLM_SPARK_EARLYOOM_ARGS:--M 524288,102400 -s 100 -r 60}"
 CLUSTER_STOPPED="false"
 CONFIG_FILE_SET="false"
 MESH_MODE="false"
@@ -99,6 +108,8 @@ usage() {
     echo "  --ray           Use Ray for multi-node vLLM and add --distributed-executor-backend ray if missing"
     echo "  --no-ray        Default for multi-node vLLM without Ray (accepted for compatibility)"
     echo "  --no-cache-dirs Do not mount default cache directories (~/.cache/vllm, ~/.cache/flashinfer, ~/.triton, ~/.tilelang)"
+    echo "  --earlyoom      Run earlyoom as the container's PID 1 instead of sleep infinity"
+    echo "  --earlyoom-args earlyoom arguments (implies --earlyoom; default: $EARLYOOM_ARGS)"
     echo "  -d              Daemon mode (start: return once the cluster is up; exec: run the command in the background, logging to the container output)"
     echo "  --config        Path to .env configuration file (default: .env in script directory)"
     echo "  action          start | stop | status | exec (Default: start)"
@@ -153,6 +164,8 @@ while [[ "$#" -gt 0 ]]; do
         --pids-limit) PIDS_LIMIT="$2"; MEM_FLAGS_GIVEN+=("$1"); shift ;;
         --shm-size-gb) SHM_SIZE_GB="$2"; MEM_FLAGS_GIVEN+=("$1"); shift ;;
         -d) DAEMON_MODE="true" ;;
+        --earlyoom) ENABLE_EARLYOOM="true" ;;
+        --earlyoom-args) ENABLE_EARLYOOM="true"; EARLYOOM_ARGS="$2"; shift ;;
         -h|--help) usage ;;
         --config) CONFIG_FILE="$2"; CONFIG_FILE_SET="true"; shift ;;
         start|stop|status) ACTION="$1" ;;
@@ -565,6 +578,14 @@ wait_for_cluster() {
     exit 1
 }
 
+container_keepalive_command() {
+    if [[ "$ENABLE_EARLYOOM" == "true" ]]; then
+        printf 'earlyoom %s' "$EARLYOOM_ARGS"
+    else
+        printf 'sleep infinity'
+    fi
+}
+
 start_cluster() {
     check_cluster_running
     [[ "$CLUSTER_WAS_RUNNING" == "true" ]] && return 0
@@ -585,12 +606,15 @@ start_cluster() {
     [[ ${#CACHE_DIRS_TO_CREATE[@]} -gt 0 ]] && mkdir -p "${CACHE_DIRS_TO_CREATE[@]}"
     # As in the real script, a failed `docker run` does not stop the launch.
     # shellcheck disable=SC2046
-    docker run "${caps[@]}" $(env_flags "$HEAD_IP") "${common[@]}" sleep infinity
+    # shellcheck disable=SC2207  # the keepalive command is a word list, as in the real script
+    local keepalive=($(container_keepalive_command))
+    # shellcheck disable=SC2046
+    docker run "${caps[@]}" $(env_flags "$HEAD_IP") "${common[@]}" "${keepalive[@]}"
     for worker in "${PEER_NODES[@]}"; do
         echo "Starting Worker Node on $worker..."
         on_worker "$worker" mkdir -p "$HF_CACHE_DIR" "${CACHE_DIRS_TO_CREATE[@]}"
         # shellcheck disable=SC2046
-        on_worker "$worker" docker run "${caps[@]}" $(env_flags "$worker") "${common[@]}" sleep infinity
+        on_worker "$worker" docker run "${caps[@]}" $(env_flags "$worker") "${common[@]}" "${keepalive[@]}"
     done
 
     [[ -n "$LAUNCH_SCRIPT_PATH" ]] && copy_launch_scripts
@@ -782,6 +806,8 @@ exec_no_ray_cluster() {
     if [[ "$DAEMON_MODE" == "true" ]]; then
         exec_on_head_detached "$head_cmd" || return 1
         echo "Command dispatched in background (Daemon mode). Container: $CONTAINER_NAME"
+    elif [[ "$HEAD_EXEC_MODE" == "foreground" ]]; then  # before 2026-09-15
+        exec_on_head "$head_cmd"
     else
         docker exec "$CONTAINER_NAME" rm -f "$HEAD_EXEC_SENTINEL" >/dev/null 2>&1 || true
         exec_on_head_detached "$head_cmd" "$HEAD_EXEC_SENTINEL" || return 1
