@@ -370,6 +370,8 @@ def write_node_files(
         )
     if not (nd / "state.json").exists():
         write_state(state_dir, node, initial_state(node))
+    # nvidia-smi reads loaded while a process of this node runs hot (tools/gpu.py)
+    (nd / "gpu-follows-load").write_text("written by spark-sim up\n")
     rdmasysfs.write(nd, node)
 
 

@@ -22,6 +22,7 @@ from pytest_spark.infra.gpuhealth.check import (
     gpu_lost_in_kernel_log,
 )
 from pytest_spark.infra.gpuhealth.probe import GpuHealth
+from pytest_spark.infra.gpuload.check import LOAD_VERDICT
 from pytest_spark.infra.preflight.check import Skip
 from pytest_spark.infra.preflight.gather import all_preflight
 from pytest_spark.infra.preflight.probe import NodePreflight
@@ -81,7 +82,16 @@ def test_gpu_clocks_not_throttled(
         verdict_in_session(request.session, owner)
         and check_gpu_temperature(spark_node.name, gpu_health, section).level == "fail"
     )
-    result = check_gpu_throttle(spark_node.name, gpu_health, section, temperature_failed=hot)
+    # In launch mode the pre-serving load reads the clock under a load of its own.
+    load_owner = f"{LOAD_VERDICT}[{spark_node.name}]"
+    owner_runs = spark_cluster.settings.launch and verdict_in_session(request.session, load_owner)
+    result = check_gpu_throttle(
+        spark_node.name,
+        gpu_health,
+        section,
+        temperature_failed=hot,
+        low_clock_owner=load_owner if owner_runs else None,
+    )
     if isinstance(result, Skip):
         pytest.skip(result.reason)
     spark_check.require(result)

@@ -58,6 +58,7 @@ class NcclSection:
     socket_busbw_gbps: float | None = None  # the figure of NCCL's TCP socket fallback
     iters: int = 20  # timed iterations per size (nccl-tests -n; >= 1)
     warmup: int = 5  # untimed iterations before them (nccl-tests -w; >= 0)
+    max_mem_share: float = 0.25  # the sweep's buffers may take this of the least MemAvailable
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,9 @@ class GpuHealthSection:
     nvrm_burst_window_s: float = 600.0
     # A previous boot's errors this close to its last line are "near its end".
     boot_end_window_s: float = 900.0
+    load_s: float = 20.0  # the pre-serving GPU load's length (launch mode; <= 30 s)
+    load_interval_s: float = 1.0  # nvidia-smi samples it this often
+    peer_clock_ratio: float = 0.8  # busy clock under this share of the fastest node's: warn
 
 
 @dataclass(frozen=True)

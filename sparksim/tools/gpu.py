@@ -10,10 +10,17 @@ utilisation, P-state, persistence mode, the active clocks event reasons) answer
 names) and ``-q [-d PERFORMANCE,TEMPERATURE,...]`` in driver 580's layout; what GB10
 reports as N/A (power limit, slowdown temperatures, memory) is N/A here too
 (fixtures/gpu/README.md). The faults.gpu module changes the readings.
+
+Under load: on a node of a running sim (its dir holds ``gpu-follows-load``), while a
+process of the node runs hot (:func:`node_busy`: the node's own PID namespace, so its
+containers' processes count), the readings are a loaded GB10's (P0,
+2483 MHz, 86 W, 100 %), as a load's kernels make a real GPU read; a fault that already
+describes the GPU under load (P0: gpu-throttle, gpu-low-clock) is read as it is.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -91,8 +98,74 @@ APP_FIELDS: Fields = {
 }
 
 
+# A GB10 under load: 2424-2483 MHz, P0, 84-89 W (hoesing/spark-gpu-throttle-check's
+# README, fixtures/gpu/README.md).
+LOADED = {"sm_clock_mhz": 2483, "power_w": 86.0, "util_pct": 100, "pstate": "P0"}
+HOT_SHARE = 0.15  # a process that has used this share of a core since it started...
+HOT_AGE_S = 0.5  # ...and has run this long (an SSH handshake's burst is shorter)
+FOLLOW_FILE = "gpu-follows-load"  # in the node's dir: written by `spark-sim up`
+_busy: list[bool] = []  # one answer per nvidia-smi call; empty: not asked yet
+_follow: list[bool] = [False]  # whether this call's node follows load (FOLLOW_FILE)
+
+
+def _ancestors() -> set[int]:
+    pids, pid = set(), os.getpid()
+    while pid > 1 and pid not in pids:
+        pids.add(pid)
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                pid = int(fh.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    return pids
+
+
+def node_busy() -> bool:
+    """Whether a load runs on the node, as a GPU's utilisation says a kernel runs: some
+    process of the node (the node has its own PID namespace, so /proc lists only its
+    processes, its containers' included) other than this call's own chain has used at least
+    HOT_SHARE of a core since it started, for HOT_AGE_S or more. The sim has no GPU for a
+    load to reach, so a load's work is its CPU time (the pre-serving load's matmuls fall
+    back to the CPU here; on a Spark they run on the GPU)."""
+    if not _follow[0]:
+        return False  # a node dir of no sim node (the tools run in a test): state.json alone
+    if _busy:
+        return _busy[0]
+    hz = os.sysconf("SC_CLK_TCK")
+    try:
+        with open("/proc/uptime") as fh:
+            uptime = float(fh.read().split()[0])
+    except (OSError, ValueError):
+        _busy.append(False)
+        return False
+    mine = _ancestors()
+    found = False
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) in mine:
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            cpu_s = (int(fields[11]) + int(fields[12])) / hz
+            age_s = uptime - int(fields[19]) / hz
+        except (OSError, ValueError, IndexError):
+            continue
+        if age_s >= HOT_AGE_S and cpu_s >= HOT_SHARE * age_s:
+            found = True
+            break
+    _busy.append(found)
+    return found
+
+
 def _health(info: State) -> State:
-    return dict(info.get("health") or {})
+    """The readings: state.json's, or a loaded GPU's while a load runs on the node. A fault
+    that already describes the GPU under load (P0: throttled, clock-capped) is read as
+    it is, load or not."""
+    health = dict(info.get("health") or {})
+    if health.get("pstate", "P8") != "P0" and node_busy():
+        health.update(LOADED)
+        health["reasons"] = [r for r in health.get("reasons") or () if r != "gpu_idle"]
+    return health
 
 
 def _mask(health: State) -> int:
@@ -329,6 +402,8 @@ def _query(spec: str, table: Fields) -> list[str] | str:
 
 
 def nvidia_smi(node_dir: str, argv: list[str]) -> int:
+    _busy.clear()
+    _follow[0] = os.path.exists(os.path.join(node_dir, FOLLOW_FILE))
     info = load_state(node_dir)["gpu"]
     gpus = info["gpus"]
     if not gpus:  # the driver lost the GPU (fault gpu-invisible): what nvidia-smi says then

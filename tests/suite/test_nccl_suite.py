@@ -100,3 +100,34 @@ def test_no_rdma_on_the_nodes_is_one_failure(sim: SimCluster, tmp_path: Path) ->
         if record["outcome"] == "skipped":
             assert f"no RDMA on {head}, {worker}" in record["message"], record
             assert record["message"].endswith(f"({verdict} has the evidence)"), record
+
+
+def test_low_memory_caps_the_sweep_rather_than_run_it(sim: SimCluster, tmp_path: Path) -> None:
+    """The memory guard (pytest_spark/infra/nccl/sizing_check.py): a node whose MemAvailable is
+    down to sparksim's floor (335 MiB, another process holding the rest: fault memory-held)
+    runs a 256 MiB sweep capped at 32 MiB (two buffers in a quarter of 335 MiB), and the
+    report and the live line say so; the all-reduce itself still passes."""
+    sim_fault(sim, "clear")
+    sim_fault(sim, "memory-held", "spark-2", "--gib", "117")
+    try:
+        run = run_suite(
+            tmp_path,
+            NCCL + "::test_allreduce_busbw",
+            *launch_args(sim),
+            "--spark-history=off",
+            "--spark-threshold=nccl.max_bytes=268435456",
+            "--spark-threshold=nccl.iters=2",
+            "--spark-threshold=nccl.warmup=1",
+            sim=sim,
+        )
+    finally:
+        sim_fault(sim, "clear")
+    busbw = run.checks(nodeid="tests_infra/test_nccl.py::test_allreduce_busbw")[0]
+    assert busbw["outcome"] == "passed", run.output
+    capped = busbw["extra"]["sweep_capped"]
+    assert capped.startswith("sweep capped at 32 MiB (profile nccl.max_bytes 256 MiB)"), capped
+    assert "has 0.3 GiB MemAvailable" in capped
+    assert busbw["extra"]["busbw_series"]["points"][-1]["size_bytes"] == 32 << 20
+    assert "sweep capped at 32 MiB" in busbw["message"]
+    last = [line for line in run.output.splitlines() if " 100% " in f" {line} "]
+    assert last and "sweep capped at 32 MiB" in last[-1], run.output[-2000:]

@@ -58,7 +58,9 @@ GPU_HEALTH = {
     for n in (H, W)
 }
 # tests_infra/test_memory.py: GB10 memory headroom, preflight, per node
-MEMORY = {f"test_memory_headroom[{n}]" for n in (H, W)}
+MEMORY = {f"test_memory_headroom[{n}]" for n in (H, W)} | {
+    "test_serving_fits_container_memory_limit"
+}
 FDLIMIT = {f"test_dockerd_open_files_limit[{n}]" for n in (H, W)}
 # tests_infra/test_kernel.py: the previous boot and PCIe AER, preflight, per node
 KERNEL = {f"{t}[{n}]" for t in ("test_previous_boot_clean", "test_pcie_aer") for n in (H, W)}
@@ -66,6 +68,8 @@ KERNEL = {f"{t}[{n}]" for t in ("test_previous_boot_clean", "test_pcie_aer") for
 LOADED = {
     f"{t}[{n}]" for t in ("test_nccl_loaded_same_build", "test_vllm_tree_identical") for n in (H, W)
 }
+# tests_infra/test_gpuload.py: the SM clock under a pre-serving load, per node (launched)
+GPU_LOAD = {f"test_gpu_clock_under_load[{n}]" for n in (H, W)}
 
 
 def launch(sim: SimCluster) -> dict[str, Any]:
@@ -276,6 +280,7 @@ def test_spark_sim_healthy_passes_every_preflight_check(tmp_path: Path) -> None:
     assert run.results["cluster"]["sim"] is True
     outcomes = run.outcomes()
     expected = NO_LAUNCH | SERVING | ALIKE | GPU_HEALTH | MEMORY | FDLIMIT | KERNEL | LOADED
+    expected |= GPU_LOAD
     assert set(outcomes) == expected, outcomes
     assert set(outcomes.values()) == {"passed"}, outcomes
     assert {c["category"] for c in run.results["checks"]} == {"preflight"}
@@ -294,6 +299,11 @@ def test_spark_sim_healthy_passes_every_preflight_check(tmp_path: Path) -> None:
     assert "identical on 2 nodes" in model
     flaps = record(f"test_link_flaps[{H}-twin0]")
     assert flaps["measured"] == 0 and "since boot" in flaps["message"]
+    # the pre-serving load made the sim's GPU busy as a load makes a real one: P0, 2483 MHz
+    loaded = dict(
+        run.checks(nodeid=f"tests_infra/test_gpuload.py::test_gpu_clock_under_load[{W}]")[0]
+    )
+    assert (loaded["level"], loaded["measured"]) == ("pass", 2483), loaded
     env = record(f"test_serving_env_matches_fabric[{W}]")
     assert env["measured"]["NCCL_IB_HCA"] == "roceP2p1s0f1,rocep1s0f1"
     assert run.results["serving"]["launched"] is True and run.results["serving"]["stopped"]

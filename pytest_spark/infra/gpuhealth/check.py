@@ -20,6 +20,7 @@ from pytest_spark.settings.profiles import GpuHealthSection
 
 __all__ = [
     "KERNEL_VERDICT",
+    "POWER_CYCLE",
     "TEMPERATURE_VERDICT",
     "check_gpu_kernel_log",
     "check_gpu_persistence",
@@ -40,7 +41,7 @@ NO_MEMORY_FIX = (
     "stop other GPU processes; a burst of these wedged hosts until a power cycle "
     "(open-gpu-kernel-modules#1358, dgx-spark-playbooks#97): reboot the node before serving"
 )
-_POWER_CYCLE = (
+POWER_CYCLE = (
     "power-cycle the Spark: unplug its USB-C power brick from the wall and the Spark for "
     "60 s, then reconnect (a fresh power negotiation); check the brick and cable are the "
     "supplied ones and fully seated"
@@ -51,9 +52,9 @@ _COOLING = (
 )
 REASON_FIX: dict[str, str] = {
     "hw_slowdown": "HW Slowdown (clocks cut by half or more: a power brake or "
-    f"over-temperature signal): {_POWER_CYCLE}",
+    f"over-temperature signal): {POWER_CYCLE}",
     "hw_power_brake_slowdown": "HW Power Brake Slowdown (the power supply asserts the "
-    f"brake): {_POWER_CYCLE}",
+    f"brake): {POWER_CYCLE}",
     "hw_thermal_slowdown": f"HW Thermal Slowdown: {_COOLING}",
     "sw_thermal_slowdown": f"SW Thermal Slowdown (the driver's thermal limit): {_COOLING}",
     "sw_power_cap": "SW Power Cap (the power limit is reached: normal under full load; at "
@@ -164,11 +165,14 @@ def check_gpu_throttle(
     section: GpuHealthSection,
     *,
     temperature_failed: bool = False,
+    low_clock_owner: str | None = None,
 ) -> Finding | Skip:
     """No clocks event reason that the profile fails on is active, and a busy GPU runs its
     SM clock at least at ``min_busy_sm_clock_mhz`` (the GB10 low-power state caps it with
     no reason set). The clocks and power are in every message. A thermal reason while
-    the temperature check failed is that check's (``temperature_failed``)."""
+    the temperature check failed is that check's (``temperature_failed``); a low clock
+    while busy is ``low_clock_owner``'s where one is given (in launch mode the
+    pre-serving load's check reads the clock under a load of its own)."""
     expected = "no slowdown reason active"
     if not health.gpus:
         return _no_readings(node, health, "the clocks event reasons", expected)
@@ -191,6 +195,13 @@ def check_gpu_throttle(
             f"{node}: thermal slowdown active because the GPU is too hot "
             f"({TEMPERATURE_VERDICT}[{node}] has the evidence)"
         )
+    if failing and low_clock_owner and all(r == "low-clock" for _, _, r in failing):
+        g = failing[0][1]
+        return Skip(
+            f"{node}: SM clock {_fmt(g.sm_clock_mhz, 'MHz')} while {_fmt(g.util_pct, '%')} "
+            f"busy because the GPU runs below its clock under load ({low_clock_owner} has "
+            "the evidence, from the pre-serving load)"
+        )
     for level, g, reason in failing or problems:
         where = f"{node} {g.name}"
         if reason == "low-clock":
@@ -198,7 +209,7 @@ def check_gpu_throttle(
                 f"SM clock {_fmt(g.sm_clock_mhz, 'MHz')} while {_fmt(g.util_pct, '%')} busy, "
                 f"expected >= {section.min_busy_sm_clock_mhz:g} MHz under load; "
                 f"{_context(g)}. No reason explains it: the GB10 low-power state. "
-                f"Fix: {_POWER_CYCLE}"
+                f"Fix: {POWER_CYCLE}"
             )
             measured: object = g.sm_clock_mhz
         else:

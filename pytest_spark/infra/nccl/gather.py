@@ -5,6 +5,7 @@ tables from sysfs (one round trip per node, cached)."""
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 from collections.abc import Callable, Sequence
 
@@ -15,9 +16,11 @@ from pytest_spark.infra.errors import ParseError
 from pytest_spark.infra.links.check import link_is_usable
 from pytest_spark.infra.links.gather import fabric_ifs, node_link_facts, port_of
 from pytest_spark.infra.links.probe import NodeLinkFacts
+from pytest_spark.infra.memory.gather import node_memory
 from pytest_spark.infra.nccl.check import _gb, _size
 from pytest_spark.infra.nccl.gid_parse import GID_PROBE, GidTable, parse_gid_probe
 from pytest_spark.infra.nccl.probe import CollectiveRun, SweepProgress
+from pytest_spark.infra.nccl.sizing_check import sweep_sizes
 
 NCCL_ENV = (
     "NCCL_SOCKET_IFNAME",
@@ -148,23 +151,30 @@ def collective_run(
                 f"{rank_env[cluster.head.name]}: the fabric is down or unaddressed "
                 "(see the link checks)"
             )
+        sizes = sweep_sizes(
+            profile.nccl.min_bytes,
+            profile.nccl.max_bytes,
+            mem_available(cluster, ranks),
+            profile.nccl.max_mem_share,
+        )
         try:
-            return run_allreduce(
+            run = run_allreduce(
                 ranks,
                 master_addr=master,
                 rank_env=rank_env,
                 container=settings.container,
-                min_bytes=profile.nccl.min_bytes,
-                max_bytes=profile.nccl.max_bytes,
+                min_bytes=sizes.min_bytes,
+                max_bytes=sizes.max_bytes,
                 iters=profile.nccl.iters,
                 warmup=profile.nccl.warmup,
                 timeout=profile.nccl.timeout_s,
                 collectives=COLLECTIVES,
                 latency_max_bytes=profile.collectives.latency_max_bytes,
-                progress=_progress_line(progress, len(ranks), profile.nccl.timeout_s),
+                progress=_progress_line(progress, len(ranks), profile.nccl.timeout_s, sizes.capped),
             )
         except CollectiveUnavailable as exc:
             return str(exc)
+        return dataclasses.replace(run, capped=sizes.capped) if sizes.capped else run
 
     return cluster.cached("collective-run", compute)
 
@@ -204,15 +214,33 @@ def nodes_without_rdma(cluster: Cluster) -> list[str]:
     return [node.name for node in reachable if gid_tables(cluster, node) is None]
 
 
+def mem_available(cluster: Cluster, nodes: Sequence[Node]) -> dict[str, int | None]:
+    """Each rank node's MemAvailable in bytes (the memory probe, shared round trip,
+    cached); None where it cannot be read (an unreachable node is the reachability
+    check's)."""
+    available: dict[str, int | None] = {}
+    for node in nodes:
+        try:
+            meminfo = (
+                node_memory(cluster, node).meminfo if cluster.unreachable(node) is None else None
+            )
+        except RemoteError:
+            meminfo = None
+        available[node.name] = meminfo.available if meminfo is not None else None
+    return available
+
+
 def _progress_line(
-    write: Callable[[str], None] | None, ranks: int, timeout_s: float
+    write: Callable[[str], None] | None, ranks: int, timeout_s: float, capped: str | None = None
 ) -> Callable[[SweepProgress], None] | None:
-    """The live line of the sweep (:func:`progress_text`), written as the ranks report."""
+    """The live line of the sweep (:func:`progress_text`), written as the ranks report; the
+    last one says when the memory guard capped the sweep (``capped``)."""
     if write is None:
         return None
 
     def line(progress: SweepProgress) -> None:
-        write(progress_text(progress, ranks, timeout_s))
+        text = progress_text(progress, ranks, timeout_s)
+        write(f"{text}; {capped}" if capped and progress.finished else text)
 
     return line
 

@@ -107,6 +107,7 @@ class CollectiveRun:
     timeout_s: float | None = None  # the whole run's bound
 
     collectives: tuple[str, ...] = ("all_reduce",)  # the sweeps asked for, in order
+    capped: str | None = None  # why the sweep ran below the profile's sizes (memory guard)
 
     def section(self, name: str) -> Section | None:
         """Rank 0's sweep ``name`` (``all_gather``, ``latency``): None when not asked for;
