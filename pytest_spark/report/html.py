@@ -101,7 +101,7 @@ def check_html(report: pytest.TestReport) -> str | None:
         level=level,
         verdict=VERDICT_TEXT.get(level, level.upper()),
         where=" ".join(x for x in (_node(report), _category(report)) if x),
-        figures=measured_expected(finding),
+        figures=measured_expected({**finding, "level": level}),
         message_head=_clip(head) if message else None,
         message_tails=[
             (title.strip(" -"), _clip(body))
@@ -276,7 +276,7 @@ class HtmlHooks:
                 cells[i] = fragment("test_id_cell", test_id)
         finding = _finding(report)
         level = "fail" if report.failed else str(finding.get("level") or "")
-        figures = measured_expected(finding)
+        figures = measured_expected({**finding, "level": level or None})
         cells[2:2] = [
             fragment("node_cell", _node(report)),
             fragment("category_cell", _category(report)),
