@@ -14,6 +14,7 @@ import pytest
 from markupsafe import Markup
 
 from pytest_spark.report.accuracy import accuracy_html
+from pytest_spark.report.depth import depth_html
 from pytest_spark.report.figures import key_figures
 from pytest_spark.report.results import CATEGORY_PROP, FINDING_PROP, NODE_PROP, category_of
 from pytest_spark.report.summary import measured_expected, outcome_counts, remediation
@@ -226,6 +227,7 @@ def summary_html(state: ReportState) -> str:
         verdicts=_verdicts(state),
         figures=key_figures(state.figures),
         accuracy=Markup(accuracy_html(state.doc.get("accuracy"))),
+        depth=Markup(depth_html(state.doc)),
         comparison=_comparison(state),
         history_note=state.compare_note,
         plots=state.plots,

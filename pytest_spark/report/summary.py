@@ -130,7 +130,9 @@ def bound_of(finding: dict[str, Any]) -> str | None:
     if bound in BOUNDS:
         return str(bound)
     measured, expected = finding.get("measured"), finding.get("expected")
-    if not (_is_number(measured) and _is_number(expected)) or measured == expected:
+    if not isinstance(measured, int | float) or not isinstance(expected, int | float):
+        return None
+    if isinstance(measured, bool) or isinstance(expected, bool) or measured == expected:
         return None
     level, outcome = finding.get("level"), finding.get("outcome")
     if level is None and outcome is None:  # no verdict to read the direction off
