@@ -142,6 +142,7 @@ class CellResult:
             "tg_req_throughput": metric(tg_req),
             "e2e_ttft": metric([r.ttft * 1000 for r in ok if r.ttft is not None]),
             # ours, beside the schema's fields
+            "prompt_tokens": metric(prompt_tokens, 1),  # as the server counted them
             "requests": len(self.records),
             "failed": len(self.records) - len(ok),
             "errors": sorted({r.error for r in self.records if r.error})[:3],
