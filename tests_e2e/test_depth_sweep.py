@@ -3,7 +3,7 @@
 prefix per request (prefix-cache busting) and a heat-aware order
 (pytest_spark/serving/load/depth.py). Off by default: the Arena profile is 28 cells, the
 deepest at 100000 tokens of context. Recorded (``extra.depth_sweep``, llama-benchy's report
-fields) and written as ``depth-sweep.json`` beside the results JSON (or the run directory);
+fields) and written as ``depth-sweep.json`` beside the results JSON (--spark-results);
 it fails only when a cell's requests failed: it is a measurement, not a gate.
 """
 
@@ -17,17 +17,15 @@ import pytest
 from pytest_spark import Finding, Settings, SparkCheck, progress_line_writer
 from pytest_spark.access.api import ApiEndpoint
 from pytest_spark.serving.load.depth import run_depth_sweep
-from pytest_spark.state import RUN_DIR_KEY
 
 pytestmark = pytest.mark.load
 
 DEPTH_PROP = "depth_sweep"
 
 
-def _out_path(config: pytest.Config, settings: Settings) -> Path:
-    results = settings.results
-    base = Path(results).parent if results else config.stash[RUN_DIR_KEY]
-    return base / "depth-sweep.json"
+def _out_path(settings: Settings) -> Path | None:
+    """``depth-sweep.json`` beside the results JSON (None: no --spark-results)."""
+    return Path(settings.results).parent / "depth-sweep.json" if settings.results else None
 
 
 def test_depth_sweep(
@@ -44,14 +42,16 @@ def test_depth_sweep(
     result = run_depth_sweep(spark_api, spec, progress_line_writer(request.config))
     report = result.to_benchy()
     spark_check.attach(DEPTH_PROP, report)
-    path = _out_path(request.config, spark_settings)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=1))
+    path = _out_path(spark_settings)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report, indent=1))
+    where = f"written to {path}" if path else "in the results (--spark-results writes the file)"
     cells = report["benchmarks"]
     broken = [b for b in cells if b["failed"]]
     shown = (
         f"{len(cells)} cells (depths {list(spec.depths)}, concurrency {list(spec.concurrency)}, "
-        f"pp {spec.pp}, tg {spec.tg}), heat-aware order, written to {path}"
+        f"pp {spec.pp}, tg {spec.tg}), heat-aware order, {where}"
     )
     if not broken:
         spark_check.require(Finding.passed(len(cells), len(cells), "cells", message=shown))

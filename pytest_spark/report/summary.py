@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -146,7 +145,9 @@ def with_unit(text: str, unit: str | None) -> str:
     """``text unit``, unless ``text`` already ends with the unit (``< 90 C`` stays as is)."""
     if not unit or text == "-":
         return text
-    if re.search(rf"(?:^|[\d\s]){re.escape(unit)}\s*$", text):
+    stripped = text.rstrip()
+    before = stripped[: -len(unit)]
+    if stripped.endswith(unit) and (not before or before[-1].isdigit() or before[-1].isspace()):
         return text
     return f"{text} {unit}"
 

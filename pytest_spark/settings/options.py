@@ -639,6 +639,15 @@ OPTIONS: tuple[Option, ...] = (
         "PATH",
     ),
     Option(
+        "open-loop",
+        _bool,
+        False,
+        "run the open-loop sweep: Poisson arrivals at rising request rates until the SLOs "
+        "break (the profile's [open_loop] and [slo]); reports and gates the knee",
+        flag=True,
+        ini_type="bool",
+    ),
+    Option(
         "depth-sweep",
         depth_sweep,
         None,
@@ -648,15 +657,6 @@ OPTIONS: tuple[Option, ...] = (
         "option) or depths=0,4096;pp=2048;tg=128;c=1,2,5,10;cooldown=30",
         "off|arena|SPEC",
         const="arena",
-    ),
-    Option(
-        "open-loop",
-        _bool,
-        False,
-        "run the open-loop sweep: Poisson arrivals at rising request rates until the SLOs "
-        "break (the profile's [open_loop] and [slo]); reports and gates the knee",
-        flag=True,
-        ini_type="bool",
     ),
 )
 
