@@ -32,11 +32,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-import httpx
-
 from pytest_spark.access.api import ApiEndpoint
-from pytest_spark.serving.client.stream import ServingError, astream_chat
-from pytest_spark.serving.load.sweep import _WORDS, CHAT_PATH, LaneTransport, RequestRecord
+from pytest_spark.serving.load.sweep import _WORDS, LaneTransport, RequestRecord, send_recorded
 from pytest_spark.settings.options import DepthSweep
 
 Cell = tuple[int, int]  # (context depth in tokens, concurrency)
@@ -183,31 +180,6 @@ class DepthResult:
 Progress = Callable[[str], None]
 
 
-async def _one(
-    client: httpx.AsyncClient, model: str, spec: DepthSweep, nonce: str, depth: int, t0: float
-) -> RequestRecord:
-    record = RequestRecord(start=time.perf_counter() - t0)
-    sent = time.perf_counter()
-    try:
-        result = await astream_chat(
-            client,
-            CHAT_PATH,
-            request_body(model, spec, nonce, depth),
-            timeout=600.0,
-            idle_timeout=120.0,
-            keep=False,
-            on_chunk=record.on_chunk,
-        )
-    except ServingError as exc:
-        record.error, record.error_kind = exc.message, exc.kind
-        record.e2e = time.perf_counter() - sent
-        return record
-    record.e2e = result.total_s
-    if record.output_tokens == 0 and record.deltas:
-        record.output_tokens, record.token_source = record.deltas, "deltas"
-    return record
-
-
 async def _run(api: ApiEndpoint, spec: DepthSweep, progress: Progress | None) -> DepthResult:
     run = f"{time.time_ns():x}"
     out = DepthResult(spec, api.model, started=datetime.now(UTC).isoformat(timespec="seconds"))
@@ -217,7 +189,16 @@ async def _run(api: ApiEndpoint, spec: DepthSweep, progress: Progress | None) ->
                 progress(f"depth sweep: depth {depth}, {c} concurrent (cell {i + 1})")
             t0 = time.perf_counter()
             records = await asyncio.gather(
-                *(_one(client, api.model, spec, f"{run}-{i}-{k}", depth, t0) for k in range(c))
+                *(
+                    send_recorded(
+                        client,
+                        request_body(api.model, spec, f"{run}-{i}-{k}", depth),
+                        t0,
+                        timeout=600.0,
+                        idle_timeout=120.0,
+                    )
+                    for k in range(c)
+                )
             )
             out.cells.append(CellResult(depth, c, list(records), i, time.perf_counter() - t0))
             if spec.cooldown_s > 0:
