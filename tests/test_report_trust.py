@@ -196,3 +196,10 @@ def test_the_environment_names_the_nccl_version_and_the_connectx_firmware() -> N
     doc["checks"][2] = check("test_fabric_twins_up", "spark-worker-1", nic_firmware=odd)
     shown = environment(doc, Settings(), None)["ConnectX firmware"]
     assert isinstance(shown, dict) and shown["spark-worker-1 rocep1s0f1"] == "28.40.1000"
+
+
+def test_the_open_loop_percentiles_carry_their_counts() -> None:
+    level = {"ttft_s": {"count": 30, "median": 0.2, "p90": 0.3, "p99": 0.4}}
+    data = {"levels": [{"rate": 1.0, "goodput_pct": 100.0, "met": True, "level": level}]}
+    open_loop = figures_of(doc_of(check("test_open_loop_knee", open_loop=data))).open_loop
+    assert open_loop is not None and open_loop.points[0].ttft_n == 30

@@ -95,6 +95,7 @@ class RatePoint:
     goodput_pct: float | None
     met: bool
     ttft: dict[str, float | None]  # p50/p90/p99, seconds
+    ttft_n: int | None = None  # the samples behind them
 
 
 @dataclass(frozen=True)
@@ -344,6 +345,7 @@ def open_loop_of(doc: dict[str, Any]) -> OpenLoop | None:
                     number(lv.get("goodput_pct")),
                     lv.get("met") is True,
                     _summary(level.get("ttft_s")),
+                    _count(level.get("ttft_s")),
                 )
             )
         if points:

@@ -338,7 +338,9 @@ def knee_plot(open_loop: OpenLoop | None) -> Plot:
         for pct, style in (("p50", "-"), ("p90", "--"), ("p99", ":")):
             pts = [(p.rate, v) for p in points if (v := p.ttft.get(pct)) is not None]
             if pts:
-                ax2.plot([q[0] for q in pts], [q[1] for q in pts], style, marker="o", label=pct)
+                ns = sorted({n for p in points if (n := p.ttft_n)})
+                label = _counts_label(pct, ns)
+                ax2.plot([q[0] for q in pts], [q[1] for q in pts], style, marker="o", label=label)
         ax2.set_ylabel("TTFT (s)")
         ax2.set_ylim(bottom=0)
         ax2.set_title("TTFT percentiles", fontsize=9)
