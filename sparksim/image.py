@@ -21,6 +21,7 @@ import io
 import json
 import os
 import shutil
+import struct
 import subprocess
 import tarfile
 import tempfile
@@ -33,8 +34,9 @@ from .netns import SimError
 from .registry import flock
 
 IMAGE = "vllm-node:latest"
-FORMAT = 9  # bump when the layout changes (7: NCCL lib, package metadata; 8: vllm script;
-# 9: no copy of the mounted torch libraries)
+FORMAT = 10  # bump when the layout changes (7: NCCL lib, package metadata; 8: vllm script;
+# 9: no copy of the mounted torch libraries; 10: ELF NCCL libs with Build IDs, the system
+# libnccl2, a vllm package tree)
 CACHE_ENV = "SPARKSIM_CACHE_DIR"
 DEFAULT_CACHE = "/var/cache/sparksim"
 KEEP_TARBALLS = 3
@@ -346,22 +348,73 @@ NCCL_LIB = "nvidia/nccl/lib/libnccl.so.2"  # where the nvidia-nccl-cu13 wheel pu
 NCCL_BUILD = "sparksim-nccl-build-1"
 
 
+NCCL_SYSTEM_BUILD = "sparksim-libnccl2-system"  # DGX OS's apt libnccl2 of the same version
+EM_MACHINE = {"x86_64": 62, "aarch64": 183}
+
+
+def nccl_build_id(build: str) -> bytes:
+    """The 20-byte GNU Build ID of a stand-in build (``ld --build-id=sha1``'s length)."""
+    return hashlib.sha1(f"build-id:{build}".encode()).digest()
+
+
 def nccl_library(build: str = NCCL_BUILD) -> bytes:
-    """A stand-in for libnccl.so.2: an ELF magic, the version string the real library
-    carries (``NCCL version 2.27.7+cuda13.0``, what NCCL_DEBUG=INFO prints at init) and
-    64 KiB of bytes derived from ``build``: two builds of one version differ only there."""
+    """A stand-in for libnccl.so.2: an ELF64 shared-object header with one PT_NOTE
+    program header holding the GNU Build ID note of ``build`` (NT_GNU_BUILD_ID, what
+    ``readelf -n`` prints and the loaded-NCCL check reads), the version string the real
+    library carries (``NCCL version 2.27.7+cuda13.0``, what NCCL_DEBUG=INFO prints at
+    init) and 64 KiB of bytes derived from ``build``: two builds of one version differ
+    in their Build ID and those bytes. The emulator's ranks mmap it (it is not loadable
+    code)."""
     body = b""
     seed = build.encode()
     while len(body) < 65536:
         seed = hashlib.sha256(seed).digest()
         body += seed
     version = f"NCCL version {NCCL_VERSION}+cuda{NCCL_CUDA}".encode()
-    return b"\x7fELF\x02\x01\x01" + b"\0" * 57 + version + b"\0" + body
+    bid = nccl_build_id(build)
+    note = struct.pack("<III", 4, len(bid), 3) + b"GNU\0" + bid
+    ehsize, phentsize = 64, 56
+    note_at = ehsize + phentsize
+    machine = EM_MACHINE.get(os.uname().machine, 62)
+    header = (
+        b"\x7fELF\x02\x01\x01" + b"\0" * 9
+        + struct.pack("<HHIQQQIHHHHHH", 3, machine, 1, 0, ehsize, 0, 0, ehsize, phentsize, 1,
+                      64, 0, 0)
+    )  # fmt: skip
+    phdr = struct.pack("<IIQQQQQQ", 4, 4, note_at, note_at, note_at, len(note), len(note), 4)
+    return header + phdr + note + b"\0" * 4 + version + b"\0" + body
+
+
+def nccl_system_dir() -> str:
+    """Where DGX OS's ``libnccl2`` package puts the library (``/usr/lib/<multiarch>``)."""
+    return f"/usr/lib/{os.uname().machine}-linux-gnu"
+
+
+NCCL_SYSTEM_FILE = f"libnccl.so.{NCCL_VERSION}"
+# A stand-in of the installed vllm package (site-packages/vllm): what eugr's
+# --apply-vllm-pr / --apply-mod patch in place. The emulator never imports it.
+VLLM_TREE = {
+    "vllm/__init__.py": '"""vLLM (sparksim stand-in of the installed package tree)."""\n',
+    "vllm/distributed/__init__.py": "",
+    "vllm/distributed/device_communicators/__init__.py": "",
+    "vllm/distributed/device_communicators/pynccl_wrapper.py": (
+        '"""A wrapper of the NCCL library (sparksim stand-in: the file the vllm-patch '
+        'fault edits)."""\n\nNCCL_SO = "libnccl.so.2"\n'
+    ),
+    "vllm/entrypoints/__init__.py": "",
+    "vllm/entrypoints/openai/__init__.py": "",
+    "vllm/entrypoints/openai/api_server.py": '"""The OpenAI-compatible server."""\n',
+}
+
+
+def site_in_image() -> str:
+    """The image interpreter's site directory (where the wheels and the vllm tree are)."""
+    return _canonical(_python_layout(image_python())["site"])
 
 
 def nccl_path_in_image() -> str:
     """Where the image holds libnccl.so.2 (under its interpreter's site directory)."""
-    return os.path.join(_canonical(_python_layout(image_python())["site"]), NCCL_LIB)
+    return os.path.join(site_in_image(), NCCL_LIB)
 
 
 def _dist_info(name: str, version: str) -> tuple[str, bytes]:
@@ -507,6 +560,12 @@ def _write_tarball(fileobj: io.BufferedWriter, key: str) -> None:
         arc, data = _dist_info(name, version)
         tar.data(os.path.join(site, arc), data)
     tar.data(os.path.join(site, NCCL_LIB), nccl_library(), 0o755)
+    # DGX OS's libnccl2 beside the wheel's: the same version, another build.
+    system = os.path.join(nccl_system_dir(), NCCL_SYSTEM_FILE)
+    tar.data(system, nccl_library(NCCL_SYSTEM_BUILD), 0o644)
+    tar.symlink(os.path.join(nccl_system_dir(), "libnccl.so.2"), NCCL_SYSTEM_FILE)
+    for rel, text in VLLM_TREE.items():
+        tar.data(os.path.join(site, rel), text.encode())
     for shim in _shims():
         tar.file(f"/usr/local/bin/{shim.name}", str(shim))
     tar.close()

@@ -17,6 +17,7 @@ covers ``/etc/hosts`` and a GB10's meminfo covers ``/proc/meminfo`` (sim/meminfo
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shlex
@@ -26,6 +27,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import cast
 
 from . import rdmasysfs
 from .meminfo import write_meminfo
@@ -49,6 +51,7 @@ TOOLS_PKG = "sparksim_tools"
 CABLED = {dev for _, dev, _ in FABRIC_TWINS}
 FIRMWARE = "28.45.4028"
 DRIVER_VERSION = "580.95.05"
+DGX_OS_VERSION = "7.5.0"  # DGX OS on the Sparks of dgx-spark-playbooks PR #103 and PR #108
 CUDA_VERSION = "13.0"
 # An idle GB10 as nvidia-smi reads it (fixtures/gpu/README.md: 41-45 C, 208 of 3003 MHz,
 # P8, ~4.5 W, persistence On, only the idle clocks event reason active).
@@ -72,6 +75,52 @@ BOOT_LOG = (
         "Release Build",
     },
 )
+
+# ethtool -S of a healthy ConnectX-7 port some time after its link came up: mlx5's names
+# (en_stats.c), a non-zero link-down count from a past reseat, FEC-corrected bits (normal).
+PORT_COUNTERS = {
+    "rx_packets_phy": 48_817_230,
+    "tx_packets_phy": 48_790_114,
+    "rx_bytes_phy": 301_455_920_118,
+    "tx_bytes_phy": 300_981_233_870,
+    "rx_crc_errors_phy": 0,
+    "rx_in_range_len_errors_phy": 0,
+    "rx_out_of_range_len_phy": 0,
+    "rx_oversize_pkts_phy": 0,
+    "rx_symbol_err_phy": 0,
+    "rx_unsupported_op_phy": 0,
+    "rx_discards_phy": 0,
+    "tx_discards_phy": 0,
+    "tx_errors_phy": 0,
+    "rx_undersize_pkts_phy": 0,
+    "rx_fragments_phy": 0,
+    "rx_jabbers_phy": 0,
+    "link_down_events_phy": 1,
+    "rx_pcs_symbol_err_phy": 0,
+    "rx_corrected_bits_phy": 1024,
+}
+
+# The previous boot, as a persistent journal keeps it (tools/kernellog.py ``-b -1``): it
+# booted three days before this one and ended with a clean shutdown, journald's own last
+# line (fixtures/kernel/shutdown_tails.txt). ``t``: seconds from this boot's start.
+PREVIOUS_UPTIME_S = 3 * 86400.0
+SHUTDOWN_TAIL: tuple[tuple[float, str, str], ...] = (  # (t, identifier, message)
+    (-42.0, "systemd[1]", "Stopped target Multi-User System."),
+    (-41.0, "systemd[1]", "Unmounted /boot/efi."),
+    (-40.5, "systemd[1]", "Reached target System Reboot."),
+    (-40.0, "systemd-journald[1]", "Journal stopped"),
+)
+
+
+def previous_boot(node: NodeSpec) -> dict[str, object]:
+    """state.json ``previous_boot``: its ID and lines (the boot log, then a clean end)."""
+    start = -PREVIOUS_UPTIME_S
+    log = [
+        {"t": start + cast(float, line["t"]), "ident": "kernel", "msg": line["msg"]}
+        for line in BOOT_LOG
+    ]
+    tail = [{"t": t, "ident": ident, "msg": msg} for t, ident, msg in SHUTDOWN_TAIL]
+    return {"id": hashlib.md5(f"{node.name}-previous".encode()).hexdigest(), "log": log + tail}
 
 
 def tools_python() -> str:
@@ -121,6 +170,18 @@ def host_key_line(path: Path) -> str:
     return " ".join(pubkey(path).split()[:2])
 
 
+def dgx_release(version: str) -> str:
+    """A DGX's /etc/dgx-release (the KEY="VALUE" form NVIDIA/NemoClaw#9898 shows for a DGX
+    Station; a Spark's own file is not public, its reports say "DGX OS 7.5.0")."""
+    return (
+        'DGX_NAME="DGX Spark"\n'
+        'DGX_PRETTY_NAME="NVIDIA DGX Spark"\n'
+        'DGX_SWBUILD_DATE="2026-06-16-11-48-10"\n'
+        f'DGX_SWBUILD_VERSION="{version}"\n'
+        'DGX_PLATFORM="DGX Spark"\n'
+    )
+
+
 def node_dir(state_dir: Path, node: NodeSpec) -> Path:
     return state_dir / "nodes" / node.name
 
@@ -155,6 +216,11 @@ def initial_state(node: NodeSpec) -> dict[str, object]:
             "health": dict(GPU_HEALTH),  # tools/gpu.py; faults/gpu.py changes it
         },
         "kernel_log": [dict(line) for line in BOOT_LOG],  # tools/kernellog.py
+        # ethtool -S of each ConnectX port (tools/links.py): steady values, as a real port's
+        # keep theirs across a run; faults/link.py's cable-flapping makes some rise.
+        "port_counters": {netdev: dict(PORT_COUNTERS) for _, netdev in ALL_PORTS},
+        "boot_id": hashlib.md5(f"{node.name}-boot".encode()).hexdigest(),
+        "previous_boot": previous_boot(node),
         "time": {"ntp": True, "synchronized": True},  # timedatectl (tools/timesync.py)
     }
 
@@ -267,6 +333,8 @@ def write_node_files(
     )
     write_atomic(nd / "empty", "")
     write_meminfo(nd / "meminfo")  # a GB10's /proc/meminfo (sim/meminfo.py)
+    if not (nd / "dgx-release").exists():  # faults/alike.py rewrites it in place
+        write_atomic(nd / "dgx-release", dgx_release(DGX_OS_VERSION))
     # The node's /etc/hosts: every node by hostname on the management network.
     hosts = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
     hosts += [f"{n.mgmt}\t{n.name}" for n in topo.nodes]
@@ -329,6 +397,19 @@ def _mount_script(
         # /sys/class/infiniband: the RDMA devices' GID tables (rdmasysfs.py), unless
         # its RDMA drivers are not loaded (fault no-rdma, faults/rdma.py)
         *rdmasysfs.mount_steps(nd, infiniband=read_state(state_dir, node).get("rdma") is not False),
+    ]
+    # /etc/dgx-release, which the host lacks: /etc under an overlay whose upper layer is a
+    # tmpfs of this mount namespace (nothing lands in the host's /etc), the node's file
+    # bound over it there.
+    ovl = q(str(nd / "etc-overlay"))
+    steps += [
+        f"mkdir -p {ovl}",
+        f"mount -t tmpfs sparksim-etc {ovl}",
+        f"mkdir {ovl}/upper {ovl}/work",
+        f"mount -t overlay sparksim-etc -o lowerdir=/etc,upperdir={ovl}/upper,"
+        f"workdir={ovl}/work /etc",
+        "touch /etc/dgx-release",
+        f"mount --bind {q(str(nd / 'dgx-release'))} /etc/dgx-release",
     ]
     for src, dst in binds:
         steps.append(f"if [ -e {q(dst)} ]; then mount --bind {q(str(src))} {q(dst)}; fi")

@@ -23,7 +23,8 @@ The IPv6 address is one of RFC 5180's benchmarking range (2001:2::/48, the IPv6 
 198.18.0.0/15); it is in the GID table only, not configured on the sim's interface (the
 sim's fabric carries its IPv4 addresses alone; no check reads GIDs from ``ip addr``).
 
-``clear`` writes the healthy tables again.
+Each port also has ``hw_counters`` (mlx5's RoCE counters, :data:`HW_COUNTERS`: steady, as
+on a healthy link). ``clear`` writes the healthy tables again.
 """
 
 from __future__ import annotations
@@ -40,6 +41,34 @@ ZERO = "0000:0000:0000:0000:0000:0000:0000:0000"
 V1, V2 = "IB/RoCE v1", "RoCE v2"
 KIND = "gid-v1"
 MODES = ("healthy", "v1", "empty", "shift")
+# ports/1/hw_counters of mlx5 (drivers/infiniband/hw/mlx5/counters.c names): one decimal
+# a file, as a healthy port reads after traffic (flushes and congestion marks are normal).
+HW_COUNTERS = {
+    "duplicate_request": 0,
+    "implied_nak_seq_err": 0,
+    "local_ack_timeout_err": 0,
+    "np_cnp_sent": 1204,
+    "np_ecn_marked_roce_packets": 1311,
+    "out_of_buffer": 0,
+    "out_of_sequence": 0,
+    "packet_seq_err": 0,
+    "req_cqe_error": 0,
+    "req_cqe_flush_error": 12,
+    "req_remote_access_errors": 0,
+    "req_remote_invalid_request": 0,
+    "resp_cqe_error": 0,
+    "resp_cqe_flush_error": 9,
+    "resp_local_length_error": 0,
+    "resp_remote_access_errors": 0,
+    "rnr_nak_retry_err": 0,
+    "roce_adp_retrans": 0,
+    "roce_adp_retrans_to": 0,
+    "roce_slow_restart": 0,
+    "rp_cnp_handled": 1187,
+    "rx_atomic_requests": 0,
+    "rx_read_requests": 48211,
+    "rx_write_requests": 1876533,
+}
 
 
 def tree(node_dir: Path) -> Path:
@@ -99,6 +128,10 @@ def write(node_dir: Path, node: NodeSpec, mode: str = "healthy") -> None:
                 t.unlink(missing_ok=True)
             else:
                 t.write_text(kind + "\n")
+        counters = port / "hw_counters"
+        counters.mkdir(exist_ok=True)
+        for name, value in HW_COUNTERS.items():
+            (counters / name).write_text(f"{value}\n")
 
 
 def mount_steps(node_dir: Path, infiniband: bool = True) -> list[str]:

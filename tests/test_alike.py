@@ -16,10 +16,12 @@ from pytest_spark.infra.alike.check import (
     odd_nodes,
 )
 from pytest_spark.infra.alike.parse import (
+    dgx_os_version,
     known,
     os_release_name,
     parse_chronyc_tracking,
     parse_container_facts,
+    parse_ethtool_firmware,
     parse_image_inspect,
     parse_smi_versions,
     parse_timedatectl_show,
@@ -32,6 +34,7 @@ from pytest_spark.infra.alike.probe import (
     parse_alike_probe,
 )
 from pytest_spark.infra.errors import ParseError
+from pytest_spark.infra.finding import Finding
 from pytest_spark.infra.preflight.check import Skip
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "alike"
@@ -226,3 +229,79 @@ def test_ntp_unsynchronised(healthy: dict[str, NodeAlike], faulty: NodeAlike) ->
     assert "NTPSynchronized=no" in f.message and "timedatectl set-ntp true" in f.message
     unknown = {n: replace(x, time_sync=None, time_sync_error="no tool") for n, x in healthy.items()}
     assert isinstance(check_time_sync(unknown), Skip)
+
+
+# -------------------------------------------- DGX OS, ConnectX-7 firmware, running image
+
+
+def test_dgx_release_and_ethtool_firmware() -> None:
+    assert dgx_os_version((FIXTURES / "dgx_release_station.txt").read_text()) == "7.5.0"
+    assert dgx_os_version("DGX_NAME=x\n") is None
+    real = (FIXTURES / "ethtool_i_cx7.txt").read_text()
+    text = "== enP2p1s0f0np0\n" + real + "== enp1s0f1np1\n" + real
+    assert parse_ethtool_firmware(text) == {
+        "enP2p1s0f0np0": "28.45.4028 (NVD0000000087)",
+        "enp1s0f1np1": "28.45.4028 (NVD0000000087)",
+    }
+    assert parse_ethtool_firmware(real) == {}  # no "== IFACE" line: no port named
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "words"),
+    [
+        ("dgx_os", "7.2.3", "DGX OS release: spark-worker-1 has 7.2.3, spark-head has 7.5.0"),
+        (
+            "cx7_firmware",
+            "28.39.1002 (NVD0000000087)",
+            "ConnectX-7 firmware: spark-worker-1 has 28.39.1002 (NVD0000000087)",
+        ),
+    ],
+)
+def test_dgx_os_and_cx7_firmware_parity(
+    healthy: dict[str, NodeAlike], field: str, value: str, words: str
+) -> None:
+    base = {"dgx_os": Fact("7.5.0"), "cx7_firmware": Fact("28.45.4028 (NVD0000000087)")}
+    nodes = {n: replace(f, **base) for n, f in healthy.items()}
+    assert check_host_alike(H, nodes).ok
+    nodes[W] = replace(nodes[W], **{field: Fact(value)})
+    f = check_host_alike(H, nodes)
+    assert not f.ok and f.node == W and words in f.message
+    assert "Fix: " in f.message and ("mlxfwmanager" in f.message or "DGX OS" in f.message)
+
+
+def test_running_containers_on_another_image_under_the_same_tag(
+    healthy: dict[str, NodeAlike],
+) -> None:
+    img = healthy[H].image
+    assert img is not None
+    old = replace(img, id="sha256:" + "e" * 64, layers=(*img.layers, "sha256:old"))
+    nodes = {n: replace(f, running=f.image) for n, f in healthy.items()}
+    assert check_image_alike(H, nodes, "vllm_node").ok  # separate loads: other IDs, alike
+    nodes[W] = replace(nodes[W], running=old)
+    f = check_image_alike(H, nodes, "vllm_node")
+    assert isinstance(f, Finding) and not f.ok and f.node == W
+    assert "spark-worker-1's container 'vllm_node' runs image eeeeeeeeeeee" in f.message
+    assert "both tagged vllm-node:latest" in f.message
+    assert "checks image IDs only when it launches" in f.message
+
+
+def test_probe_reads_running_image_and_new_sections(healthy: dict[str, NodeAlike]) -> None:
+    text = (FIXTURES / "probe_head_healthy.txt").read_text()
+    inspect = text.split("@@pytest-spark-alike@@ begin image:vllm-node:latest\n", 1)[1]
+    inspect = inspect.split("@@pytest-spark-alike@@ stderr", 1)[0]
+    real = (FIXTURES / "ethtool_i_cx7.txt").read_text()
+    extra = "".join(
+        f"@@pytest-spark-alike@@ begin {name}\n{out}\n@@pytest-spark-alike@@ stderr {name}\n\n"
+        f"@@pytest-spark-alike@@ end {name} rc=0\n"
+        for name, out in (
+            ("dgx_release", 'DGX_SWBUILD_VERSION="7.5.0"'),
+            ("cx7_fw", "== enp1s0f1np1\n" + real),
+            ("running", "sha256:" + "e" * 64),
+            ("running-image", inspect),
+        )
+    )
+    facts = parse_alike_probe(text + extra)
+    assert facts.dgx_os == Fact("7.5.0")
+    assert facts.cx7_firmware == Fact("28.45.4028 (NVD0000000087)")
+    assert facts.running is not None and facts.running.identity == healthy[H].image.identity
+    assert healthy[H].running is None and healthy[H].dgx_os.value is None

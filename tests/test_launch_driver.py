@@ -24,9 +24,13 @@ from pytest_spark.readiness.launch import (
     LaunchError,
     LaunchSpec,
     NotServing,
+    ServingInfo,
     apply_dotenv,
     configured_mode,
     dotenv_path,
+    head_serve_line,
+    idle_by_design,
+    kept_nodes,
     parse_dotenv,
     ray_only_script,
     refuse_running,
@@ -520,3 +524,37 @@ def test_no_fabric_address_says_when_no_rdma_device_is_listed(
     with pytest.raises(NotServing) as info:
         fabric_addresses(cluster)  # type: ignore[arg-type]
     assert "RDMA" not in str(info.value), info.value
+
+
+def test_a_trimmed_node_is_idle_by_design_in_launch_and_attach() -> None:
+    """3 nodes at TP 2: launch-cluster.sh keeps the head and the first worker and prints its
+    Note line; attached without serve args, the head's own `vllm serve` says (--nnodes)."""
+
+    def ok(command: str) -> tuple[int, str, str]:
+        return 0, "", ""
+
+    cluster = FakeCluster(ok, ok, ok)
+    kept, why = kept_nodes(cluster, fake_settings())
+    assert [n.name for n in kept] == ["spark-head", "spark-worker-1"]
+    note = "Note: Command requires 2 node(s) (tp=2 * pp=1 * dp=1); using 2 of 3 configured node(s)."
+    assert note in why and why.startswith("the serve args' TP 2 x PP 1 = 2 ranks")
+    attached = fake_settings(serve_args=None)
+    top = [
+        "bash -c /workspace/exec-script.sh >> /proc/1/fd/1 2>&1",
+        "python3 /opt/vllm/bin/vllm serve /m -tp 2 --nnodes 2 --node-rank 0 --master-port 29501",
+    ]
+    line = head_serve_line(top)
+    assert line is not None and line.startswith("vllm serve /m -tp 2 --nnodes 2")
+    kept, why = kept_nodes(cluster, attached, line)
+    assert [n.name for n in kept] == ["spark-head", "spark-worker-1"]
+    assert why == "the head's vllm serve process has --nnodes 2"
+    assert kept_nodes(cluster, attached) == (list(cluster.nodes), "")  # nothing says: all
+    assert head_serve_line(["sleep infinity"]) is None
+    info = ServingInfo(False, 1.0, [], {}, nodes=("spark-head", "spark-worker-1"),
+                       idle_nodes=("spark-worker-2",), idle_because=why)  # fmt: skip
+    assert idle_by_design(cluster, attached, info, "spark-head") is None
+    reason = idle_by_design(cluster, attached, info, "spark-worker-2")
+    assert reason == (
+        "spark-worker-2 is idle by design: it serves no rank, the cluster keeps 2 node(s) "
+        "(spark-head, spark-worker-1): the head's vllm serve process has --nnodes 2"
+    )

@@ -11,18 +11,30 @@ from pathlib import Path
 import pytest
 
 from pytest_spark.infra.errors import ParseError
-from pytest_spark.infra.memory.check import VLLM_DEFAULT_UTILIZATION, Claim, check_memory_headroom
+from pytest_spark.infra.memory.check import (
+    VLLM_DEFAULT_UTILIZATION,
+    Claim,
+    check_container_limit,
+    check_memory_headroom,
+)
 from pytest_spark.infra.memory.parse import (
     GIB,
+    ContainerMemory,
     MemInfo,
     ProcessMemory,
     parse_compute_app_memory,
     parse_meminfo,
     parse_process_memory,
 )
-from pytest_spark.infra.memory.probe import NodeMemory, memory_probe_command, parse_memory_probe
+from pytest_spark.infra.memory.probe import (
+    NodeMemory,
+    memory_probe_command,
+    parse_container_limit,
+    parse_memory_probe,
+)
 from pytest_spark.infra.preflight.check import Skip
 from pytest_spark.infra.server.parse import parse_serve_args
+from pytest_spark.infra.server.probe import MARK as SERVER_MARK
 from pytest_spark.settings.profiles import load_profile
 from sparksim.meminfo import meminfo_text
 
@@ -350,3 +362,74 @@ def test_requirement_above_memtotal_says_it_can_never_be_met() -> None:
     assert not isinstance(running, Skip) and running.level == "fail"
     assert "it can never be met" in running.message
     assert "Lower the profile's memory.os_headroom_gib (now 30" in running.message
+
+
+# --------------------------------------------------- --non-privileged: the container's limit
+
+
+def test_serve_args_memory_utilization_gb() -> None:
+    """eugr's gpu-mem-util-gb mod: GiB per rank, ceil(N x 2^30) + 0.5 GiB at startup."""
+    args = parse_serve_args("vllm serve /m --gpu-memory-utilization-gb 103 -tp 2")
+    assert args.gpu_memory_utilization_gb == 103 and args.gpu_memory_utilization is None
+    claim = Claim.from_serve_args(None, True, None, 103)
+    assert claim.startup_bytes(0) == 103 * GIB + GIB // 2
+    assert "--gpu-memory-utilization-gb 103" in claim.source
+    assert Claim.from_serve_args(0.9, True).startup_bytes(100 * GIB) == 90 * GIB
+
+
+def test_gb_claim_before_the_launch_counts_gib_not_a_fraction() -> None:
+    idle = probe("probe_worker_idle.txt")
+    claim = Claim.from_serve_args(None, True, None, 115)
+    f = check_memory_headroom(W, idle, claim, 4.0, engine_running=False)
+    assert not isinstance(f, Skip) and f.level == "fail", f
+    assert f.expected["claim_gib"] == 115.5 and "--gpu-memory-utilization-gb 115" in f.message
+
+
+def _limit_probe(limit: str, cgroup: str, top: str) -> str:
+    mark = SERVER_MARK
+    return (
+        f'{mark}inspect\n"sleep" ["infinity"]\n{mark}top\n{top}{mark}log\n\n'
+        f"{mark}limit\n{limit}\n{mark}cgroup\n{cgroup}\n"
+    )
+
+
+TOP_GB = (
+    "PID COMMAND\n"
+    "236 bash -c /workspace/exec-script.sh >> /proc/1/fd/1 2>&1\n"
+    "237 /bin/bash /workspace/exec-script.sh\n"
+    "242 python3 /opt/vllm/bin/vllm serve /m -tp 2 --gpu-memory-utilization-gb 115 --nnodes 2\n"
+)
+
+
+def test_container_limit_is_read_inside_then_from_docker() -> None:
+    """launch-cluster.sh --non-privileged --memory 110g: docker's g is GiB (118111600640)."""
+    inside = parse_container_limit("n", _limit_probe("118111600640", "118111600640", TOP_GB))
+    assert inside.limit == 110 * GIB and "inside" in inside.source
+    assert inside.serve_line and "--gpu-memory-utilization-gb 115" in inside.serve_line
+    v1_none = parse_container_limit("n", _limit_probe("118111600640", "9223372036854771712", ""))
+    assert v1_none.limit == 110 * GIB and v1_none.source == "docker inspect HostConfig.Memory"
+    assert v1_none.serve_line is None
+    privileged = parse_container_limit("n", _limit_probe("0", "max", TOP_GB))
+    assert privileged.limit is None
+
+
+def test_a_need_above_the_container_limit_fails_once_naming_the_fix() -> None:
+    need = 115 * GIB + GIB // 2
+    short = [
+        ContainerMemory(n, 110 * GIB, "docker inspect HostConfig.Memory", "vllm serve /m", need,
+                        "--gpu-memory-utilization-gb 115 + 0.5 GiB")
+        for n in ("spark-head", "spark-worker-1")
+    ]  # fmt: skip
+    f = check_container_limit(short)
+    assert not isinstance(f, Skip) and f.level == "fail"
+    assert f.node == "spark-head, spark-worker-1"
+    m = f.message
+    assert m.startswith("spark-head: the serving container's memory limit is 110.0 GiB"), m
+    assert "asks for 115.5 GiB (--gpu-memory-utilization-gb 115 + 0.5 GiB)" in m
+    assert "--mem-limit-gb 117" in m and "--gpu-memory-utilization-gb to 107" in m
+    fits = [replace(c, need=int(0.9 * 119.7 * GIB)) for c in short]
+    passed = check_container_limit(fits)
+    assert not isinstance(passed, Skip) and passed.level == "pass", passed
+    none = check_container_limit([replace(c, limit=None) for c in short])
+    assert not isinstance(none, Skip) and none.level == "pass"
+    assert isinstance(check_container_limit([]), Skip)

@@ -67,6 +67,7 @@ class State:
     started: str = STARTED  # .State.StartedAt
     procs: tuple[str, ...] = (SERVE,)  # docker top's lines (PID ARGS) of a running container
     launcher: str = ""  # the launcher's log file so far (the head's vLLM output, Ray mode)
+    sentinel: int | None = None  # launch-cluster.sh's head-exit file in the container
 
 
 MISSING = State(status="missing")
@@ -141,6 +142,11 @@ class FakeConn:
             running = state.status == "running"
             top = ["PID COMMAND", *state.procs] if running else []
             out += f"{SEP} procs\n" + "".join(f"{line}\n" for line in top)
+        if f"echo {SEP} exit" in command:  # read only while no vllm serve runs
+            assert f"docker exec {CONTAINER} cat {readiness.HEAD_EXIT_SENTINEL}" in command
+            serving = any("vllm serve" in line for line in state.procs)
+            found = state.status == "running" and not serving and state.sentinel is not None
+            out += f"{SEP} exit\n" + (f"{state.sentinel}\n" if found else "")
         offset = re.search(r"echo \S+ launcher; tail -c \+(\d+) (\S+) ", command)
         if offset is not None:
             assert offset.group(2) == LAUNCH_LOG
@@ -679,3 +685,95 @@ def test_a_gone_container_wins_over_what_its_peer_then_logs(clock: Clock, worker
     assert str(failed).startswith(f"serving container exited on {WORKER}: container {CONTAINER}")
     assert f"{HEAD} then logged: {NCCL_AFTER[:60]}" in str(failed)
     assert rounds(clock) == 1  # the confirming poll
+
+
+# -- launch-cluster.sh's newest behaviours (issue #28): earlyoom, the head's exit file ------
+EARLYOOM_REPORT = (
+    "mem avail: 117532 of 121693 MiB (96.58%), swap free: 16383 of 16383 MiB (100.00%)"
+)
+EARLYOOM_KILL = 'sending SIGTERM to process 8342 uid 0 "python3": badness 905, VmRSS 110231 MiB'
+ENGINE_DEAD = (
+    "(APIServer pid=1) ERROR 12-03 16:40:12 [async_llm.py:480] "
+    "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue."
+)
+
+
+def test_an_earlyoom_kill_of_a_rank_is_the_one_failure_before_the_engine_dead_error(
+    clock: Clock,
+) -> None:
+    head = [State(), State(health="503", logs=(ENGINE_DEAD,))]
+    worker = [
+        State(procs=(HEADLESS,), logs=(EARLYOOM_REPORT,)),
+        State(procs=(), logs=(EARLYOOM_KILL,)),
+    ]
+    failed = fails(FakeCluster(head, worker), clock)
+    assert failed.failure.node == WORKER, str(failed)
+    assert str(failed).startswith(
+        f"vLLM failed to start on {WORKER}: earlyoom-kill: earlyoom sent SIGTERM to process 8342 "
+        '"python3" (VmRSS 110231 MiB)'
+    ), str(failed)
+    assert "--gpu-memory-utilization" in str(failed)
+    assert rounds(clock) == 1  # the poll that brought it
+
+
+def test_earlyoom_reports_do_not_hide_a_stall(clock: Clock) -> None:
+    reports = [State(logs=(EARLYOOM_REPORT,))] * 40
+    failed = fails(
+        FakeCluster([State(logs=(LOADING,)), *reports], reports), clock, hang_timeout=10.0
+    )
+    assert failed.failure.kind == "stalled", str(failed)
+    assert rounds(clock) == 20  # 10 s after the last vLLM line, reports every poll
+
+
+def test_the_head_exit_file_gives_the_dead_head_rank_its_exit_status(clock: Clock) -> None:
+    head = [State(), State(procs=()), State(procs=(), sentinel=137)]
+    worker = [State(procs=(HEADLESS,))]
+    cluster = FakeCluster(head, worker)
+    failed = fails(cluster, clock)
+    assert failed.failure.node == HEAD, str(failed)
+    assert failed.failure.signature.endswith(
+        "; exit status 137: killed by SIGKILL (/tmp/.launch-cluster-head-exit in the container)"
+    ), failed.failure.signature
+    assert f"echo {SEP} exit" in cluster.conn(HEAD).commands[0]
+    assert f"echo {SEP} exit" not in cluster.conn(WORKER).commands[0]  # the head's file only
+    assert rounds(clock) == 2
+
+
+def test_no_ray_before_2026_09_15_the_head_output_is_read_from_the_launcher(
+    clock: Clock,
+) -> None:
+    """The old launcher ran the no-Ray head in its foreground: nothing of it in docker logs
+    (earlyoom's reports only), its vLLM output on the launcher's stdout."""
+    chatter = "Executing command on head node (rank 0): vllm serve /models/m\n"
+    head = [
+        State(logs=(EARLYOOM_REPORT,), launcher=chatter),
+        State(launcher=chatter + LOADING + "\n" + OOM + "\n"),
+    ]
+    failed = fails(
+        FakeCluster(head, [State(procs=(HEADLESS,))]),
+        clock,
+        launcher_log_path=LAUNCH_LOG,
+        launcher_log_fallback=True,
+    )
+    assert failed.failure.node == f"{HEAD} (launcher)" and failed.failure.signature == "cuda-oom"
+
+
+def test_no_ray_since_2026_09_15_the_launchers_echo_of_the_head_log_is_not_fed_twice(
+    clock: Clock,
+) -> None:
+    chatter = "Executing command on head node (rank 0): vllm serve /models/m"
+    head = [
+        State(launcher=chatter + "\n"),
+        State(logs=(LOADING,), launcher=chatter + "\n"),
+        State(launcher=f"{chatter}\n{LOADING}\n"),
+        State(health="200", launcher=f"{chatter}\n{LOADING}\n"),
+    ]
+    done = watch(
+        FakeCluster(head, [State(procs=(HEADLESS,))]),
+        clock,
+        launcher_log_path=LAUNCH_LOG,
+        launcher_log_fallback=True,
+    )
+    assert done.ready
+    assert list(done.tails[HEAD]) == [LOADING]
+    assert list(done.tails[f"{HEAD} (launcher)"]) == [chatter]

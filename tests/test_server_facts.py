@@ -40,3 +40,26 @@ def test_a_bash_c_listing_stops_at_the_shell_operators() -> None:
     line = "vllm serve M --port 8000 && echo done | tee x; true"
     assert serve_line_of(["bash", "-c", line]) == "vllm serve M --port 8000"
     assert serve_line_of(["bash", "-c", "vllm serve M 2>&1"]) == "vllm serve M"
+
+
+# A launch script (`launch-cluster.sh --launch-script`, recipes): the container runs
+# `bash -c "/workspace/exec-script.sh >> /proc/1/fd/1 2>&1"`, bash runs the script, and the
+# script's last line, patched per node, is the real `vllm serve` (a child): its flags are
+# nowhere in the container's command or the shells above it.
+EXEC_SCRIPT_TOP = """PID                 COMMAND
+161                 /sbin/docker-init -- sleep infinity
+176                 sleep infinity
+236                 bash -c /workspace/exec-script.sh >> /proc/1/fd/1 2>&1; echo $? > /tmp/.launch-cluster-head-exit
+237                 /bin/bash /workspace/exec-script.sh
+242                 python3 /opt/vllm/bin/vllm serve /models/M --served-model-name m --tensor-parallel-size 2 --tool-call-parser qwen3_coder --enable-auto-tool-choice --nnodes 2 --node-rank 0 --master-addr 198.19.0.1 --master-port 29501
+"""  # noqa: E501
+
+
+def test_a_launch_scripts_serve_args_are_read_from_its_child_process() -> None:
+    """The suite's --spark-serve-args have the parser; the running server does not: the
+    process wins, so the missing flag is found."""
+    given = "vllm serve /models/M --reasoning-parser qwen3 --tensor-parallel-size 2"
+    cmd = parse_probe(_probe(EXEC_SCRIPT_TOP), given)
+    assert cmd is not None and cmd.source == "the vllm serve process", cmd
+    assert cmd.line.startswith("vllm serve /models/M --served-model-name m"), cmd.line
+    assert cmd.args.reasoning_parser is None and cmd.args.nnodes == 2

@@ -824,3 +824,42 @@ def wrong_model_run(tmp_path: Path, marker: str) -> None:
         check = run.checks[name]
         assert check["outcome"] == "skipped", (name, check)
         assert "test_canaries_alone has the evidence" in check["message"], check["message"]
+
+
+# Right alone, wrong under load (issue #24's garble-under-batch): the functional checks'
+# requests go out together (--spark-serving-concurrency, issue #27), so their answers break
+# too; the under-load verdict is the one failure and each of them whose answer broke skips
+# citing it. One request at a time they are right and pass.
+def test_a_model_wrong_under_load_is_the_under_load_verdicts_failure(tmp_path: Path) -> None:
+    reason = _emulator_missing()
+    if reason:
+        pytest.skip(reason)
+    runs = {}
+    for concurrency in (8, 1):
+        (tmp_path / str(concurrency)).mkdir()
+        emu = Emulator(tmp_path / str(concurrency))
+        try:
+            emu.fault("garble-under-batch")
+            runs[concurrency] = run_suite(
+                emu.url,
+                tmp_path / str(concurrency),
+                LAX,
+                f"{SERVE} {FLAGS}",
+                "accuracy or tool_calls or structured_output",
+                f"--spark-serving-concurrency={concurrency}",
+            )
+        finally:
+            emu.stop()
+    together, alone = runs[8], runs[1]
+    assert together.failed() == {"test_canaries_under_load"}, together.output[-4000:]
+    cited = [
+        c
+        for c in together.checks.values()
+        if c["outcome"] == "skipped" and "test_canaries_under_load has the evidence" in c["message"]
+    ]
+    assert cited, together.output[-4000:]  # some answers broke in the batch, and say why
+    assert all("--spark-serving-concurrency" in c["message"] for c in cited)
+    assert alone.failed() == {"test_canaries_under_load"}, alone.output[-4000:]
+    assert not any(
+        "test_canaries_under_load has the evidence" in c["message"] for c in alone.checks.values()
+    )

@@ -330,3 +330,61 @@ def test_cpu_memory_reservation_fails_fast_with_the_fix() -> None:
     assert watch.failure is not None
     assert watch.failure.signature == "cpu-memory"
     assert "VLLM_CPU_KVCACHE_SPACE" in watch.failure.message()
+
+
+# -- earlyoom as the container's PID 1 (launch-cluster.sh --earlyoom; issue #28) ----------
+EARLYOOM = Path(__file__).parent.parent / "fixtures" / "earlyoom"
+ENGINE_DEAD = (
+    "(APIServer pid=1) ERROR 12-03 16:40:12 [async_llm.py:480] "
+    "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue."
+)
+
+
+@pytest.mark.parametrize(
+    "fixture", ["manpage-report.txt", "readme-start.txt", "v1.7-container-log.txt"]
+)
+def test_earlyoom_banner_and_reports_are_monitor_lines(fixture: str) -> None:
+    lines = (EARLYOOM / fixture).read_text().splitlines()
+    kinds = {line: [e.kind for e in classify(line)] for line in lines}
+    kills = [line for line in lines if line.startswith("sending SIGTERM to")]
+    for line, found in kinds.items():
+        assert found == (["fatal"] if line in kills else ["monitor"]), (line, found)
+
+
+@pytest.mark.parametrize("line", (EARLYOOM / "readme-kill.txt").read_text().splitlines())
+def test_earlyoom_kill_line_names_the_process_and_its_rss_in_every_version(line: str) -> None:
+    (event,) = classify(line)
+    assert event.kind == "fatal" and event.name == "earlyoom-kill"
+    assert event.value["process"] == "tail" and event.value["rss_mib"] == "4962"
+    assert event.value["detail"] == 'earlyoom sent SIGTERM to process 7378 "tail" (VmRSS 4962 MiB)'
+    v19 = 'sending SIGKILL to process 9 uid 0 "vllm": oom_score 900, oom_score_adj 0, VmRSS 7 MiB'
+    assert classify(v19)[0].value["signal"] == "SIGKILL"
+
+
+def test_earlyoom_reports_are_no_proof_of_life_a_stall_under_them_is_a_stall() -> None:
+    watch = StartupWatch(hang_timeout=30, placement_timeout=120, started=0.0)
+    report = (EARLYOOM / "manpage-report.txt").read_text().strip()
+    watch.feed("spark-worker-1", [LOADING], 1.0)
+    for t in range(2, 40):  # a report every second (-r 1), nothing else
+        watch.feed("spark-worker-1", [report], float(t))
+        watch.check_stall(float(t))
+    assert watch.failure is not None and watch.failure.kind == "stalled"
+    assert "no log progress for 30 s" in watch.failure.signature
+    tail = watch.failure.tails["spark-worker-1"]
+    assert tail == [LOADING, report]  # the newest report stays, the older ones make room
+
+
+def test_an_earlyoom_kill_is_the_one_failure_over_the_engine_dead_error_it_causes() -> None:
+    watch = StartupWatch(hang_timeout=300, placement_timeout=120, started=0.0)
+    kill = (EARLYOOM / "v1.7-container-log.txt").read_text().splitlines()[-2]
+    watch.feed("spark-head", [ENGINE_DEAD], 5.0)  # the head's log came first in the poll
+    watch.feed("spark-worker-1", [kill], 5.0)
+    failure = watch.failure
+    assert failure is not None and failure.node == "spark-worker-1"
+    assert failure.signature == (
+        'earlyoom-kill: earlyoom sent SIGTERM to process 8342 "python3" (VmRSS 110231 MiB)'
+    )
+    assert "--gpu-memory-utilization" in failure.remediation
+    assert "memory headroom" in failure.remediation
+    watch.feed("spark-head", [ENGINE_DEAD], 6.0)  # a consequence never replaces it
+    assert watch.failure is failure

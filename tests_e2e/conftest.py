@@ -11,13 +11,15 @@ import pytest
 
 from pytest_spark import Settings, progress_line_writer, verdict_in_session
 from pytest_spark.access.api import ApiEndpoint
+from pytest_spark.infra.counters.gather import counted
 from pytest_spark.infra.server.probe import ServerCommand
-from pytest_spark.measure.once import measure_once
+from pytest_spark.measure.once import measure_dir, measure_once
 from pytest_spark.report.history import resolve_history_dir
 from pytest_spark.serving import ServingClient
+from pytest_spark.serving.client.prefetch import Prefetch
 from pytest_spark.serving.load.closedloop import Sweep, decode_sweep, encode_sweep, measure_sweep
 from pytest_spark.serving.load.specs import load_spec
-from pytest_spark.serving.validate.accuracy import ALONE_VERDICT
+from pytest_spark.serving.validate.accuracy import ALONE_VERDICT, LOAD_VERDICT, check_under_load
 from pytest_spark.serving.validate.accuracyprobe import (
     AccuracyProbe,
     BaselineKey,
@@ -50,6 +52,25 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return {RUNS_FIRST: 0, RUNS_LAST: 2}.get(item.path.name, 1)
 
     items.sort(key=rank)
+
+
+@pytest.fixture(scope="session")
+def serving_prefetch(
+    request: pytest.FixtureRequest, spark_settings: Settings
+) -> Iterator[Prefetch]:
+    """The pool on which each functional module (tool calls, reasoning, structured output,
+    the SDK's) sends its selected checks' requests ahead together, at most
+    ``--spark-serving-concurrency`` at once (pytest_spark.serving.client.prefetch). Under
+    xdist the workers are the concurrency: a worker lets go of the cluster lock between its
+    tests, and requests still in flight then would overlap another worker's measurement."""
+    workers = spark_settings.serving_concurrency
+    if hasattr(request.config, "workerinput"):
+        workers = 1
+    prefetch = Prefetch(workers)
+    try:
+        yield prefetch
+    finally:
+        prefetch.close()
 
 
 @pytest.fixture(scope="session")
@@ -97,11 +118,28 @@ def accuracy_cited(request: pytest.FixtureRequest) -> Callable[[], str | None]:
             return None
         probe: AccuracyProbe = request.getfixturevalue("accuracy_probe")
         wrong = probe.wrong_alone(lambda name: verdict_in_session(request.session, name))
-        if not wrong:
+        if wrong:
+            return (
+                f"the model answers wrong ({len(wrong)} of {len(probe.alone())} canaries, e.g. "
+                f"{wrong[0].quoted()}): {ALONE_VERDICT} has the evidence"
+            )
+        return cited_under_load(probe)
+
+    def cited_under_load(probe: AccuracyProbe) -> str | None:
+        # This check's request went out beside the module's others (sent ahead together):
+        # a model right alone and wrong under load breaks it as it broke the canaries.
+        prefetch: Prefetch = request.getfixturevalue("serving_prefetch")
+        if not prefetch.concurrent or not verdict_in_session(request.session, LOAD_VERDICT):
+            return None
+        if probe.error is not None or probe.concurrency < 2:
+            return None
+        verdict = check_under_load(probe.alone(), probe.under_load(), probe.concurrency, "")
+        if verdict.ok:
             return None
         return (
-            f"the model answers wrong ({len(wrong)} of {len(probe.alone())} canaries, e.g. "
-            f"{wrong[0].quoted()}): {ALONE_VERDICT} has the evidence"
+            f"the model answers right alone and wrong under load, and this request ran "
+            f"with up to {prefetch.workers} others (--spark-serving-concurrency): "
+            f"{LOAD_VERDICT} has the evidence"
         )
 
     return cited
@@ -109,13 +147,16 @@ def accuracy_cited(request: pytest.FixtureRequest) -> Callable[[], str | None]:
 
 @pytest.fixture(scope="session")
 def tool_turns(
-    spark_api: ApiEndpoint, spark_settings: Settings, spark_server_command: ServerCommand | None
+    spark_api: ApiEndpoint,
+    spark_settings: Settings,
+    spark_server_command: ServerCommand | None,
+    serving_prefetch: Prefetch,
 ) -> Iterator[ToolTurns]:
     """The tool-call questions, each asked once per session (tool_calls and reasoning)."""
     timeout = spark_settings.profile.tool_calls.request_timeout_s
     client = ServingClient(spark_api, timeout=timeout, idle_timeout=spark_api.timeout)
     try:
-        yield ToolTurns(client, spark_settings, spark_server_command)
+        yield ToolTurns(client, spark_settings, spark_server_command, serving_prefetch)
     finally:
         client.close()
 
@@ -144,13 +185,15 @@ def wire_cited(request: pytest.FixtureRequest) -> Callable[[str, str], str | Non
 
 
 @pytest.fixture(scope="session")
-def format_turns(spark_api: ApiEndpoint, spark_settings: Settings) -> Iterator[FormatTurns]:
+def format_turns(
+    spark_api: ApiEndpoint, spark_settings: Settings, serving_prefetch: Prefetch
+) -> Iterator[FormatTurns]:
     """The structured-output questions, each asked once per session (the raw checks and
     the SDK's compare with them)."""
     timeout = spark_settings.profile.structured_output.request_timeout_s
     client = ServingClient(spark_api, timeout=timeout, idle_timeout=spark_api.timeout)
     try:
-        yield FormatTurns(client, spark_settings)
+        yield FormatTurns(client, spark_settings, serving_prefetch)
     finally:
         client.close()
 
@@ -162,12 +205,20 @@ def _sweep(
     """The closed-loop sweep (tests_e2e/test_throughput.py's checks; the open-loop knee
     reads its goodput gate's level), once per session."""
     spec = load_spec(spark_settings.profile, spark_api)
+
+    def sweep() -> Any:
+        return measure_sweep(spark_api, spec, progress_line_writer(request.config))
+
+    compute: Callable[[], Any] = sweep
+    if not spark_settings.api_only:  # every node's fabric counters before and after it
+        cluster = request.getfixturevalue("spark_cluster")
+        compute = counted(measure_dir(request.config), cluster, "throughput-sweep", sweep)
     # Once per session, alone on the cluster, also under xdist (pytest_spark.measure.once):
     # tok/s taken while other tests send requests would not be a measurement.
     measured = measure_once(
         request.config,
         "throughput-sweep",
-        lambda: measure_sweep(spark_api, spec, progress_line_writer(request.config)),
+        compute,
         encode=encode_sweep,
         decode=decode_sweep,
     )

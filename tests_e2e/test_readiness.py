@@ -22,8 +22,8 @@ from pytest_spark.infra.server.parse import expected_ray_members, parse_serve_ar
 from pytest_spark.readiness.launch import (
     ServingInfo,
     head_account,
+    idle_by_design,
     inspected_state,
-    serving_nodes,
 )
 from pytest_spark.readiness.ray import parse_ray_status
 from pytest_spark.readiness.serving import (
@@ -208,12 +208,9 @@ def test_serving_container_running(
 ) -> None:
     """Every node's serving container (the TP rank on that node) is running. It looks
     even when the cluster is not serving: which node lost its rank is the evidence."""
-    kept = [n.name for n in serving_nodes(spark_cluster, spark_settings)]
-    if spark_node.name not in kept:
-        pytest.skip(
-            f"{spark_node.name} serves no rank: TP x PP x DP of the serve args keeps "
-            f"{len(kept)} node(s) ({', '.join(kept)}); launch-cluster.sh trims the rest"
-        )
+    idle = idle_by_design(spark_cluster, spark_settings, spark_serving_state.info, spark_node.name)
+    if idle is not None:
+        pytest.skip(idle)
     name = shlex.quote(spark_settings.container)
     inspect = f"docker inspect -f '{{{{.State.Status}}}}' {name}"
     result = spark_node.run(inspect, timeout=20)

@@ -42,6 +42,7 @@ from pytest_spark.serving import (
     check_truncated,
     compare_stream,
 )
+from pytest_spark.serving.client.prefetch import Prefetch, ask_ahead, item_params
 from pytest_spark.serving.validate.accuracyprobe import cited_wrong_model
 from pytest_spark.serving.validate.causes import cited_verdict
 from pytest_spark.serving.validate.formatturns import DISABLED_VERDICT
@@ -72,7 +73,11 @@ STREAMED = pytest.mark.parametrize("streamed", [False, True], ids=["plain", "str
 
 class ReasoningTurns:
     def __init__(
-        self, client: ServingClient, settings: Settings, no_parser: str | None = None
+        self,
+        client: ServingClient,
+        settings: Settings,
+        no_parser: str | None = None,
+        prefetch: Prefetch | None = None,
     ) -> None:
         profile = settings.profile
         self.client = client
@@ -84,7 +89,7 @@ class ReasoningTurns:
         self.max_tokens = profile.reasoning.max_tokens
         self.cut_tokens = profile.reasoning.truncate_tokens
         self.profile = profile.name
-        self.cache = TurnCache(client)
+        self.cache = TurnCache(client, prefetch)
 
     def body(self, kind: str) -> dict[str, Any]:
         params: dict[str, Any] = {"temperature": 0, "seed": SEED, "max_tokens": self.max_tokens}
@@ -101,6 +106,9 @@ class ReasoningTurns:
     def turn(self, kind: str, streamed: bool) -> Turn:
         return self.cache.turn((kind, streamed), lambda: self.body(kind), streamed)
 
+    def plan(self, kind: str, streamed: bool) -> None:
+        self.cache.plan((kind, streamed), lambda: self.body(kind), streamed)
+
 
 @pytest.fixture(scope="module")
 def turns(
@@ -108,6 +116,7 @@ def turns(
     spark_api: ApiEndpoint,
     spark_settings: Settings,
     spark_server_command: ServerCommand | None,
+    serving_prefetch: Prefetch,
 ) -> Iterator[ReasoningTurns]:
     timeout = spark_settings.profile.reasoning.request_timeout_s
     client = ServingClient(spark_api, timeout=timeout, idle_timeout=spark_api.timeout)
@@ -115,7 +124,7 @@ def turns(
     no_parser = missing_reasoning_parser(spark_server_command, expected=expected)
     if not verdict_in_session(request.session, REASONING_VERDICT):
         no_parser = None  # nothing else reports it: the checks below do
-    reasoning = ReasoningTurns(client, spark_settings, no_parser)
+    reasoning = ReasoningTurns(client, spark_settings, no_parser, serving_prefetch)
     if verdict_in_session(request.session, TOOLS_VERDICT):
         tools_expected = spark_settings.profile.tool_calls.expected
         reasoning.no_tools = missing_tool_parser(spark_server_command, expected=tools_expected)
@@ -160,6 +169,30 @@ LABELS = {
     "truncated": "truncation inside thinking",
     "tool": "reasoning then tool call",
 }
+
+
+# Which turn each check reads (besides the verdicts' and _needs_reasoning's plain thinking).
+KIND_OF = {
+    "test_reasoning_separated": "thinking",
+    "test_thinking_disabled": "no-thinking",
+    "test_truncated_inside_thinking": "truncated",
+    "test_reasoning_then_tool_call": "tool",
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _ask_ahead(request: pytest.FixtureRequest, turns: ReasoningTurns) -> Iterator[None]:
+    """The selected checks' questions, sent together before the first of them runs."""
+
+    def plan(item: pytest.Item) -> None:
+        kind = KIND_OF.get(getattr(item, "originalname", item.name))
+        if kind is None or turns.no_parser is not None:
+            return
+        turns.plan("thinking", False)  # every check may read it (its verdict, the skip)
+        turns.plan(kind, item_params(item)["streamed"])
+        turns.plan(kind, False)  # a streamed check's verdict is its plain twin
+
+    yield from ask_ahead(request, plan)
 
 
 def _needs_reasoning(turns: ReasoningTurns, turn: Turn | None = None) -> None:

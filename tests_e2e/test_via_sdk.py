@@ -38,6 +38,7 @@ from pytest_spark.serving import (
     check_reasoning,
     check_tool_calls,
 )
+from pytest_spark.serving.client.prefetch import Prefetch, ask_ahead, item_params
 from pytest_spark.serving.client.sdk import SdkClient, SdkTurn
 from pytest_spark.serving.validate.accuracyprobe import cited_wrong_model
 from pytest_spark.serving.validate.causes import cited_verdict
@@ -76,6 +77,58 @@ def sdk(spark_api: ApiEndpoint, spark_settings: Settings) -> Iterator[SdkClient]
         client.close()
 
 
+@pytest.fixture(scope="module")
+def sdk_turns(sdk: SdkClient, serving_prefetch: Prefetch) -> TurnCache:
+    """The SDK's answers by key, sent ahead with the module's other requests."""
+    return TurnCache(sdk, serving_prefetch)
+
+
+def _reasoning_body(client: ServingClient, settings: Settings) -> dict[str, Any]:
+    """The raw reasoning check's question, as the SDK and its raw twin ask it."""
+    return client.body(
+        REASONING_QUESTION,
+        temperature=0,
+        seed=SEED,
+        max_tokens=settings.profile.reasoning.max_tokens,
+    )
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _ask_ahead(
+    request: pytest.FixtureRequest,
+    sdk_turns: TurnCache,
+    spark_settings: Settings,
+) -> Iterator[None]:
+    """The selected checks' questions (the SDK's and their raw twins'), sent together
+    before the first of them runs."""
+
+    def plan(item: pytest.Item) -> None:
+        params = item_params(item)
+        name = getattr(item, "originalname", item.name)
+        streamed = params.get("streamed", False)
+        if name == "test_sdk_tool_call":
+            tool_turns: ToolTurns = request.getfixturevalue("tool_turns")
+            mode = params["mode"]
+            tool_turns.plan(mode, streamed)
+            body = tool_turns.body(mode, False)
+            sdk_turns.plan(("tool", mode, streamed), lambda: body, streamed)
+        elif name == "test_sdk_reasoning":
+            raw: TurnCache = request.getfixturevalue("reasoning_raw")
+            body = _reasoning_body(raw.client, spark_settings)
+            raw.plan(("thinking", streamed), lambda: body, streamed)
+            raw.plan(("thinking", False), lambda: body, False)
+            sdk_turns.plan(("reasoning", streamed), lambda: body, streamed)
+        elif name == "test_sdk_structured_output":
+            format_turns: FormatTurns = request.getfixturevalue("format_turns")
+            if format_turns.expected:
+                kind = params["kind"]
+                format_turns.plan(kind, streamed)
+                body = format_turns.body(kind)
+                sdk_turns.plan(("format", kind, streamed), lambda: body, streamed)
+
+    yield from ask_ahead(request, plan)
+
+
 def _suffix(streamed: bool) -> str:
     return "stream" if streamed else "plain"
 
@@ -92,6 +145,7 @@ def _sdk_turn(
     request: pytest.FixtureRequest,
     sdk: SdkClient,
     spark_check: SparkCheck,
+    asked: tuple[TurnCache, tuple[Any, ...]],
     body: dict[str, Any],
     streamed: bool,
     label: str,
@@ -101,8 +155,9 @@ def _sdk_turn(
     """The SDK's turn, or the right verdict: a wire break the canary shows too skips citing
     the wire verdict; a request the raw client lost the same way skips citing its check;
     anything else (the SDK cannot parse what the raw client could) fails here."""
+    cache, key = asked
     try:
-        return sdk.turn(body, streamed)
+        return cache.turn(key, lambda: body, streamed)
     except ServingError as exc:
         cited = request.getfixturevalue("wire_cited")(exc.kind, f"{label}: {exc.message}")
         if cited is not None:
@@ -137,6 +192,7 @@ def test_sdk_tool_call(
     request: pytest.FixtureRequest,
     tool_turns: ToolTurns,
     sdk: SdkClient,
+    sdk_turns: TurnCache,
     spark_check: SparkCheck,
     mode: Mode,
     streamed: bool,
@@ -163,7 +219,8 @@ def test_sdk_tool_call(
             "(reported by test_auto_tool_choice_enabled)"
         )
     body = tool_turns.body(mode, False)
-    turn = _sdk_turn(request, sdk, spark_check, body, streamed, label, raw, raw_name)
+    asked = (sdk_turns, ("tool", mode, streamed))
+    turn = _sdk_turn(request, sdk, spark_check, asked, body, streamed, label, raw, raw_name)
     declined = auto_declined(turn, req)
     if not tool_turns.auto_emits_calls and declined is not None:
         pytest.skip(
@@ -192,11 +249,13 @@ def test_sdk_tool_call(
 
 
 @pytest.fixture(scope="module")
-def reasoning_raw(spark_api: ApiEndpoint, spark_settings: Settings) -> Iterator[TurnCache]:
+def reasoning_raw(
+    spark_api: ApiEndpoint, spark_settings: Settings, serving_prefetch: Prefetch
+) -> Iterator[TurnCache]:
     timeout = spark_settings.profile.reasoning.request_timeout_s
     client = ServingClient(spark_api, timeout=timeout, idle_timeout=spark_api.timeout)
     try:
-        yield TurnCache(client)
+        yield TurnCache(client, serving_prefetch)
     finally:
         client.close()
 
@@ -207,6 +266,7 @@ def test_sdk_reasoning(
     request: pytest.FixtureRequest,
     reasoning_raw: TurnCache,
     sdk: SdkClient,
+    sdk_turns: TurnCache,
     spark_settings: Settings,
     spark_server_command: ServerCommand | None,
     spark_check: SparkCheck,
@@ -222,14 +282,13 @@ def test_sdk_reasoning(
         if missing is not None:
             pytest.skip(missing)
     label = f"openai SDK, reasoning ({'streaming' if streamed else 'non-streaming'})"
-    body = reasoning_raw.client.body(
-        REASONING_QUESTION, temperature=0, seed=SEED, max_tokens=profile.reasoning.max_tokens
-    )
+    body = _reasoning_body(reasoning_raw.client, spark_settings)
     # the raw twin of this request (a wire break is its failure) and the verdict's answer
     twin = _raw(lambda: reasoning_raw.turn(("thinking", streamed), lambda: body, streamed))
     raw = _raw(lambda: reasoning_raw.turn(("thinking", False), lambda: body, False))
     twin_name = f"test_reasoning_separated[{_suffix(streamed)}]"
-    turn = _sdk_turn(request, sdk, spark_check, body, streamed, label, twin, twin_name)
+    asked = (sdk_turns, ("reasoning", streamed))
+    turn = _sdk_turn(request, sdk, spark_check, asked, body, streamed, label, twin, twin_name)
     if not profile.reasoning.expected and not (turn.reasoning or "").strip():
         pytest.skip(f"{NO_REASONING_FIELD} (profile {profile.name} has reasoning.expected = false)")
     finding = check_reasoning(turn, server=sdk.server)
@@ -252,6 +311,7 @@ def test_sdk_structured_output(
     request: pytest.FixtureRequest,
     format_turns: FormatTurns,
     sdk: SdkClient,
+    sdk_turns: TurnCache,
     spark_check: SparkCheck,
     kind: FormatKind,
     streamed: bool,
@@ -263,9 +323,9 @@ def test_sdk_structured_output(
     label = f"openai SDK, {req.label}"
     raw_name = f"test_structured_output[{kind}-{_suffix(streamed)}]"
     raw = _raw(lambda: format_turns.turn(kind, streamed))
-    turn = _sdk_turn(
-        request, sdk, spark_check, format_turns.body(kind), streamed, label, raw, raw_name
-    )
+    asked = (sdk_turns, ("format", kind, streamed))
+    body = format_turns.body(kind)
+    turn = _sdk_turn(request, sdk, spark_check, asked, body, streamed, label, raw, raw_name)
     finding = check_structured(turn, req, server=sdk.server)
     if not finding.ok:
         cited = cited_reasoning_leak(request, turn, label) or cited_ignored(

@@ -1,7 +1,9 @@
 """Nodes alike (issue #15 §1): every node runs what the head runs, before a 15-minute load.
 
 Per cluster, each check compares every node with the head and names the odd node: the
-kernel, OS release, NVIDIA driver and CUDA version; the serving image (its identity, and
+kernel, OS release, NVIDIA driver and CUDA version, DGX OS release and ConnectX-7 firmware
+(and, apart, whether any of them is on the profile's known-bad list); the serving image
+(in attach mode, the image the running containers were started from) (its identity, and
 what differs inside it: vLLM, torch, Python, the NCCL version and library hash, where the
 same version of a different build hangs the ranks); the clocks' NTP-synchronised state
 (beside test_preflight's measured skew). The model directory is test_preflight's
@@ -22,6 +24,7 @@ from pytest_spark.infra.alike.check import (
 )
 from pytest_spark.infra.alike.gather import all_alike
 from pytest_spark.infra.alike.probe import NodeAlike
+from pytest_spark.infra.knownbad.check import check_known_bad, denied_nodes
 from pytest_spark.infra.preflight.check import Skip
 from pytest_spark.readiness.reachability import require_reachable
 
@@ -49,9 +52,21 @@ def test_host_software_alike(
     pytestconfig: pytest.Config, spark_cluster: Cluster, spark_check: SparkCheck
 ) -> None:
     """Kernel release (uname -r), OS release (/etc/os-release), NVIDIA driver and CUDA
-    version (nvidia-smi's header) the same on every node as on the head."""
+    version (nvidia-smi's header), DGX OS release (/etc/dgx-release) and ConnectX-7
+    firmware (ethtool -i) the same on every node as on the head. A value on the profile's
+    known-bad list is test_no_known_bad_versions' failure and left out here."""
     facts = alike_facts(pytestconfig, spark_cluster)
-    spark_check.require(check_host_alike(spark_cluster.head.name, facts))
+    owned = denied_nodes(facts, spark_cluster.profile.known_bad)
+    spark_check.require(check_host_alike(spark_cluster.head.name, facts, owned))
+
+
+def test_no_known_bad_versions(
+    pytestconfig: pytest.Config, spark_cluster: Cluster, spark_check: SparkCheck
+) -> None:
+    """No node on a driver, kernel, DGX OS, ConnectX-7 firmware or NCCL build the profile's
+    [known_bad] deny list names (each entry with its public source), unless allow-listed."""
+    facts = alike_facts(pytestconfig, spark_cluster)
+    spark_check.require(check_known_bad(facts, spark_cluster.profile.known_bad))
 
 
 def test_serving_image_alike(

@@ -14,11 +14,18 @@ from __future__ import annotations
 import pytest
 
 from pytest_spark import Cluster, Node, SparkCheck, verdict_in_session
-from pytest_spark.infra.memory.check import check_memory_headroom
-from pytest_spark.infra.memory.gather import engine_claim, engine_state, node_memory
+from pytest_spark.infra.memory.check import check_container_limit, check_memory_headroom
+from pytest_spark.infra.memory.gather import (
+    container_memory,
+    engine_claim,
+    engine_state,
+    node_memory,
+)
+from pytest_spark.infra.memory.parse import ContainerMemory
 from pytest_spark.infra.preflight.check import Skip, check_gpu_holders
 from pytest_spark.infra.preflight.gather import all_preflight
 from pytest_spark.infra.preflight.probe import NodePreflight
+from pytest_spark.readiness.launch import ServingInfo, serving_nodes
 
 pytestmark = pytest.mark.preflight
 
@@ -67,6 +74,28 @@ def test_memory_headroom(
         top_holders=profile.top_holders,
         gpu_held=_gpu_held(request, spark_cluster, spark_node),
     )
+    if isinstance(result, Skip):
+        pytest.skip(result.reason)
+    spark_check.require(result)
+
+
+def test_serving_fits_container_memory_limit(
+    spark_serving: ServingInfo, spark_cluster: Cluster, spark_check: SparkCheck
+) -> None:
+    """Each serving container's cgroup memory limit (launch-cluster.sh --non-privileged:
+    --memory 110g by default; memory.max inside, else docker inspect) holds what its rank
+    asks for, read from its running `vllm serve` (--gpu-memory-utilization-gb N: N GiB +
+    0.5 GiB; a fraction: of MemTotal): the limit is the OOM boundary. One verdict for the
+    cluster, naming each node that is short."""
+    nodes = serving_nodes(spark_cluster, spark_cluster.settings, spark_serving)
+    reachable = [n for n in nodes if spark_cluster.unreachable(n) is None]
+    found = spark_cluster.map(lambda node: container_memory(spark_cluster, node), reachable)
+    containers = [found[n.name] for n in reachable if isinstance(found[n.name], ContainerMemory)]
+    spark_check.attach(
+        "containers",
+        "\n".join(f"{c.node}: limit {c.limit} ({c.source}); {c.serve_line}" for c in containers),
+    )
+    result = check_container_limit(containers)
     if isinstance(result, Skip):
         pytest.skip(result.reason)
     spark_check.require(result)

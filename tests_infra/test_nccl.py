@@ -18,6 +18,7 @@ from pytest_spark import (
     require_unless_twin_down,
     verdict_in_session,
 )
+from pytest_spark.infra.counters.gather import counted
 from pytest_spark.infra.links.gather import (
     fabric_ifs,
     node_link_facts,
@@ -54,8 +55,8 @@ from pytest_spark.infra.nccl.parse import NcclOutput
 from pytest_spark.infra.nccl.probe import CollectiveRun
 from pytest_spark.infra.preflight.check import ENV_VERDICT
 from pytest_spark.measure.codec import dump, load
-from pytest_spark.measure.once import Measured, measure_once
-from pytest_spark.readiness.launch import container_states, serving_nodes
+from pytest_spark.measure.once import Measured, measure_dir, measure_once
+from pytest_spark.readiness.launch import ServingInfo, container_states, serving_nodes
 from pytest_spark.readiness.reachability import require_reachable
 from pytest_spark.readiness.serving import SERVING_VERDICT_KEY, ServingState, not_serving_reason
 
@@ -71,6 +72,8 @@ def _allreduce(
     if spark_settings.launch:
         # The benchmark runs where torch and NCCL live: the serving containers.
         request.getfixturevalue("spark_serving")
+    # Only the nodes that serve a rank: a node the launcher trims is idle by design.
+    ranks = serving_nodes(spark_cluster, spark_settings, _serving_info(request, spark_settings))
     envs = rank_envs(spark_cluster)
     down = down_socket_ports(spark_cluster, envs) if not isinstance(envs, str) else []
     if down:
@@ -80,10 +83,25 @@ def _allreduce(
     return measure_once(
         request.config,
         "collective-run",
-        lambda: collective_run(spark_cluster, progress_line_writer(request.config)),
+        # Every node's fabric counters read before and after (test_fabric_error_counters).
+        counted(
+            measure_dir(request.config),
+            spark_cluster,
+            "collective-run",
+            lambda: collective_run(spark_cluster, progress_line_writer(request.config), ranks),
+        ),
         encode=dump,
         decode=lambda data: load(CollectiveRun | str, data),
     )
+
+
+def _serving_info(request: pytest.FixtureRequest, settings: Settings) -> ServingInfo | None:
+    """What the launch or attach found (the nodes that serve a rank): launched, or
+    attached without serve args (the head's own `vllm serve` line says then)."""
+    if not settings.launch and settings.serve_args:
+        return None
+    state: ServingState = request.getfixturevalue("spark_serving_state")
+    return state.info
 
 
 def _run_or_cause(
@@ -109,7 +127,7 @@ def _run_or_cause(
         serving: ServingState = request.getfixturevalue("spark_serving_state")
         if serving.problem is not None:
             pytest.skip(f"{not_serving_reason(serving.problem)}; all-reduce: {run}")
-    kept = serving_nodes(spark_cluster, spark_settings)
+    kept = serving_nodes(spark_cluster, spark_settings, _serving_info(request, spark_settings))
     states = spark_cluster.cached(
         "serving-container-states",
         lambda: container_states(spark_cluster, spark_settings.container),

@@ -23,6 +23,7 @@ from pytest_spark import (
 )
 from pytest_spark.infra.gpuhealth.check import KERNEL_VERDICT, gpu_lost_in_kernel_log
 from pytest_spark.infra.links.gather import unusable_fabric_links
+from pytest_spark.infra.loaded.gather import rank_env
 from pytest_spark.infra.modelhash.gather import full_hash_listings
 from pytest_spark.infra.preflight.check import (
     ENV_VERDICT,
@@ -49,7 +50,12 @@ from pytest_spark.infra.preflight.gather import (
     ssh_from_head,
 )
 from pytest_spark.infra.preflight.probe import ClockSample, ModelListing, NodePreflight, model_dir
-from pytest_spark.readiness.launch import NotServing, ServingInfo, fabric_addresses
+from pytest_spark.readiness.launch import (
+    NotServing,
+    ServingInfo,
+    fabric_addresses,
+    idle_by_design,
+)
 from pytest_spark.readiness.reachability import (
     require_reachable,
     through_unreachable_jump,
@@ -242,10 +248,49 @@ def test_link_flaps(
     )
 
 
-def _env_finding(cluster: Cluster, node: Node) -> Finding:
+def _effective_env(cluster: Cluster, node: Node) -> tuple[dict[str, str] | None, str | None]:
+    """The rank process's own environment (/proc/PID/environ: what NCCL reads, with the
+    launch's -e flags, .env and anything exported before exec) and where it was read;
+    the container's configured one (docker inspect) when no rank process can be read."""
+    found = rank_env(cluster, node)
+    if found is not None:
+        env, pid = found
+        return (
+            env,
+            f"container {cluster.settings.container} rank process {pid} (/proc/{pid}/environ)",
+        )
+    return serving_env(cluster, node), None
+
+
+def _env_finding(cluster: Cluster, node: Node, head_env: dict[str, str] | None = None) -> Finding:
     ifs, devs, node_ifs = fabric_of(cluster, node)
-    env = serving_env(cluster, node)
-    return check_serving_env(node.name, cluster.settings.container, env, ifs, devs, node_ifs)
+    env, source = _effective_env(cluster, node)
+    head = cluster.head.name
+    return check_serving_env(
+        node.name,
+        cluster.settings.container,
+        env,
+        ifs,
+        devs,
+        node_ifs,
+        source=source,
+        nodes=len(cluster.nodes),
+        reference=(head, head_env) if head_env is not None and node.name != head else None,
+    )
+
+
+def _head_env_if_right(cluster: Cluster, node: Node) -> dict[str, str] | None:
+    """The head's rank environment when its own check passes (the reference a worker's
+    must equal); None otherwise (the head reports its own)."""
+    head = cluster.head
+    if node.name == head.name or cluster.unreachable(head) is not None:
+        return None
+    try:
+        if not _env_finding(cluster, head).ok:
+            return None
+        return _effective_env(cluster, head)[0]
+    except (RemoteError, pytest.fail.Exception):
+        return None
 
 
 def _env_finding_or_none(cluster: Cluster, node: Node) -> Finding | None:
@@ -267,8 +312,12 @@ def test_serving_env_matches_fabric(
 ) -> None:
     """Needs the serving containers (launched with --spark-launch, else attached to). One
     launch sets every node's environment: a worker whose environment is wrong exactly as
-    the head's skips citing the head's check, which names every node it covers."""
-    finding = _env_finding(spark_cluster, spark_node)
+    the head's skips citing the head's check, which names every node it covers. A node
+    the launcher trimmed (TP x PP x DP needs fewer) has no container, by design."""
+    idle = idle_by_design(spark_cluster, spark_cluster.settings, spark_serving, spark_node.name)
+    if idle is not None:
+        pytest.skip(idle)
+    finding = _env_finding(spark_cluster, spark_node, _head_env_if_right(spark_cluster, spark_node))
     head = spark_cluster.head
     if not finding.ok and not unusable_fabric_links(spark_cluster):
         if spark_node.name != head.name:

@@ -20,6 +20,8 @@ from pytest_spark.access.cluster import Cluster, Node
 from pytest_spark.infra.alike.probe import alike_probe_command
 from pytest_spark.infra.errors import ParseError
 from pytest_spark.infra.fdlimit.probe import fdlimit_probe_command
+from pytest_spark.infra.kernel.probe import kernel_probe_command
+from pytest_spark.infra.loaded.probe import loaded_probe_command
 from pytest_spark.infra.memory.probe import memory_probe_command
 from pytest_spark.infra.preflight.probe import model_dir, preflight_probe_command
 from pytest_spark.infra.probe import joint_probe
@@ -35,7 +37,8 @@ def host_probe_commands(settings: Settings) -> dict[str, str]:
     preflight probe and the nodes-alike probe run side by side in one ``sh -c``
     (:func:`~pytest_spark.infra.probe.joint_probe`), so a node costs one SSH round trip
     for its host facts whichever check asks first. A probe of host facts joins by being
-    listed here: the preflight, nodes-alike, memory and open-file limit probes."""
+    listed here: the preflight, nodes-alike, memory, open-file limit, previous-boot and
+    loaded (what the serving ranks mapped, their environment, the vllm tree) probes."""
     where = model_dir(settings).path
     return {
         "preflight": preflight_probe_command(
@@ -44,6 +47,8 @@ def host_probe_commands(settings: Settings) -> dict[str, str]:
         "alike": alike_probe_command(container=settings.container, image=settings.image),
         "memory": memory_probe_command(),
         "fdlimit": fdlimit_probe_command(container=settings.container),
+        "kernel": kernel_probe_command(),
+        "loaded": loaded_probe_command(container=settings.container),
     }
 
 

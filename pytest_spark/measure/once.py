@@ -114,3 +114,11 @@ def measure_once(
     if measurements is None:  # the plugin is not configured (e.g. -p no:spark in a test)
         measurements = Measurements(Path("."), "main", shared=False)
     return measurements.once(name, compute, encode, decode)
+
+
+def measure_dir(config: pytest.Config) -> Path | None:
+    """The session's run directory, where the measurements are kept (``measure-<name>.json``)
+    and what is read around them (``counters-<name>.json``); None when the plugin is not
+    configured."""
+    measurements = config.stash.get(MEASURE_KEY, None)
+    return measurements.run_dir if measurements is not None else None

@@ -229,6 +229,9 @@ class ServingInfo:
     facts: dict[str, str]
     mode: str | None = None  # "ray" | "no-ray" | None (not known)
     mode_source: str = ""  # how the mode was known
+    nodes: tuple[str, ...] = ()  # the nodes that serve a rank (empty: every node)
+    idle_nodes: tuple[str, ...] = ()  # configured, left idle by design (the launcher trims)
+    idle_because: str = ""
 
 
 def fabric_addresses(cluster: Cluster) -> tuple[str, ...]:
@@ -307,13 +310,73 @@ def ray_only_script(
     return "ray", f"{launcher.spec.script} has no --ray option (it always starts Ray)"
 
 
-def serving_nodes(cluster: Cluster, settings: Settings) -> list[Node]:
+def serving_nodes(
+    cluster: Cluster, settings: Settings, info: ServingInfo | None = None
+) -> list[Node]:
     """The nodes the launcher keeps: it trims its node list to TP x PP x DP (one GPU a
-    node on a Spark), head first."""
-    if not settings.serve_args:
-        return list(cluster.nodes)
-    used = parse_serve_args(settings.serve_args).nodes_used()
-    return list(cluster.nodes[: max(1, used)])
+    node on a Spark), head first; what the launch or attach found (``info``) when known."""
+    if info is not None and info.nodes:
+        return [n for n in cluster.nodes if n.name in info.nodes]
+    return kept_nodes(cluster, settings)[0]
+
+
+def idle_by_design(
+    cluster: Cluster, settings: Settings, info: ServingInfo | None, node: str
+) -> str | None:
+    """The skip reason of a check that needs ``node``'s serving container when the node
+    serves no rank by design (the launcher trimmed it: no container there), else None."""
+    kept = [n.name for n in serving_nodes(cluster, settings, info)]
+    if node in kept:
+        return None
+    why = info.idle_because if info is not None and info.idle_because else ""
+    why = why or kept_nodes(cluster, settings)[1]
+    return (
+        f"{node} is idle by design: it serves no rank, the cluster keeps {len(kept)} "
+        f"node(s) ({', '.join(kept)}): {why}"
+    )
+
+
+def head_serve_line(processes: list[str]) -> str | None:
+    """The head's ``vllm serve ...`` out of its container's process lines (``docker top``
+    args; a launch script's ``bash /workspace/exec-script.sh`` has it in a child)."""
+    for line in processes:
+        if "vllm serve" in line:
+            return line[line.index("vllm serve") :]
+    return None
+
+
+def kept_nodes(
+    cluster: Cluster, settings: Settings, attached_line: str | None = None
+) -> tuple[list[Node], str]:
+    """(the nodes that serve a rank, why the others are idle). The serve args' TP x PP x
+    DP, as launch-cluster.sh trims its node list (eugr's "Parallelism-Aware Node
+    Trimming", 2026-03-31: the head and the first workers); attached without serve args,
+    the head's own ``vllm serve`` line: its ``--nnodes`` (no Ray), else its TP x PP x DP."""
+    nodes = list(cluster.nodes)
+    line, source = settings.serve_args, "the serve args"
+    if not line and attached_line:
+        line, source = attached_line, "the head's vllm serve process"
+    if not line:
+        return nodes, ""
+    try:
+        args = parse_serve_args(line)
+    except ValueError:  # a cut or shell-quoted process line
+        return nodes, ""
+    if source != "the serve args" and args.nnodes is not None:
+        used = args.nnodes
+        why = f"{source} has --nnodes {used}"
+    elif args.parallelism_given:
+        used = args.nodes_used()
+        why = (
+            f"{source}' {args.describe_ranks()}, one GPU a node; launch-cluster.sh prints "
+            f"`Note: Command requires {used} node(s) (tp={args.tensor_parallel_size} * "
+            f"pp={args.pipeline_parallel_size} * dp={args.data_parallel_size}); using "
+            f"{used} of {len(nodes)} configured node(s).` and starts no container there"
+        )
+    else:
+        return nodes, ""
+    kept = nodes[: max(1, used)]
+    return kept, why if len(kept) < len(nodes) else ""
 
 
 LEFTOVER_WAIT_S = 30.0  # dockerd removes a stopped --rm container just after `docker stop`
@@ -501,6 +564,9 @@ def ensure_serving(
                 state["facts"],
                 state.get("mode"),
                 state.get("mode_source", ""),
+                tuple(state.get("nodes", ())),
+                tuple(state.get("idle_nodes", ())),
+                state.get("idle_because", ""),
             )
         if cluster.unreachable(cluster.head) is not None:
             raise NotServing(f"head unreachable: {cluster.head._error}")
@@ -515,6 +581,7 @@ def ensure_serving(
         t0 = time.monotonic()
         mode, mode_source = configured_mode(settings)
         container = settings.container
+        attached_line: str | None = None
         try:
             log_path: str | None = None
             head_log_visible = True
@@ -539,13 +606,16 @@ def ensure_serving(
                 )
                 write_json(state_path, doc)
                 # Ray mode: the head's vLLM output is the launcher's stdout. Without Ray the
-                # head writes to its container log, which the launcher only echoes.
-                log_path = launcher.spec.log_path if mode == "ray" else None
+                # head writes to its container log, which the launcher only echoes (since
+                # 2026-09-15; before, it too was on the launcher's stdout): the launcher's
+                # log is read until the head's container log shows vLLM output.
+                log_path = launcher.spec.log_path
             else:
                 head = attach_precheck(cluster, settings)
                 if mode is None and head.processes:
                     mode = mode_of_processes(head.processes)
                     mode_source = "the head container's processes" if mode else ""
+                attached_line = head_serve_line(head.processes or [])
                 log_path = settings.serve_log
                 if log_path is None and mode != "no-ray":
                     head_log_visible = False
@@ -556,7 +626,13 @@ def ensure_serving(
                             "log), not to docker logs; give --spark-serve-log=PATH to follow "
                             "it. Waiting on /health and the workers' logs"
                         )
-            doc.update(mode=mode, mode_source=mode_source)
+            kept, idle_because = kept_nodes(cluster, settings, attached_line)
+            doc.update(mode=mode, mode_source=mode_source, nodes=[n.name for n in kept])
+            idle = [n.name for n in cluster.nodes if n not in kept]
+            if idle:
+                doc.update(idle_nodes=idle, idle_because=idle_because)
+                if notify is not None:
+                    notify(f"{', '.join(idle)}: idle by design ({idle_because})")
             spec = WaitSpec(
                 container=container,
                 port=settings.port,
@@ -564,11 +640,12 @@ def ensure_serving(
                 hang_timeout=settings.hang_timeout,
                 placement_timeout=profile.readiness.placement_group_timeout_s,
                 since=SINCE_START,
-                nodes=tuple(serving_nodes(cluster, settings)),
+                nodes=tuple(kept),
                 head_log_visible=head_log_visible,
                 launcher_pid=launcher.pid if launcher else None,
                 launcher_log=launcher.launcher_log if launcher else None,
                 launcher_log_path=log_path,
+                launcher_log_fallback=launcher is not None and mode != "ray",
             )
             watch = wait_ready(cluster, spec, progress=progress, notify=notify)
         except StartupFailed as exc:
@@ -599,6 +676,9 @@ def ensure_serving(
             doc["facts"],
             doc.get("mode"),
             doc.get("mode_source", ""),
+            tuple(doc.get("nodes", ())),
+            tuple(doc.get("idle_nodes", ())),
+            doc.get("idle_because", ""),
         )
 
 

@@ -96,6 +96,28 @@ FATAL = (
     ("engine-dead", re.compile(r"EngineDeadError")),
     ("engine-init-failed", re.compile(r"RuntimeError: Engine core initialization failed")),
 )
+# earlyoom as the container's PID 1 (launch-cluster.sh --earlyoom; earlyoom 1.7 in eugr's
+# image, fixtures/earlyoom/README.md): its banner and its memory report every -r seconds
+# (60 by default, the first at once) share the container log with the ranks. They are
+# neither load progress nor proof of life: a stall under them is still a stall.
+EARLYOOM_MONITOR = re.compile(
+    r"^(?:earlyoom v?\d[\w.-]*$"
+    r"|mem avail: *\d+ of *\d+ MiB \( *[\d.]+ ?%\), swap free: *\d+ of *\d+ MiB"
+    r"|mem total: *\d+ MiB, (?:user mem total: *\d+ MiB, )?swap total: *\d+ MiB"
+    r"|sending SIGTERM when mem (?:avail )?<=|\s+SIGKILL when mem (?:avail )?<="
+    r"|low memory! at or below SIGTERM limits|low memory! at or below SIGKILL limits"
+    r"|escalating to SIGKILL after|process (?:\d+ )?exited after [\d.]+ seconds"
+    r"|Could not lock memory|memory situation has recovered"
+    r"|Preferring to kill process names|Will avoid killing process names"
+    r"|Priority was raised successfully|Could not set (?:priority|oom_score_adj))"
+)
+# earlyoom's kill line: the root cause of the rank's death (and of the EngineDeadError its
+# peers print after it). v1.7: `badness N, VmRSS N MiB`; 1.8 and later: `oom_score N, ...`.
+EARLYOOM_KILL = re.compile(
+    r"^sending (?P<signal>SIGTERM|SIGKILL) to process (?P<pid>\d+) uid (?P<uid>\d+) "
+    r'"(?P<process>[^"]*)": (?:badness|oom_score) (?P<score>-?\d+)'
+    r"(?:, oom_score_adj -?\d+)?, VmRSS (?P<rss_mib>\d+) MiB"
+)
 HANG = (
     (
         "placement-group",
@@ -123,6 +145,13 @@ BENIGN = (
     ),
 )
 
+# Fatal signatures that a rank dying elsewhere makes its peers print: a dead rank, or an
+# earlyoom kill, found in the same poll is the root cause. (A CUDA OOM or a watchdog
+# timeout is a cause of its own.)
+CONSEQUENCES = frozenset({"nccl-error", "ray-actor-died", "engine-dead", "engine-init-failed"})
+# Fatal signatures that name the root cause of those consequences.
+ROOT_CAUSES = frozenset({"earlyoom-kill"})
+
 REMEDIATION = {
     "free-memory": "another process holds GPU memory (a stale container after a reboot is the "
     "usual cause): `docker ps` and `nvidia-smi` on every node, stop it, or lower "
@@ -144,6 +173,11 @@ REMEDIATION = {
     "that every worker runs its headless rank (`vllm serve ... --headless --node-rank R`, "
     "same --nnodes) and has not crashed; restart all ranks together",
     "engine-dead": "the engine died: read the worker's log for the first error",
+    "earlyoom-kill": "earlyoom (the container's PID 1, launch-cluster.sh --earlyoom) killed it: "
+    "the node's available memory fell under earlyoom's -M limit. Leave memory headroom: "
+    "lower --gpu-memory-utilization (or --gpu-memory-utilization-gb, --max-model-len), stop "
+    "other memory users on that node (`free -m`, `docker ps`); GB10's GPU memory is the "
+    "same RAM",
     "engine-init-failed": "engine initialisation failed: the root cause is in the lines above",
     "placement-group": "Ray cannot place the TP group: a node's GPU is not registered with Ray "
     "(worker container down or not joined): `ray status` must show every "
@@ -174,7 +208,7 @@ def split_prefix(raw: str) -> LogLine:
 class Event:
     """What one line means: a phase change, progress, a fatal or hang signature."""
 
-    kind: str  # phase | progress | fatal | hang | fact | benign
+    kind: str  # phase | progress | fatal | hang | fact | benign | monitor
     name: str
     line: str
     value: dict[str, str] = field(default_factory=dict)
@@ -184,6 +218,16 @@ def classify(raw: str) -> list[Event]:
     """All events in one log line (usually zero or one)."""
     line = split_prefix(raw)
     text = line.text
+    m = EARLYOOM_KILL.search(text)
+    if m:
+        v = m.groupdict()
+        detail = (
+            f'earlyoom sent {v["signal"]} to process {v["pid"]} "{v["process"]}" '
+            f"(VmRSS {v['rss_mib']} MiB)"
+        )
+        return [Event("fatal", "earlyoom-kill", raw.rstrip("\n"), {**v, "detail": detail})]
+    if EARLYOOM_MONITOR.search(text):
+        return [Event("monitor", "earlyoom", raw.rstrip("\n"))]
     for name, pattern in BENIGN:
         if pattern.search(text):
             return [Event("benign", name, raw.rstrip("\n"))]

@@ -16,10 +16,20 @@ Each node's log is read from its serving container's own start (``.State.Started
 node's own clock), never from another node's clock or an earlier start of the container:
 a ``docker start``ed container keeps its previous run's output in ``docker logs``.
 
-The real launcher's containers run ``sleep infinity`` and get vLLM (and Ray) through
-``docker exec``, so a crashed server leaves its container running: the probe also lists
-the container's serving processes (``docker top``), and a node whose server was seen and
-is gone while its container still runs is a dead rank.
+The real launcher's containers run ``sleep infinity`` (or, with ``--earlyoom``, earlyoom as
+PID 1) and get vLLM (and Ray) through ``docker exec``, so a crashed server leaves its
+container running: the probe also lists the container's serving processes (``docker
+top``), and a node whose server was seen and is gone while its container still runs is a
+dead rank. On the head, when no ``vllm serve`` runs, the probe also reads the launcher's
+``/tmp/.launch-cluster-head-exit`` (launch-cluster.sh since 2026-09-15 writes the head
+command's ``$?`` there when it exits, and deletes it once read): an authoritative exit
+status for the verdict.
+
+Where the head's vLLM output is: launch-cluster.sh since 2026-09-15 pipes the no-Ray head
+command to the container log, as the workers'; before, it ran in the launcher's foreground
+(``docker exec -i``), so the output is only on the launcher's stdout (its log here), as in
+Ray mode. Launching without Ray, the watch reads both and feeds the launcher's log until
+the head's container log shows vLLM output of its own (``launcher_log_fallback``).
 
 The wait is a small state machine, ``ReadinessWait`` (no I/O: which nodes are due, what to
 ask each, one poll's answers in, the ``Stage`` out); ``wait_ready`` drives it with the
@@ -30,6 +40,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import signal
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -40,13 +51,15 @@ from typing import Protocol
 from pytest_spark.access.base import CommandResult, RemoteError
 from pytest_spark.access.cluster import Cluster, Node
 from pytest_spark.access.retry import Backoff, RetryState, for_connection
+from pytest_spark.readiness.follow import HealthFollower
+from pytest_spark.readiness.vllm_log import CONSEQUENCES, PREFIX, classify
 from pytest_spark.readiness.watch import StartupFailure, StartupWatch
 
 SEP = "__PYTEST_SPARK_PROBE__"
 # A poll runs `docker inspect`, `docker logs` and `docker top` on every serving node (and
 # curl on the head): ~150 ms of CPU on each node (measured on sparksim). Each second, not
-# each half, halves what the watch costs the nodes; a crash or /health 200 is seen up to
-# 0.5 s later.
+# each half, halves what the watch costs the nodes: a crash is seen within a second; /health
+# turning 200 within ~0.1 s plus one poll (the head follows it between polls: follow.py).
 POLL_S = 1.0
 PROBE_TIMEOUT_S = 15.0
 # ``since`` meaning "from this container's current start" (its .State.StartedAt).
@@ -57,9 +70,9 @@ VLLM_PROCESS = re.compile(r"\bvllm serve\b|VLLM::")
 RAY_PROCESS = re.compile(r"\bray start\b|\braylet\b|ray::")
 SERVER_PROCESS = re.compile(f"{VLLM_PROCESS.pattern}|{RAY_PROCESS.pattern}")
 PROCESS_NAMES = {"vllm": "vllm serve", "ray": "ray"}
-# Log signatures that a rank dying elsewhere makes its peers print: a dead rank found in the
-# same poll is the root cause. (A CUDA OOM or a watchdog timeout is a cause of its own.)
-CONSEQUENCES = frozenset({"nccl-error", "ray-actor-died", "engine-dead", "engine-init-failed"})
+# launch-cluster.sh (since 2026-09-15): the head command's exit status, in the head container
+# from its exit until the launcher's next poll (<= 5 s), which deletes it.
+HEAD_EXIT_SENTINEL = "/tmp/.launch-cluster-head-exit"
 MISSING_LIMIT_S = 30.0  # a container still missing this long (at least hang_timeout) is gone
 ATTACH_MISSING_S = 5.0  # attached: a container missing this long after the wait began is gone
 
@@ -80,6 +93,7 @@ class NodeProbe:
     launcher_output: str = ""
     started_at: str | None = None  # the container's .State.StartedAt, fixed width
     processes: list[str] | None = None  # serving processes (docker top), when asked
+    exit_status: int | None = None  # the launcher's head-exit sentinel, when present
 
     @property
     def kinds(self) -> set[str]:
@@ -112,6 +126,7 @@ def probe_command(
     launcher_log: str | None = None,
     log_offset: int = 0,
     processes: bool = False,
+    sentinel: str | None = None,
 ) -> str:
     """One round trip: [health], container state and start time, new container log lines
     (``since`` a log time of this node, or ``SINCE_START``: from the container's current
@@ -136,9 +151,16 @@ def probe_command(
     )
     if processes:
         parts.append(
-            f'echo {SEP} procs; case "$st" in running*) docker top {c} -eo pid,args -ww '
-            "2>/dev/null | grep -E 'vllm|VLLM::|ray' | cut -c1-1000 | head -n 50;; esac"
+            f'echo {SEP} procs; case "$st" in running*) p=$(docker top {c} -eo pid,args -ww '
+            "2>/dev/null | grep -E 'vllm|VLLM::|ray' | cut -c1-1000 | head -n 50);"
+            ' printf "%s\\n" "$p";; esac'
         )
+        if sentinel is not None:  # read only while no vllm serve runs: no cost when serving
+            parts.append(
+                f'echo {SEP} exit; case "$st" in running*) printf "%s" "$p" | grep -qE '
+                f"'vllm serve|VLLM::' || docker exec {c} cat {shlex.quote(sentinel)} "
+                "2>/dev/null;; esac"
+            )
     if launcher_log is not None:
         parts.append(
             f"echo {SEP} launcher; tail -c +{int(log_offset) + 1} "
@@ -182,6 +204,7 @@ def parse_probe(result: CommandResult, with_health: bool = True) -> NodeProbe:
         processes = [
             line.strip() for line in sections["procs"].splitlines() if SERVER_PROCESS.search(line)
         ]
+    exit_text = sections.get("exit", "").strip()
     return NodeProbe(
         health,
         status,
@@ -190,7 +213,27 @@ def parse_probe(result: CommandResult, with_health: bool = True) -> NodeProbe:
         sections.get("launcher", ""),
         started_at,
         processes,
+        int(exit_text) if exit_text.isdigit() else None,
     )
+
+
+def exit_status_text(status: int) -> str:
+    """``$?`` of the head command as launch-cluster.sh's sentinel holds it, in words."""
+    if status > 128:
+        try:
+            name = signal.Signals(status - 128).name
+        except ValueError:
+            return f"exit status {status}"
+        return f"exit status {status}: killed by {name}"
+    return f"exit status {status}"
+
+
+def vllm_output(line: str) -> bool:
+    """A line of vLLM's own (a ``(APIServer pid=N)``-style prefix, or one the watch reads),
+    not a monitor's (earlyoom) or the container's PID 1's."""
+    if PREFIX.match(line):
+        return True
+    return any(event.kind not in ("monitor", "benign") for event in classify(line))
 
 
 def split_segments(logs: str) -> list[str]:
@@ -298,7 +341,10 @@ class WaitSpec:
     ``--spark-serve-log``), so silence is no evidence of a stall: the wait goes on until
     ``/health`` answers, a process or container dies, or ``ready_timeout``. The launcher's
     ``pid`` (launching; None: attached), its log (a reader) and the path of the head's
-    vLLM output when the launcher writes it. ``poll_s``: from one poll's start to the
+    vLLM output when the launcher writes it; ``launcher_log_fallback``: that path holds
+    the head's output only until the head's container log shows vLLM output (no Ray:
+    launch-cluster.sh before 2026-09-15 printed it on its stdout, since then in the
+    container log, which it also echoes). ``poll_s``: from one poll's start to the
     next."""
 
     container: str
@@ -312,6 +358,7 @@ class WaitSpec:
     launcher_pid: int | None = None
     launcher_log: Callable[[], str] | None = None
     launcher_log_path: str | None = None
+    launcher_log_fallback: bool = False
     poll_s: float = POLL_S
 
 
@@ -344,6 +391,9 @@ class ReadinessWait:
     # probe races the head's), so a container still missing will not come, on any node.
     launcher_exited: bool = False
     launcher_offset: int = 0  # bytes of the launcher's log fed so far
+    # The head's container log has shown vLLM output: the launcher's echo of it is not fed.
+    head_log_has_vllm: bool = False
+    head_exit: int | None = None  # the head command's exit status (the launcher's sentinel)
     poll_start: StartupFailure | None = None  # the verdict before this poll
     # A rank found dead (its process or container gone) is blamed one poll later, once the
     # next poll of every node's log shows no root cause of its own: the rank's death may
@@ -374,7 +424,10 @@ class ReadinessWait:
             n for n in self.nodes if n.name not in self.retrying or self.retrying[n.name].due(now)
         ]
 
-    def command(self, node: Node) -> str:
+    def command(self, node: Node, processes: bool = True) -> str:
+        """The poll's round trip on ``node``; ``processes=False`` leaves out its serving
+        processes (the follower's poll at the moment /health turns 200: one docker call
+        less, and a rank found dead there is found by the polls before)."""
         is_head = node is self.head
         return probe_command(
             self.spec.container,
@@ -383,7 +436,8 @@ class ReadinessWait:
             self.spec.launcher_pid if is_head else None,
             self.spec.launcher_log_path if is_head else None,
             self.launcher_offset,
-            processes=True,
+            processes=processes,
+            sentinel=HEAD_EXIT_SENTINEL if is_head and self.spec.launcher_pid else None,
         )
 
     # -- one poll --------------------------------------------------------------------
@@ -443,11 +497,25 @@ class ReadinessWait:
                 and failure.signature not in CONSEQUENCES
             )
             if not root_cause:  # nothing, the rank again, or a limit reached meanwhile
-                self.watch.failure = held
+                self.watch.failure = self._with_head_exit(held)
             return
         if failure is not None and failure is self.dead and failure is not self.poll_start:
             self.held = failure
             self.watch.failure = None
+
+    def _with_head_exit(self, failure: StartupFailure) -> StartupFailure:
+        """The head's dead-rank verdict with the exit status the launcher's sentinel gave
+        (it may be written a poll after the process was seen gone)."""
+        if (
+            self.head_exit is None
+            or failure.node != self.head.name
+            or "exit status" in (failure.signature)
+        ):
+            return failure
+        where = f"{HEAD_EXIT_SENTINEL} in the container"
+        return replace(
+            failure, signature=f"{failure.signature}; {exit_status_text(self.head_exit)} ({where})"
+        )
 
     def _node(self, name: str) -> Node:
         return next(n for n in self.nodes if n.name == name)
@@ -456,7 +524,12 @@ class ReadinessWait:
         cursor = self.cursors[name]
         if cursor.since == SINCE_START and probe.started_at:
             cursor.since = probe.started_at  # this start only, on this node's clock
-        self.watch.feed(name, cursor.new_lines(probe.lines), now)
+        lines = cursor.new_lines(probe.lines)
+        self.watch.feed(name, lines, now)
+        if name == self.head.name and not self.head_log_has_vllm:
+            self.head_log_has_vllm = any(vllm_output(line) for line in lines)
+        if probe.exit_status is not None and name == self.head.name:
+            self.head_exit = probe.exit_status
         if probe.launcher_output:
             # The launcher's own output (vLLM's log when `exec` runs in the foreground).
             # Fed up to the last line end or tqdm redraw (\r): a bar that redraws shows
@@ -465,7 +538,8 @@ class ReadinessWait:
             end = max(text.rfind("\n"), text.rfind("\r")) + 1
             self.launcher_offset += len(text[:end].encode())
             lines = [seg for seg in re.split(r"[\r\n]", text[:end]) if seg.strip()]
-            self.watch.feed(self.launcher_name, lines, now)
+            if not (self.spec.launcher_log_fallback and self.head_log_has_vllm):
+                self.watch.feed(self.launcher_name, lines, now)
 
     # -- connection loss -------------------------------------------------------------
     def _lost(self, node: Node, error: RemoteError, now: float) -> None:
@@ -598,9 +672,9 @@ class ReadinessWait:
                 name,
                 f"{what} exited inside the running container {container!r} "
                 f"(docker top lists no {' or '.join(sorted(lost_kinds))} process)",
-                f"vLLM (or Ray) on {name} died and the container stays up (it runs "
-                "`sleep infinity`): its log tail below says why; restart the cluster "
-                "(launch-cluster.sh stop, then launch again)",
+                f"vLLM (or Ray) on {name} died and the container stays up (its PID 1 is "
+                "`sleep infinity`, or earlyoom): its log tail below says why; restart the "
+                "cluster (launch-cluster.sh stop, then launch again)",
             )
         elif (
             not kinds
@@ -711,13 +785,16 @@ def wait_ready(
     notify: Callable[[str], None] | None = None,
     clock: Clock = REAL_CLOCK,
     retry: Backoff | None = None,
+    follow: bool = True,
 ) -> StartupWatch:
     """Return the watch once the head's /health answers 200; raise StartupFailed otherwise.
 
     ``spec``: what to watch and the limits (:class:`WaitSpec`). ``progress``: called after
     each poll that settles nothing; ``notify``: one-off notes for the operator. ``clock``:
     the one time source (``now`` for every limit, ``sleep`` between polls); ``retry``: the
-    back-off for a node that does not answer (default: the connection's)."""
+    back-off for a node that does not answer (default: the connection's); ``follow``: sleep
+    on the head's /health followed from the head between polls (False: the poll alone, the
+    benchmark's before)."""
     serving_nodes = list(spec.nodes) if spec.nodes else list(cluster.nodes)
     if cluster.head not in serving_nodes:
         serving_nodes.insert(0, cluster.head)
@@ -734,19 +811,47 @@ def wait_ready(
         result = node.run(wait.command(node), timeout=PROBE_TIMEOUT_S)
         return parse_probe(result, node is cluster.head)
 
-    while True:
-        tick = clock.now()
-        results = cluster.map(probe, wait.due(tick))
-        for name, outcome in results.items():
-            if isinstance(outcome, RemoteError):
-                cluster.node(name).conn.close()  # the next attempt connects afresh
-        now = clock.now()
-        stage = wait.observe(results, now)
-        if stage is Stage.READY:
-            return wait.watch
-        if stage is Stage.FAILED:
-            assert wait.watch.failure is not None
-            raise StartupFailed(wait.watch.failure, wait.watch)
-        if progress is not None:
-            progress(wait.watch, now)
-        clock.sleep(max(0.0, spec.poll_s - (clock.now() - tick)))
+    # Between polls the wait sleeps on the head's /health followed from the head (ready
+    # seen within ~0.1 s, pytest_spark.readiness.follow), on the real clock; a test's
+    # clock, and the polls after the follower saw 200 once, sleep the poll interval.
+    followed = follow and clock is REAL_CLOCK
+    follower = (
+        HealthFollower(
+            cluster.head, spec.port, lambda: wait.command(cluster.head, processes=False)
+        ).start()
+        if followed
+        else None
+    )
+    stop_follower = follower
+    try:
+        while True:
+            tick = clock.now()
+            if follower is not None and follower.result is not None:
+                # /health turned 200: the head's poll taken by the follower at that moment
+                # (its last log lines, container, processes) is this poll's head answer.
+                results: dict[str, Outcome] = {
+                    cluster.head.name: parse_probe(follower.result, with_health=True)
+                }
+                follower = None
+            else:
+                results = cluster.map(probe, wait.due(tick))
+            for name, outcome in results.items():
+                if isinstance(outcome, RemoteError):
+                    cluster.node(name).conn.close()  # the next attempt connects afresh
+            now = clock.now()
+            stage = wait.observe(results, now)
+            if stage is Stage.READY:
+                return wait.watch
+            if stage is Stage.FAILED:
+                assert wait.watch.failure is not None
+                raise StartupFailed(wait.watch.failure, wait.watch)
+            if progress is not None:
+                progress(wait.watch, now)
+            remaining = max(0.0, spec.poll_s - (clock.now() - tick))
+            if follower is not None:
+                follower.wait(remaining)  # wakes the moment /health turns 200
+            else:
+                clock.sleep(remaining)
+    finally:
+        if stop_follower is not None:
+            stop_follower.stop()

@@ -7,9 +7,16 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from pytest_spark.readiness.vllm_log import PHASES, REMEDIATION, classify
+from pytest_spark.readiness.vllm_log import (
+    CONSEQUENCES,
+    PHASES,
+    REMEDIATION,
+    ROOT_CAUSES,
+    classify,
+)
 
 TAIL_LINES = 40
+REPORT = "mem avail:"  # earlyoom's periodic memory report
 
 
 @dataclass(frozen=True)
@@ -41,6 +48,14 @@ class StartupFailure:
             parts.append(f"--- last {len(tail)} log lines of {node} ---")
             parts.extend(tail or ["(no output)"])
         return "\n".join(parts)
+
+
+def _drop_older_report(tail: deque[str], raw: str) -> None:
+    """A periodic report (earlyoom's ``mem avail: ...`` every -r seconds) keeps only its
+    newest line in the tail, so that the reports do not push the ranks' lines out."""
+    if raw.startswith(REPORT):
+        for old in [line for line in tail if line.startswith(REPORT)]:
+            tail.remove(old)
 
 
 @dataclass
@@ -96,17 +111,28 @@ class StartupWatch:
         for raw in lines:
             if not raw.strip():
                 continue
+            events = classify(raw)
+            if events and all(event.kind == "monitor" for event in events):
+                _drop_older_report(tail, raw)
             tail.append(raw.rstrip("\n"))
-            self.last_activity = now
-            for event in classify(raw):
+            # A monitor's line (earlyoom's memory report) is no sign that the load moves.
+            if not events or any(event.kind != "monitor" for event in events):
+                self.last_activity = now
+            for event in events:
                 self._event(node, event.kind, event.name, event.line, event.value, now)
 
     def _event(
         self, node: str, kind: str, name: str, line: str, value: dict[str, str], now: float
     ) -> None:
-        if kind == "fatal" and self.failure is None:
+        if kind == "fatal" and self._may_replace(name):
+            detail = value.get("detail")
             self.failure = StartupFailure(
-                "fatal", node, name, line, REMEDIATION[name], self.snapshot_tails()
+                "fatal",
+                node,
+                f"{name}: {detail}" if detail else name,
+                line,
+                REMEDIATION[name],
+                self.snapshot_tails(),
             )
         elif kind == "hang":
             self.hang_since.setdefault((node, name), now - float(value.get("s", 0)))
@@ -124,6 +150,15 @@ class StartupWatch:
                 self._advance("graphs", now)
             for key, val in value.items():
                 self.facts[key if name == "version" else f"{name}.{key}"] = val
+
+    def _may_replace(self, name: str) -> bool:
+        """No verdict yet; or a root-cause line (earlyoom's kill) after a consequence's
+        (EngineDeadError): a verdict ends the wait at the end of its poll, so both came
+        in the same poll, and the root cause is the one failure."""
+        failure = self.failure
+        return failure is None or (
+            name in ROOT_CAUSES and failure.kind == "fatal" and failure.signature in CONSEQUENCES
+        )
 
     def _check_hangs(self, now: float) -> None:
         """A hang signature still pending after ``placement_timeout`` (counted from when the

@@ -95,6 +95,13 @@ def _port(raw: str) -> int:
     return value
 
 
+def _concurrency(raw: str) -> int:
+    value = int(raw)
+    if not 1 <= value <= 64:
+        raise ValueError("must be a number of requests between 1 (one at a time) and 64")
+    return value
+
+
 def _nodes(raw: str) -> int:
     value = int(raw)
     if value < 2:
@@ -637,6 +644,16 @@ OPTIONS: tuple[Option, ...] = (
         "run when it does not (carry a TP=1 or another cluster's fingerprint over); without "
         "it the run history keeps one per model, serve args and vLLM version",
         "PATH",
+    ),
+    Option(
+        "serving-concurrency",
+        _concurrency,
+        8,
+        "how many of the functional serving checks' requests (tool calls, reasoning, "
+        "structured output, the SDK's) are in flight at once, each module's sent ahead "
+        "together; the throughput levels, the soak, the open loop, the prefix cache, the long "
+        "context and the accuracy checks always run alone. 1: one request at a time",
+        "N",
     ),
     Option(
         "open-loop",

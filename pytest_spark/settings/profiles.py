@@ -99,6 +99,12 @@ class GpuHealthSection:
     busy_util_pct: float = 80.0  # "busy": utilisation at or above this
     require_persistence: bool = True  # persistence mode Disabled fails (else warns)
     warn_xids: tuple[int, ...] = (13, 31, 43, 45)  # application-level Xids: warn only
+    # NVRM NV_ERR_NO_MEMORY: this many lines within the window is a burst (fails); fewer
+    # warn (a transient allocation probe during warm-up). infra/kernel reads them too.
+    nvrm_burst_lines: int = 10
+    nvrm_burst_window_s: float = 600.0
+    # A previous boot's errors this close to its last line are "near its end".
+    boot_end_window_s: float = 900.0
 
 
 @dataclass(frozen=True)
@@ -247,6 +253,43 @@ class MetricsHealthSection:
     max_drain_s: float = 5.0  # vllm:num_requests_waiting back to 0 after a level
 
 
+# What a known-bad-version rule can name (pytest_spark.infra.knownbad reads each from the
+# nodes-alike facts): the NVIDIA driver, the kernel release, the DGX OS release
+# (/etc/dgx-release), the ConnectX-7 firmware (ethtool -i) and the NCCL library the serving
+# image loads (its version string, or its build by sha256).
+RULE_COMPONENTS = ("driver", "kernel", "dgx-os", "cx7-firmware", "nccl")
+
+
+@dataclass(frozen=True)
+class VersionRule:
+    """One ``[[known_bad.deny]]`` or ``[[known_bad.allow]]`` entry. ``match``: any of its
+    patterns matching the node's value matches (pytest_spark.infra.knownbad.parse says the
+    forms: a version prefix ``590.``, a range ``>=590 <591``, ``re:REGEX``, and for NCCL
+    ``sha256:HEX`` or ``build-id:HEX``); an empty list matches nothing (an entry that waits
+    for evidence)."""
+
+    component: str  # one of RULE_COMPONENTS
+    match: tuple[str, ...]
+    reason: str = ""  # what goes wrong, in the source's words
+    source: str = ""  # the public source (issue, README entry and date)
+    scope: str = ""  # where the source says it applies, when narrower than every node
+    fix: str = ""
+
+
+RULE_KEYS = {f.name for f in fields(VersionRule)}
+
+
+@dataclass(frozen=True)
+class KnownBadSection:
+    """``[known_bad]``: versions known to break a Spark cluster, each with its public source
+    (tests_infra/test_alike.py::test_no_known_bad_versions). A profile's ``deny`` and
+    ``allow`` entries add to those of the profile it extends; an allow entry that matches a
+    node's value overrides every deny entry of that component there."""
+
+    deny: tuple[VersionRule, ...] = ()
+    allow: tuple[VersionRule, ...] = ()
+
+
 # The built-in accuracy canaries by name (pytest_spark.serving.validate.accuracy builds them).
 CANARY_KINDS = ("add", "multiply", "arithmetic", "count", "copy", "reverse", "sort", "json_sum")
 
@@ -295,6 +338,7 @@ Section = (
     | LongContextSection
     | MetricsHealthSection
     | AccuracySection
+    | KnownBadSection
 )
 
 
@@ -323,6 +367,7 @@ class Profile:
     long_context: LongContextSection = field(default_factory=LongContextSection)
     metrics_health: MetricsHealthSection = field(default_factory=MetricsHealthSection)
     accuracy: AccuracySection = field(default_factory=AccuracySection)
+    known_bad: KnownBadSection = field(default_factory=KnownBadSection)
     overridden: frozenset[str] = field(default_factory=frozenset)
 
     def value(self, key: str) -> object:
@@ -425,6 +470,12 @@ def _describe(hint: object) -> str:
         return "an integer"
     if hint is float:
         return "a number"
+    if hint == tuple[VersionRule, ...]:
+        return (
+            "a list of tables ([[TABLE.KEY]] entries, set in a profile file), each with "
+            f"component (one of {', '.join(RULE_COMPONENTS)}), match (a list of strings) and "
+            "the strings reason, source, scope, fix"
+        )
     if hint == tuple[str, ...]:
         return 'a list of names (e.g. ["add", "count"]; on the command line add;count)'
     if typing.get_origin(hint) is tuple:
@@ -457,12 +508,26 @@ def _from_toml(value: object, hint: object) -> object:
         return value
     elif hint is float and isinstance(value, int | float):
         return float(value)
+    elif hint == tuple[VersionRule, ...]:
+        if isinstance(value, list):
+            return tuple(_rule(v) for v in value)
     elif hint == tuple[str, ...]:
         if _names(value):
             return tuple(value)
     elif typing.get_origin(hint) is tuple and _positive_ints(value):
         return tuple(value)
     raise ValueError(hint)
+
+
+def _rule(value: object) -> VersionRule:
+    """One known-bad entry from its TOML table, or ValueError."""
+    if not isinstance(value, Mapping) or not set(value) <= RULE_KEYS:
+        raise ValueError(value)
+    if value.get("component") not in RULE_COMPONENTS or not _names(value.get("match")):
+        raise ValueError(value)
+    if not all(isinstance(v, str) for k, v in value.items() if k != "match"):
+        raise ValueError(value)
+    return VersionRule(**{**value, "match": tuple(value["match"])})
 
 
 def _from_text(raw: str, hint: object) -> object:
@@ -577,7 +642,11 @@ def _read(ref: str, seen: tuple[str, ...] = ()) -> tuple[str, str, dict[str, dic
                 raise  # a mistake inside that profile: its message names its own file
             raise ProfileError(f"{origin}: extends = {parent!r}: {exc}") from None
     for section, values in own.items():
-        tables.setdefault(section, {}).update(values)
+        table = tables.setdefault(section, {})
+        for key, value in values.items():
+            # rule lists ([[known_bad.deny]]) add to the parent's; other figures replace
+            adds = section_hints(section)[key] == tuple[VersionRule, ...]
+            table[key] = (*table.get(key, ()), *value) if adds else value  # type: ignore[misc]
     return name, origin, tables
 
 
@@ -618,4 +687,5 @@ def load_profile(ref: str) -> Profile:
         long_context=LongContextSection(**given("long_context")),
         metrics_health=MetricsHealthSection(**given("metrics_health")),
         accuracy=AccuracySection(**given("accuracy")),
+        known_bad=KnownBadSection(**given("known_bad")),
     )

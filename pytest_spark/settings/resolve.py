@@ -84,6 +84,7 @@ class Settings:
     soak: float | None
     accuracy: AccuracyMode
     accuracy_baseline: Path | None
+    serving_concurrency: int
     open_loop: bool
     depth_sweep: DepthSweep | None
     sources: Mapping[str, str] = field(repr=False)

@@ -19,6 +19,7 @@ from .config import Knobs, parse_serve_args
 from .engine import Engine
 from .faults import FaultState, parse_faults
 from .logs import Log
+from .nccl import LoadedNccl
 from .raystatus import ray_main
 from .server import EmulatorServer
 from .startup import Startup
@@ -38,6 +39,7 @@ def serve_main(argv: list[str]) -> int:
     faults.poll()
     log = Log()
     engine = Engine(args, knobs, faults, log)
+    nccl = LoadedNccl(faults, knobs.control_poll_s).start()  # noqa: F841 (held: the mapping)
 
     def _term(_signum: int, _frame: Any) -> None:
         raise SystemExit(0)

@@ -25,6 +25,8 @@ LOAD_FAULTS = {
     "hang-silent": "logging stops mid-load, never ready",
     "slow-load": "every startup phase x10",
     "crawl-load": "every startup phase x100: a load no test's node-loss window outlasts",
+    "killed-during-load": "the process is SIGKILLed a third into the weights, printing "
+    "nothing (vllm serve gone, its container up: an OOM kill or an operator's kill)",
 }
 
 # Faults that act while serving (environment or control file).
@@ -62,6 +64,12 @@ RUN_FAULTS = {
     "heat-throttle": "the GPU heats under a sustained batch and clocks down: past its "
     "thermal target steps slow, up to 4x (thermal.py), back to full speed once idle; a short "
     "sweep stays cool, a soak's tok/s drifts down",
+    # what the ranks loaded (issue #28 part 1; sparksim/emulator/nccl.py)
+    "nccl-system-build": "this rank maps the image's system libnccl2 (another build of the same "
+    "NCCL version) in place of the wheel's, as with /usr/lib/<arch> first on its "
+    "LD_LIBRARY_PATH (vllm#41725)",
+    "nccl-two-builds": "this rank maps the system libnccl2 beside the wheel's (two NCCLs in one "
+    "process: VLLM_NCCL_SO_PATH loaded after torch's)",
     # accuracy (issue #24): a cluster that serves wrong answers
     "garble": 'the model computes garbage: wrong answers to what it is asked ("12 + 7" -> '
     '"12 + 7 = 12"), numbers in tool arguments under auto written as strings, the prompt '

@@ -9,7 +9,9 @@ Load-time faults crash, hang or slow this sequence.
 
 from __future__ import annotations
 
+import os
 import secrets
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -450,6 +452,7 @@ class Startup:
         self.progress(shard_progress(0, shards, 0.0))
         oom_at = max(1, shards // 2) if e.faults.active("crash-oom") else -1
         silent_at = max(1, shards // 3) if e.faults.active("hang-silent") else -1
+        killed_at = max(1, shards // 3) if e.faults.active("killed-during-load") else -1
         for n in range(1, shards + 1):
             self.sleep(knobs.shard_seconds)
             self.check_peer()
@@ -458,6 +461,9 @@ class Startup:
             self.progress(shard_progress(n, shards, time.monotonic() - start))
             if n == silent_at:
                 self.hang()
+            if n == killed_at:
+                sys.stdout.flush()
+                os.kill(os.getpid(), signal.SIGKILL)
         self.progress(shard_progress(shards, shards, time.monotonic() - start))
         self.progress("")
         took = time.monotonic() - start

@@ -24,6 +24,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from .config import Knobs
+from .faults import FaultState
+from .nccl import LoadedNccl
+
+SIM_CONTROL = "/etc/sparksim/control.json"  # the node's ~/.sparksim, mounted
 
 
 @dataclass
@@ -241,6 +245,10 @@ def worker_main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, _term)
     signal.signal(signal.SIGINT, _term)
     pid = os.getpid()
+    # Ray's rank maps NCCL too, and follows the node's run-time faults (the `vllm` shim
+    # names the control file for `vllm serve`; the `ray` shim does not).
+    control = knobs.control or (SIM_CONTROL if os.path.exists(SIM_CONTROL) else "")
+    nccl = LoadedNccl(FaultState(set(), control), knobs.control_poll_s).start()  # noqa: F841
     announced = False
     last_wait_log = 0.0
     while not stop.is_set():

@@ -1,5 +1,6 @@
-"""GPU health faults (the preflight's tests_infra/test_gpuhealth.py catches each), all
-state.json changes that the node's nvidia-smi, journalctl and dmesg report:
+"""GPU health and kernel-log faults (the preflight's tests_infra/test_gpuhealth.py and
+tests_infra/test_kernel.py catch them), all state.json changes that the node's
+nvidia-smi, journalctl and dmesg report:
 
 - ``gpu-xid NODE [--xid N]``: the driver logs Xid N (default 79) in the node's kernel
   log now, in the driver's words (``NVRM: Xid (PCI:000f:01:00): 79, pid=..., GPU has
@@ -17,6 +18,17 @@ state.json changes that the node's nvidia-smi, journalctl and dmesg report:
 - ``kernel-log-restricted NODE``: the kernel log as an SSH user outside the adm /
   systemd-journal groups sees it under ``kernel.dmesg_restrict=1``: journalctl opens no
   journal files, dmesg is refused.
+- ``nvrm-oom NODE [--lines N]``: the driver logs N (default 40) ``NVRM:
+  nvCheckOkFailedNoLog: Check failed: Out of memory [NV_ERR_NO_MEMORY] ...`` lines
+  (dgx-spark-playbooks#97's words) over the last 2N seconds of this boot; ``--lines 1`` is
+  the transient warm-up one.
+- ``pcie-aer NODE [--domain 0000|0002] [--correctable]``: the kernel logs a PCIe AER error
+  from the ConnectX-7 function DOMAIN:01:00.0 at its root port DOMAIN:00:00.0, uncorrectable
+  (fatal, Transaction Layer; MiaAI-Lab DSpark#146) unless ``--correctable`` (Physical
+  Layer, recovered).
+- ``unclean-shutdown NODE [--nvrm N]``: the previous boot ended without a clean shutdown
+  (its journal's shutdown lines gone), after a burst of N (default 60) NV_ERR_NO_MEMORY
+  lines in its last two minutes; ``--nvrm 0``: with nothing logged (a power loss).
 
 ``clear`` (the sim core's) resets state.json: readings healthy, the kernel log as booted.
 """
@@ -40,6 +52,13 @@ KINDS = (
     "gpu-persistence-off",
     "gpu-temp",
     "kernel-log-restricted",
+    "nvrm-oom",
+    "pcie-aer",
+    "unclean-shutdown",
+)
+NO_MEMORY_LINE = (  # dgx-spark-playbooks#97 (fixtures/kernel/nvrm_no_memory_gb10.txt)
+    "NVRM: nvCheckOkFailedNoLog: Check failed: Out of memory [NV_ERR_NO_MEMORY] (0x00000051) "
+    "returned from _memdescAllocInternal(pMemDesc) @ mem_desc.c:1359"
 )
 REASONS = (
     "gpu_idle",
@@ -109,6 +128,19 @@ def add_parsers(kinds: Kinds) -> None:
         "kernel-log-restricted",
         "journalctl and dmesg refuse the kernel log (a non-root user's view)",
     )
+    k = kinds.on_node("nvrm-oom", "the driver logs NV_ERR_NO_MEMORY lines on a node")
+    k.add_argument("--lines", type=int, default=40, metavar="N", help="how many (default: 40)")
+    k = kinds.on_node("pcie-aer", "a PCIe AER error on a node's ConnectX-7 function")
+    k.add_argument("--domain", default="0000", choices=("0000", "0002"), help="CX-7 PCI domain")
+    k.add_argument("--correctable", action="store_true", help="a corrected error, not fatal")
+    k = kinds.on_node("unclean-shutdown", "the previous boot ended without a clean shutdown")
+    k.add_argument(
+        "--nvrm",
+        type=int,
+        default=60,
+        metavar="N",
+        help="NV_ERR_NO_MEMORY lines in its last two minutes (default: 60; 0: none)",
+    )
 
 
 def _state(state_dir: Path, node: NodeSpec) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -126,6 +158,64 @@ def _pci(state: dict[str, Any]) -> str:
     bus = str(gpus[0]["pci_bus_id"]) if gpus else "0000000F:01:00.0"
     domain, rest = bus.split(":", 1)
     return f"{int(domain, 16):04x}:{rest.rsplit('.', 1)[0].lower()}"
+
+
+def _aer_lines(domain: str, correctable: bool) -> list[str]:
+    """A PCIe AER report from the CX-7 function DOMAIN:01:00.0 in the kernel's words
+    (fixtures/kernel/aer_*.txt); 15b3:1021 is a ConnectX-7."""
+    port, dev = f"{domain}:00:00.0", f"{domain}:01:00.0"
+    if correctable:
+        return [
+            f"pcieport {port}: AER: Correctable error message received from {dev}",
+            f"mlx5_core {dev}: PCIe Bus Error: severity=Correctable, type=Physical Layer, "
+            "(Receiver ID)",
+            f"mlx5_core {dev}:   device [15b3:1021] error status/mask=00000001/00000000",
+            f"mlx5_core {dev}:    [ 0] RxErr                  (First)",
+        ]
+    return [
+        f"pcieport {port}: AER: Uncorrectable (Fatal) error received: {dev}",
+        f"mlx5_core {dev}: PCIe Bus Error: severity=Uncorrectable (Fatal), "
+        "type=Transaction Layer, (Requester ID)",
+        f"mlx5_core {dev}:   device [15b3:1021] error status/mask=00004000/00000000",
+        f"mlx5_core {dev}:    [14] CmpltTO                (First)",
+    ]
+
+
+def _kernel_fault(
+    state: dict[str, Any], node: NodeSpec, args: argparse.Namespace
+) -> tuple[Any, str]:
+    """The kernel-log faults that are not an Xid: state.json ``kernel_log`` (this boot)
+    or ``previous_boot`` (tools/kernellog.py)."""
+    log = state.setdefault("kernel_log", [])
+    assert isinstance(log, list)
+    now = time.time()
+    if args.kind == "nvrm-oom":
+        if args.lines <= 0:
+            raise SimError(f"nvrm-oom --lines {args.lines}: expected a positive count")
+        log += [
+            {"at": now - 2 * (args.lines - i), "msg": NO_MEMORY_LINE} for i in range(args.lines)
+        ]
+        return args.lines, f"{node.name}: kernel log: {args.lines} x NVRM NV_ERR_NO_MEMORY"
+    if args.kind == "pcie-aer":
+        log += [{"at": now, "msg": m} for m in _aer_lines(args.domain, args.correctable)]
+        how = "correctable" if args.correctable else "uncorrectable (fatal)"
+        return args.domain, f"{node.name}: kernel log: {how} AER on {args.domain}:01:00.0"
+    if args.nvrm < 0:
+        raise SimError(f"unclean-shutdown --nvrm {args.nvrm}: expected 0 or more")
+    prev = state.setdefault("previous_boot", nodes_mod.previous_boot(node))
+    assert isinstance(prev, dict)
+    tail = {msg for _, _, msg in nodes_mod.SHUTDOWN_TAIL}
+    kept = [e for e in prev.get("log") or () if e.get("msg") not in tail]
+    end = nodes_mod.SHUTDOWN_TAIL[0][0]
+    kept += [
+        {"t": end - 2 * (args.nvrm - i), "ident": "kernel", "msg": NO_MEMORY_LINE}
+        for i in range(args.nvrm)
+    ]
+    prev["log"] = kept
+    return args.nvrm, (
+        f"{node.name}: the previous boot ended without a clean shutdown"
+        + (f", after {args.nvrm} x NVRM NV_ERR_NO_MEMORY" if args.nvrm else "")
+    )
 
 
 def apply(state_dir: Path, topo: Topology, args: argparse.Namespace) -> list[str]:
@@ -170,6 +260,8 @@ def apply(state_dir: Path, topo: Topology, args: argparse.Namespace) -> list[str
         health["temperature_c"] = args.celsius
         value = args.celsius
         msg = f"{node.name}: GPU temperature {args.celsius} C"
+    elif args.kind in ("nvrm-oom", "pcie-aer", "unclean-shutdown"):
+        value, msg = _kernel_fault(state, node, args)
     elif args.kind == "kernel-log-restricted":
         state["kernel_log_restricted"] = True
         value = True

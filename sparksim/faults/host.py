@@ -21,6 +21,10 @@ or the tools can hold it:
   ``CONTAINER_NCCL_SOCKET_IFNAME=mgmt0`` and ``CONTAINER_NCCL_IB_DISABLE=1``: at the next
   launch every serving container points NCCL at the management interface with RDMA off
   (NCCL's socket transport).
+- ``nccl-env NODE VAR=VALUE...``: the launcher's ``.env`` on NODE (the head) gains
+  ``CONTAINER_VAR=VALUE`` for each: at the next launch every serving container, and every
+  rank process in it, has them (a forced ``NCCL_ALGO``, an ``NCCL_IB_HCA`` naming one
+  twin, as in vllm#41725).
 - ``link-flap NODE TWIN N``: the fabric link taken down and up N times; the kernel's
   carrier counters of both ends count every loss. ``clear`` replaces the cable (a new veth
   pair, or port on the twin's switch), which resets them; so it does after ``link-down``.
@@ -55,6 +59,7 @@ KINDS = (
     "nccl-socket",
     "link-flap",
     "fd-limit",
+    "nccl-env",
 )
 BACKUP = "fault-backup"  # DIR/nodes/<name>/fault-backup: files a fault changed
 MODELS_MOUNT = f"/root/{models.MODELS_DIR}"
@@ -100,6 +105,12 @@ def add_parsers(kinds: Kinds) -> None:
         default="head",
         help="the node holding the launcher (default: head)",
     )
+    k = kinds.add(
+        "nccl-env",
+        "the launcher's .env sets VAR=VALUE in every serving container (next launch)",
+    )
+    k.add_argument("node", metavar="NODE", help="the node holding the launcher (head)")
+    k.add_argument("assignments", metavar="VAR=VALUE", nargs="+", help="e.g. NCCL_ALGO=Tree")
     k = kinds.on_node("link-flap", "take a fabric link down and up N times")
     k.add_argument("twin", metavar="TWIN", help="twin: 0, 1 or interface name")
     k.add_argument("count", metavar="N", type=int, help="number of carrier losses")
@@ -124,6 +135,8 @@ def apply(state_dir: Path, topo: Topology, args: argparse.Namespace) -> list[str
         return ssh_broken(state_dir, topo, node, args.how)
     if kind == "nccl-socket":
         return nccl_socket(state_dir, node)
+    if kind == "nccl-env":
+        return nccl_env(state_dir, node, args.assignments)
     if kind == "link-flap":
         return link_flap(state_dir, node, args.twin, args.count)
     if kind == "fd-limit":
@@ -335,7 +348,9 @@ def _env_file(state_dir: Path, node: NodeSpec) -> Path:
     return serving.home(state_dir, node) / serving.LAUNCHER_DIR / ".env"
 
 
-def nccl_socket(state_dir: Path, node: NodeSpec) -> list[str]:
+def _write_env(state_dir: Path, node: NodeSpec, why: str, values: dict[str, str]) -> None:
+    """The launcher's .env next to the node's launch-cluster.sh: ``CONTAINER_<VAR>=VALUE``
+    lines (every serving container gets ``-e VAR=VALUE`` at the next launch)."""
     launcher = serving.home(state_dir, node) / serving.LAUNCHER_DIR / serving.LAUNCHER.name
     if not launcher.exists():
         raise SimError(
@@ -344,15 +359,36 @@ def nccl_socket(state_dir: Path, node: NodeSpec) -> list[str]:
     path = _env_file(state_dir, node)
     if path.exists() and ENV_MARK not in path.read_text():
         _backup(state_dir, node, path)
-    nodes_mod.write_atomic(
-        path,
-        f"{ENV_MARK}: NCCL over the management network, RDMA off\n"
-        f"CONTAINER_NCCL_SOCKET_IFNAME={MGMT_IF}\nCONTAINER_NCCL_IB_DISABLE=1\n",
+    lines = "".join(f"CONTAINER_{k}={v}\n" for k, v in values.items())
+    nodes_mod.write_atomic(path, f"{ENV_MARK}: {why}\n{lines}")
+
+
+def nccl_socket(state_dir: Path, node: NodeSpec) -> list[str]:
+    _write_env(
+        state_dir,
+        node,
+        "NCCL over the management network, RDMA off",
+        {"NCCL_SOCKET_IFNAME": MGMT_IF, "NCCL_IB_DISABLE": "1"},
     )
     record(state_dir, "nccl-socket", node.name, MGMT_IF, "NCCL_IB_DISABLE=1")
     return [
         f"{node.name}: launcher .env sets NCCL_SOCKET_IFNAME={MGMT_IF} NCCL_IB_DISABLE=1 "
         "for every serving container at the next launch"
+    ]
+
+
+def nccl_env(state_dir: Path, node: NodeSpec, assignments: list[str]) -> list[str]:
+    values = {}
+    for item in assignments:
+        key, sep, value = item.partition("=")
+        if not sep or not key.isidentifier():
+            raise SimError(f"nccl-env: {item!r} is not VAR=VALUE")
+        values[key] = value
+    _write_env(state_dir, node, "nccl-env " + " ".join(assignments), values)
+    record(state_dir, "nccl-env", node.name, "-", " ".join(assignments))
+    return [
+        f"{node.name}: launcher .env sets {' '.join(assignments)} for every serving container "
+        "at the next launch"
     ]
 
 

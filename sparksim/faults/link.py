@@ -5,6 +5,7 @@ so that ``status`` lists it; ``clear`` restores the healthy cluster."""
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 
 from .. import node as nodes_mod
@@ -23,7 +24,11 @@ from ..topology import (
 )
 from .common import Kinds, load_faults, positive_int, record, save_faults
 
-KINDS = ("link-down", "link-rate", "mtu", "switch-mtu")
+KINDS = ("link-down", "link-rate", "mtu", "switch-mtu", "cable-flapping")
+# A cable flapping during the run as ethtool -S reads it (fault cable-flapping): the link
+# drops and comes back every few seconds, each drop with a burst of CRC and symbol errors.
+# (host.py's link-flap is the carrier lost N times before the run: the link checks'.)
+FLAP_PER_S = {"link_down_events_phy": 0.5, "rx_crc_errors_phy": 140.0, "rx_symbol_err_phy": 9.0}
 TWIN_HELP = "twin: 0, 1 or interface name (default: both)"
 
 
@@ -36,6 +41,10 @@ def add_parsers(kinds: Kinds) -> None:
     k = kinds.on_node("mtu", "set a fabric port's MTU")
     k.add_argument("mtu", metavar="MTU", type=positive_int, help="MTU (healthy: 9000)")
     k.add_argument("twin", metavar="TWIN", nargs="?", help=TWIN_HELP)
+    k = kinds.on_node(
+        "cable-flapping", "a cable flapping from now on: a port's link-down and CRC counters rise"
+    )
+    k.add_argument("twin", metavar="TWIN", nargs="?", default="0", help="twin: 0, 1 or name")
     k = kinds.on_node("switch-mtu", "set the MTU of a node's port on the switch")
     k.add_argument("mtu", metavar="MTU", type=positive_int, help="MTU (healthy: 9000)")
     k.add_argument("twin", metavar="TWIN", nargs="?", help=TWIN_HELP)
@@ -48,6 +57,8 @@ def apply(state_dir: Path, topo: Topology, args: argparse.Namespace) -> list[str
         return link_rate(state_dir, topo, args.node, args.mbps, args.twin)
     if args.kind == "mtu":
         return mtu(state_dir, topo, args.node, args.mtu, args.twin)
+    if args.kind == "cable-flapping":
+        return cable_flapping(state_dir, topo, args.node, args.twin)
     return switch_mtu(state_dir, topo, args.node, args.mtu, args.twin)
 
 
@@ -95,6 +106,25 @@ def link_down(state_dir: Path, topo: Topology, node_spec: str, twin: str | None)
     for name in names:
         record(state_dir, "link-down", node.name, name, None)
     return [f"{node.name} {name}: link down (cable pulled)" for name in names]
+
+
+def cable_flapping(state_dir: Path, topo: Topology, node_spec: str, twin: str) -> list[str]:
+    """From now on the twin's ``ethtool -S`` counts a link drop every 2 s and CRC and
+    symbol errors with it (state.json ``counter_rise``, tools/links.py). The link itself
+    stays up between reads: the flaps are too short for a link check to catch, only the
+    counters tell (as on a real port: carrier comes back within a second)."""
+    node, twins = _target(topo, node_spec, twin)
+    state = nodes_mod.read_state(state_dir, node)
+    rise = state.setdefault("counter_rise", {})
+    assert isinstance(rise, dict)
+    msgs = []
+    for t in twins:
+        name = FABRIC_TWINS[t][0]
+        rise[name] = {"since": time.time(), "per_s": dict(FLAP_PER_S)}
+        record(state_dir, "cable-flapping", node.name, name, None)
+        msgs.append(f"{node.name} {name}: link flapping (link_down_events_phy, CRC errors rise)")
+    nodes_mod.write_state(state_dir, node, state)
+    return msgs
 
 
 def link_rate(

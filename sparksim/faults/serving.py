@@ -132,29 +132,31 @@ def _serve_pid(state_dir: Path, node: NodeSpec, cid: str, timeout: float = 10.0)
     return int(_docker(state_dir, node, "inspect", "-f", "{{.State.Pid}}", cid).strip() or 0)
 
 
+def serving_containers(state_dir: Path, node: NodeSpec) -> list[str]:
+    """The node's running serving containers (the vllm-node image's, stale ones left out)."""
+    listed = _docker(
+        state_dir,
+        node,
+        "ps",
+        "--filter",
+        serving.SERVING_IMAGE_FILTER,
+        "--format",
+        "{{.Names}} {{.Labels}}",
+    )
+    return [
+        line.split()[0]
+        for line in listed.splitlines()
+        if line.strip() and serving.STALE_LABEL not in line
+    ]
+
+
 def worker_kill(
     state_dir: Path, topo: Topology, spec: str, name: str | None = None, *, stop: bool = False
 ) -> list[str]:
     """Kill the serving container(s) on a node, as a crash or power loss would; with
     ``stop``, ``docker stop`` them (the container exits, as on an operator's stop)."""
     node = resolve(topo, spec)
-    if name is None:
-        listed = _docker(
-            state_dir,
-            node,
-            "ps",
-            "--filter",
-            serving.SERVING_IMAGE_FILTER,
-            "--format",
-            "{{.Names}} {{.Labels}}",
-        )
-        names = [
-            line.split()[0]
-            for line in listed.splitlines()
-            if line.strip() and serving.STALE_LABEL not in line
-        ]
-    else:
-        names = [name]
+    names = serving_containers(state_dir, node) if name is None else [name]
     if not names:
         raise SimError(
             f"{node.name}: no serving container is running (docker ps "

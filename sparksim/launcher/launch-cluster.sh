@@ -22,13 +22,25 @@
 # - the nodes are trimmed to TP x PP x DP of the command; interface auto-detection needs
 #   exactly 2 (or 4: mesh) RoCE devices Up; `.env` beside the script (or --config) sets
 #   CLUSTER_NODES, ETH_IF, IB_IF, MASTER_PORT, CONTAINER_NAME, LOCAL_IP, CONTAINER_*.
+# - `--launch-script FILE`: the serve command as a script, copied into each container as
+#   /workspace/exec-script.sh (no Ray: one copy per node, its last line patched with the
+#   node's --nnodes/--node-rank/...; Ray: the head's, with the backend added) and run there;
+# - `--non-privileged`: cgroup limits instead of --privileged (--memory 110g, --memory-swap
+#   120g, --pids-limit 4096, --shm-size=64g; --mem-limit-gb & co. change them);
+#   `--device=/dev/infiniband` only where the node has that directory.
 # Left out (not needed to serve on a Spark pair): --apply-mod, --apply-vllm-pr,
-# --launch-script, --setup, -p/-v, --earlyoom, --non-privileged, subnet peer scanning by GPU
+# --setup, -p/-v, subnet peer scanning by GPU
 # name, the image-ID consistency check. Nothing in it is specific to sparksim: the simulated
 # nodes supply ibdev2netdev, ip, ssh and docker, and the image supplies `ray` and `vllm`.
 #
 # -d goes before the action (`-d exec vllm serve ...`): everything after `exec` is the
-# command. Containers always get `--gpus all`, as on a Spark. As in the real script the exit
+# command. Containers always get `--gpus all`, as on a Spark.
+#
+# --earlyoom / --earlyoom-args ARGS (2026-07-10): the containers' PID 1 is `earlyoom ARGS`
+# (default `-M 524288,102400 -s 100 -r 60`, or VLLM_SPARK_EARLYOOM_ARGS) instead of `sleep
+# infinity`. HEAD_EXEC_MODE below is this look-alike's switch for the no-Ray head before
+# 2026-09-15 ("foreground": `docker exec -i` in the launcher's foreground, its output on the
+# launcher's stdout only, no exit file); since then "detached" (the default). As in the real script the exit
 # status of `docker run` is not checked: a node whose `docker run` fails (no NVIDIA
 # container toolkit: "could not select device driver") is simply left without a container.
 
@@ -60,6 +72,9 @@ MOUNT_CACHE_DIRS="true"
 NOFILE_LIMIT="${VLLM_SPARK_NOFILE_LIMIT:-1048576}"
 HEAD_EXEC_SENTINEL="/tmp/.launch-cluster-head-exit"
 HEAD_EXEC_POLL_INTERVAL=5
+HEAD_EXEC_MODE="detached"  # "foreground": the launcher before 2026-09-15
+ENABLE_EARLYOOM="false"
+EARLYOOM_ARGS="${VLLM_SPARK_EARLYOOM_ARGS:--M 524288,102400 -s 100 -r 60}"
 CLUSTER_STOPPED="false"
 CONFIG_FILE_SET="false"
 MESH_MODE="false"
@@ -69,6 +84,14 @@ CONFIG_FILE=""
 SCRIPT_DIR="$(dirname "$(realpath "$0")")"
 SSH_OPTS=(-o BatchMode=yes -o ConnectTimeout=5)
 PEER_NODES=()
+LAUNCH_SCRIPT_PATH=""  # --launch-script (recipes run through it)
+CONTAINER_EXEC_SCRIPT="/workspace/exec-script.sh"
+NON_PRIVILEGED_MODE="false"  # --non-privileged (eugr 2026-02-17) and its limits
+MEM_LIMIT_GB="110"
+MEM_SWAP_LIMIT_GB=""
+PIDS_LIMIT="4096"
+SHM_SIZE_GB="64"
+MEM_FLAGS_GIVEN=()
 
 usage() {
     echo "Usage: $0 [-n <node_ips>] [-t <image_name>] [--name <container_name>] [--eth-if <if_name>] [--ib-if <if_name>] [--nccl-debug <level>] [--check-config] [--solo] [--ray|--no-ray] [-d] [action] [command]"
@@ -85,6 +108,8 @@ usage() {
     echo "  --ray           Use Ray for multi-node vLLM and add --distributed-executor-backend ray if missing"
     echo "  --no-ray        Default for multi-node vLLM without Ray (accepted for compatibility)"
     echo "  --no-cache-dirs Do not mount default cache directories (~/.cache/vllm, ~/.cache/flashinfer, ~/.triton, ~/.tilelang)"
+    echo "  --earlyoom      Run earlyoom as the container's PID 1 instead of sleep infinity"
+    echo "  --earlyoom-args earlyoom arguments (implies --earlyoom; default: $EARLYOOM_ARGS)"
     echo "  -d              Daemon mode (start: return once the cluster is up; exec: run the command in the background, logging to the container output)"
     echo "  --config        Path to .env configuration file (default: .env in script directory)"
     echo "  action          start | stop | status | exec (Default: start)"
@@ -132,7 +157,15 @@ while [[ "$#" -gt 0 ]]; do
             fi
             NO_RAY_MODE="true"; NO_RAY_EXPLICIT="true" ;;
         --no-cache-dirs) MOUNT_CACHE_DIRS="false" ;;
+        --launch-script) LAUNCH_SCRIPT_PATH="$2"; shift ;;
+        --non-privileged) NON_PRIVILEGED_MODE="true" ;;
+        --mem-limit-gb) MEM_LIMIT_GB="$2"; MEM_FLAGS_GIVEN+=("$1"); shift ;;
+        --mem-swap-limit-gb) MEM_SWAP_LIMIT_GB="$2"; MEM_FLAGS_GIVEN+=("$1"); shift ;;
+        --pids-limit) PIDS_LIMIT="$2"; MEM_FLAGS_GIVEN+=("$1"); shift ;;
+        --shm-size-gb) SHM_SIZE_GB="$2"; MEM_FLAGS_GIVEN+=("$1"); shift ;;
         -d) DAEMON_MODE="true" ;;
+        --earlyoom) ENABLE_EARLYOOM="true" ;;
+        --earlyoom-args) ENABLE_EARLYOOM="true"; EARLYOOM_ARGS="$2"; shift ;;
         -h|--help) usage ;;
         --config) CONFIG_FILE="$2"; CONFIG_FILE_SET="true"; shift ;;
         start|stop|status) ACTION="$1" ;;
@@ -149,6 +182,30 @@ while [[ "$#" -gt 0 ]]; do
     esac
     shift
 done
+
+# --- --launch-script, --non-privileged ---------------------------------------------------
+if [[ -n "$LAUNCH_SCRIPT_PATH" ]]; then
+    if [[ -n "$ACTION" ]]; then
+        echo "Error: Action '$ACTION' is not compatible with --launch-script. Please omit the action or not use --launch-script."
+        exit 1
+    fi
+    for candidate in "$LAUNCH_SCRIPT_PATH" "$SCRIPT_DIR/examples/$LAUNCH_SCRIPT_PATH" \
+        "$SCRIPT_DIR/examples/$LAUNCH_SCRIPT_PATH.sh"; do
+        if [[ -f "$candidate" ]]; then LAUNCH_SCRIPT_PATH="$(realpath "$candidate")"; break; fi
+    done
+    if [[ ! -f "$LAUNCH_SCRIPT_PATH" ]]; then
+        echo "Error: Launch script not found: $LAUNCH_SCRIPT_PATH"
+        exit 1
+    fi
+    echo "Using launch script: $LAUNCH_SCRIPT_PATH"
+    ACTION="exec"
+    COMMAND_TO_RUN="$CONTAINER_EXEC_SCRIPT"
+fi
+if [[ "$NON_PRIVILEGED_MODE" != "true" && ${#MEM_FLAGS_GIVEN[@]} -gt 0 ]]; then
+    echo "Error: ${MEM_FLAGS_GIVEN[0]} can only be used with --non-privileged"
+    exit 1
+fi
+[[ -z "$MEM_SWAP_LIMIT_GB" ]] && MEM_SWAP_LIMIT_GB=$((MEM_LIMIT_GB + 10))
 
 # --- .env -------------------------------------------------------------------------------
 [[ -z "$CONFIG_FILE" ]] && CONFIG_FILE="$SCRIPT_DIR/.env"
@@ -521,6 +578,14 @@ wait_for_cluster() {
     exit 1
 }
 
+container_keepalive_command() {
+    if [[ "$ENABLE_EARLYOOM" == "true" ]]; then
+        printf 'earlyoom %s' "$EARLYOOM_ARGS"
+    else
+        printf 'sleep infinity'
+    fi
+}
+
 start_cluster() {
     check_cluster_running
     [[ "$CLUSTER_WAS_RUNNING" == "true" ]] && return 0
@@ -529,18 +594,30 @@ start_cluster() {
     local common=(--gpus all -d --rm --network host --name "$CONTAINER_NAME" --entrypoint=
                   $DOCKER_ARGS "$IMAGE_NAME")
     local caps=(--privileged --ulimit "nofile=$NOFILE_LIMIT:$NOFILE_LIMIT" --ipc=host)
+    if [[ "$NON_PRIVILEGED_MODE" == "true" ]]; then
+        echo "Running in non-privileged mode..."
+        caps=(--cap-add=IPC_LOCK --ulimit "nofile=$NOFILE_LIMIT:$NOFILE_LIMIT"
+              "--shm-size=${SHM_SIZE_GB}g" --memory "${MEM_LIMIT_GB}g"
+              --memory-swap "${MEM_SWAP_LIMIT_GB}g" --pids-limit "$PIDS_LIMIT")
+        [[ -e /dev/infiniband ]] && caps+=(--device=/dev/infiniband)
+    fi
     echo "Starting Head Node on $HEAD_IP..."
     mkdir -p "$HF_CACHE_DIR"
     [[ ${#CACHE_DIRS_TO_CREATE[@]} -gt 0 ]] && mkdir -p "${CACHE_DIRS_TO_CREATE[@]}"
     # As in the real script, a failed `docker run` does not stop the launch.
     # shellcheck disable=SC2046
-    docker run "${caps[@]}" $(env_flags "$HEAD_IP") "${common[@]}" sleep infinity
+    # shellcheck disable=SC2207  # the keepalive command is a word list, as in the real script
+    local keepalive=($(container_keepalive_command))
+    # shellcheck disable=SC2046
+    docker run "${caps[@]}" $(env_flags "$HEAD_IP") "${common[@]}" "${keepalive[@]}"
     for worker in "${PEER_NODES[@]}"; do
         echo "Starting Worker Node on $worker..."
         on_worker "$worker" mkdir -p "$HF_CACHE_DIR" "${CACHE_DIRS_TO_CREATE[@]}"
         # shellcheck disable=SC2046
-        on_worker "$worker" docker run "${caps[@]}" $(env_flags "$worker") "${common[@]}" sleep infinity
+        on_worker "$worker" docker run "${caps[@]}" $(env_flags "$worker") "${common[@]}" "${keepalive[@]}"
     done
+
+    [[ -n "$LAUNCH_SCRIPT_PATH" ]] && copy_launch_scripts
 
     if [[ "$SOLO_MODE" == "false" && "$NO_RAY_MODE" == "false" ]]; then
         echo "Starting Ray HEAD node on $HEAD_IP..."
@@ -555,6 +632,68 @@ start_cluster() {
     else
         sleep 2
     fi
+}
+
+# One node's launch script (a temp file on this host, printed): no Ray, its last line gets
+# the node's --nnodes/--node-rank/--master-* (--headless on workers) and loses any
+# --distributed-executor-backend; Ray (rank "ray"): --distributed-executor-backend ray.
+make_node_script() {
+    local nnodes="$1" rank="$2" tmp extra
+    tmp=$(mktemp /tmp/vllm_node_script_XXXXXX.sh)
+    sed -E 's/--distributed-executor-backend(=|[[:space:]]+)[^[:space:]]+//g' "$LAUNCH_SCRIPT_PATH" \
+        | grep -Ev '^[[:space:]\\]*$' > "$tmp"
+    sed -i '$ s/[[:space:]]*\\[[:space:]]*$//' "$tmp"
+    if [[ "$rank" == "ray" ]]; then
+        extra="--distributed-executor-backend ray"
+    else
+        extra="--nnodes $nnodes --node-rank $rank --master-addr $HEAD_IP --master-port $MASTER_PORT"
+        [[ "$rank" -gt 0 ]] && extra="$extra --headless"
+    fi
+    sed -i "$ s/\$/ $extra/" "$tmp"
+    chmod +x "$tmp"
+    echo "$tmp"
+}
+
+copy_script_into() {  # copy_script_into FILE [IP]: FILE as the container's exec script
+    local script="$1" worker="$2" remote
+    if [[ -z "$worker" ]]; then
+        echo "Copying launch script to head node ($HEAD_IP)..."
+        docker exec "$CONTAINER_NAME" mkdir -p "$(dirname "$CONTAINER_EXEC_SCRIPT")"
+        docker cp "$script" "$CONTAINER_NAME:$CONTAINER_EXEC_SCRIPT" >/dev/null
+        docker exec "$CONTAINER_NAME" chmod +x "$CONTAINER_EXEC_SCRIPT"
+        return
+    fi
+    echo "Copying launch script to worker $worker..."
+    remote="/tmp/vllm_script_$(date +%s)_$RANDOM.sh"
+    scp "${SSH_OPTS[@]}" -q "$script" "$worker:$remote"
+    on_worker "$worker" docker exec "$CONTAINER_NAME" mkdir -p "$(dirname "$CONTAINER_EXEC_SCRIPT")"
+    on_worker "$worker" docker cp "$remote" "$CONTAINER_NAME:$CONTAINER_EXEC_SCRIPT" >/dev/null
+    on_worker "$worker" docker exec "$CONTAINER_NAME" chmod +x "$CONTAINER_EXEC_SCRIPT"
+    on_worker "$worker" rm -f "$remote"
+}
+
+# Each kept node's launch script into its container (no Ray: one patched copy per node;
+# Ray: the head's alone; one node: the script as it is).
+copy_launch_scripts() {
+    local total=$((1 + ${#PEER_NODES[@]})) rank=1 worker script
+    if [[ "$SOLO_MODE" == "true" ]]; then
+        copy_script_into "$LAUNCH_SCRIPT_PATH"
+        return
+    elif [[ "$NO_RAY_MODE" == "false" ]]; then
+        script=$(make_node_script "$total" ray)
+        copy_script_into "$script"
+        rm -f "$script"
+        return
+    fi
+    script=$(make_node_script "$total" 0)
+    copy_script_into "$script"
+    rm -f "$script"
+    for worker in "${PEER_NODES[@]}"; do
+        script=$(make_node_script "$total" "$rank")
+        copy_script_into "$script" "$worker"
+        rm -f "$script"
+        rank=$((rank + 1))
+    done
 }
 
 # -tp/-pp/-dp (and the long forms, also --flag=N) of a command: TP_SIZE, PP_SIZE, DP_SIZE,
@@ -652,19 +791,23 @@ wait_for_head_exec() {
 
 # No Ray: one rank per node, the workers first (headless, in the background), the head last.
 exec_no_ray_cluster() {
-    local cmd total=$((1 + ${#PEER_NODES[@]})) rank=1 worker
+    local cmd total=$((1 + ${#PEER_NODES[@]})) rank=1 worker worker_cmd
     cmd=$(without_backend "$1")
     for worker in "${PEER_NODES[@]}"; do
+        worker_cmd="$cmd --nnodes $total --node-rank $rank --master-addr $HEAD_IP --master-port $MASTER_PORT --headless"
+        [[ -n "$LAUNCH_SCRIPT_PATH" ]] && worker_cmd="$cmd"  # the script is patched per node
         echo "Launching worker (rank $rank) on $worker..."
-        on_worker "$worker" docker exec -d "$CONTAINER_NAME" bash -c \
-            "$cmd --nnodes $total --node-rank $rank --master-addr $HEAD_IP --master-port $MASTER_PORT --headless >> /proc/1/fd/1 2>&1"
+        on_worker "$worker" docker exec -d "$CONTAINER_NAME" bash -c "$worker_cmd >> /proc/1/fd/1 2>&1"
         rank=$((rank + 1))
     done
     local head_cmd="$cmd --nnodes $total --node-rank 0 --master-addr $HEAD_IP --master-port $MASTER_PORT"
+    [[ -n "$LAUNCH_SCRIPT_PATH" ]] && head_cmd="$cmd"
     echo "Executing command on head node (rank 0): $head_cmd"
     if [[ "$DAEMON_MODE" == "true" ]]; then
         exec_on_head_detached "$head_cmd" || return 1
         echo "Command dispatched in background (Daemon mode). Container: $CONTAINER_NAME"
+    elif [[ "$HEAD_EXEC_MODE" == "foreground" ]]; then  # before 2026-09-15
+        exec_on_head "$head_cmd"
     else
         docker exec "$CONTAINER_NAME" rm -f "$HEAD_EXEC_SENTINEL" >/dev/null 2>&1 || true
         exec_on_head_detached "$head_cmd" "$HEAD_EXEC_SENTINEL" || return 1
@@ -706,14 +849,18 @@ if [[ "$DAEMON_MODE" == "false" ]]; then
 fi
 
 if [[ "$ACTION" == "exec" ]]; then
-    if [[ "$SOLO_MODE" == "false" && "$NO_RAY_MODE" == "false" ]]; then
+    if [[ "$SOLO_MODE" == "false" && "$NO_RAY_MODE" == "false" && -z "$LAUNCH_SCRIPT_PATH" ]]; then
         COMMAND_TO_RUN=$(with_ray_backend "$COMMAND_TO_RUN")
     fi
-    trim_nodes "$COMMAND_TO_RUN"
+    if [[ -n "$LAUNCH_SCRIPT_PATH" ]]; then  # the parallelism flags are in the script
+        trim_nodes "$(cat "$LAUNCH_SCRIPT_PATH" 2>/dev/null || true)"
+    else
+        trim_nodes "$COMMAND_TO_RUN"
+    fi
     start_cluster || exit 1
     echo "Executing command: $COMMAND_TO_RUN"
     if [[ "$NO_RAY_MODE" == "true" && ${#PEER_NODES[@]} -gt 0 ]] \
-        && grep -q "vllm serve" <<< "$COMMAND_TO_RUN"; then
+        && { [[ -n "$LAUNCH_SCRIPT_PATH" ]] || grep -q "vllm serve" <<< "$COMMAND_TO_RUN"; }; then
         exec_no_ray_cluster "$COMMAND_TO_RUN"
     else
         exec_on_head "$COMMAND_TO_RUN"

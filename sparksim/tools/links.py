@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 from .ports import Port, State, guid, load_state, operstate, ports, rdma_loaded, rdma_ports
 
@@ -51,7 +52,7 @@ def ibdev2netdev(node_dir: str, argv: list[str]) -> int:
         if verbose:
             pstate = "ACTIVE" if p.active else "DOWN"
             out.append(
-                f"{PCI[p.dev]} {p.dev} ({state['ca_type']} - NVD0000000087) "
+                f"{PCI[p.dev]} {p.dev} ({state['ca_type']} - {psid(state)}) "
                 f"fw {state['firmware']} port 1 ({pstate}) ==> {p.netdev} ({link})"
             )
         else:
@@ -339,10 +340,61 @@ def _real_ethtool() -> str:
     return "ethtool"
 
 
+def psid(state: State) -> str:
+    """The board's PSID (NVIDIA's DGX Spark ConnectX-7: NVD0000000087, ethtool -i on a
+    Spark); a fault may change it with the firmware."""
+    return str(state.get("psid") or "NVD0000000087")
+
+
+def _driver_info(state: State, port: Port) -> str:
+    """``ethtool -i`` of a ConnectX-7 port as mlx5_core answers it (a Spark's, recorded in
+    fixtures/alike/ethtool_i_cx7.txt: driver, the kernel release, firmware with PSID)."""
+    return (
+        "driver: mlx5_core\n"
+        f"version: {os.uname().release}\n"
+        f"firmware-version: {state['firmware']} ({psid(state)})\n"
+        "expansion-rom-version: \n"
+        f"bus-info: {PCI[port.dev]}\n"
+        "supports-statistics: yes\n"
+        "supports-test: yes\n"
+        "supports-eeprom-access: no\n"
+        "supports-register-dump: no\n"
+        "supports-priv-flags: yes\n"
+    )
+
+
+def _statistics(state: State, netdev: str) -> str | None:
+    """``ethtool -S`` of a ConnectX port: state.json ``port_counters`` (steady values),
+    plus what a fault makes rise since it began (``counter_rise``: ``{"since": epoch,
+    "per_s": {name: rate}}``, faults/link.py's cable-flapping). None: not a ConnectX port."""
+    counters = (state.get("port_counters") or {}).get(netdev)
+    if counters is None:
+        return None
+    rise = (state.get("counter_rise") or {}).get(netdev) or {}
+    elapsed = max(0.0, time.time() - float(rise.get("since", time.time())))
+    values = dict(counters)
+    for name, rate in (rise.get("per_s") or {}).items():
+        values[name] = int(values.get(name, 0)) + int(elapsed * float(rate))
+    return "NIC statistics:\n" + "".join(f"     {k}: {v}\n" for k, v in values.items())
+
+
 def ethtool(node_dir: str, argv: list[str]) -> int:
     """The real ethtool; for a ConnectX-7 port queried as ``ethtool IF`` the Speed line
-    reports the port's rate from state.json (a veth always says 10000Mb/s)."""
+    reports the port's rate from state.json (a veth always says 10000Mb/s), and ``ethtool
+    -i IF`` answers as mlx5_core (a veth's says ``driver: veth``), and ``ethtool -S IF``
+    prints mlx5's counters from state.json (a veth has none of them)."""
     real = _real_ethtool()
+    if len(argv) == 2 and argv[0] in ("-i", "--driver"):
+        state = load_state(node_dir)
+        port = next((p for p in ports(state) if p.netdev == argv[1]), None)
+        if port is not None:
+            sys.stdout.write(_driver_info(state, port))
+            return 0
+    if len(argv) == 2 and argv[0] in ("-S", "--statistics"):
+        text = _statistics(load_state(node_dir), argv[1])
+        if text is not None:
+            sys.stdout.write(text)
+            return 0
     if len(argv) != 1 or argv[0].startswith("-"):
         os.execv(real, [real, *argv])
     state = load_state(node_dir)

@@ -97,6 +97,7 @@ def parse_matrix(text: str, heading: str = "## Matrix") -> list[Row]:
             raise ValueError(f"{MATRIX}: {len(cells)} cells in {line!r}")
         values = dict(zip(COLUMNS, cells, strict=True))
         inject, serve_args, drop_args, options, only = [], "", "", [], []
+        mode = "ray"
         for part in (_cell(values["inject"]) or "").split(";"):
             part = part.strip()
             if part.startswith("+serve-args "):
@@ -107,6 +108,8 @@ def parse_matrix(text: str, heading: str = "## Matrix") -> list[Row]:
                 options += shlex.split(part.removeprefix("+opt "))
             elif part.startswith("+only "):
                 only += part.removeprefix("+only ").split()
+            elif part.startswith("+mode "):  # a launch row of one launcher mode only
+                mode = part.removeprefix("+mode ").strip()
             elif part:
                 inject.append(tuple(shlex.split(part)))
         if any(not o.startswith("--spark-") for o in options):
@@ -124,7 +127,7 @@ def parse_matrix(text: str, heading: str = "## Matrix") -> list[Row]:
         unknown = set(fails + may_fail + tuple(only)) - set(CATEGORIES)
         if only and not set(fails + may_fail) <= set(only):
             raise ValueError(f"{MATRIX}: +only leaves out a category the row fails: {line!r}")
-        if unknown or values["run"] not in RUNS:
+        if unknown or values["run"] not in RUNS or mode not in ("ray", "no-ray"):
             raise ValueError(f"{MATRIX}: bad row {line!r}")
         if fails and counts["causes"] + counts["over"] < len(fails):
             raise ValueError(f"{MATRIX}: fewer failures allowed than failing categories: {line!r}")
@@ -144,6 +147,7 @@ def parse_matrix(text: str, heading: str = "## Matrix") -> list[Row]:
                 over=counts["over"],
                 options=tuple(options),
                 only=tuple(only),
+                mode=mode,
             )
         )
     return rows
@@ -168,6 +172,7 @@ def readiness_launch_row(row: Row) -> bool:
     key): these run in both modes. A placement group exists only with Ray."""
     return (
         row.run == "launch"
+        and row.mode == "ray"  # a row of one mode (+mode) runs in that mode alone
         and set(row.fails) <= {"readiness"}
         and all(argv[0] == "engine" for argv in row.inject)
         and "placement" not in row.fault

@@ -10,6 +10,7 @@ down, image gone, no SSH to the worker) stop the launcher itself, as their check
 
 from __future__ import annotations
 
+import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,7 +40,12 @@ NO_LAUNCH = (
 )
 SERVING = {f"test_serving_env_matches_fabric[{n}]" for n in (H, W)}
 # tests_infra/test_alike.py: nodes alike, in the preflight category, one check each
-ALIKE = {"test_host_software_alike", "test_serving_image_alike", "test_clock_ntp_synchronized"}
+ALIKE = {
+    "test_host_software_alike",
+    "test_serving_image_alike",
+    "test_clock_ntp_synchronized",
+    "test_no_known_bad_versions",
+}
 # tests_infra/test_gpuhealth.py: GPU health per node, in the preflight category
 GPU_HEALTH = {
     f"{t}[{n}]"
@@ -54,6 +60,12 @@ GPU_HEALTH = {
 # tests_infra/test_memory.py: GB10 memory headroom, preflight, per node
 MEMORY = {f"test_memory_headroom[{n}]" for n in (H, W)}
 FDLIMIT = {f"test_dockerd_open_files_limit[{n}]" for n in (H, W)}
+# tests_infra/test_kernel.py: the previous boot and PCIe AER, preflight, per node
+KERNEL = {f"{t}[{n}]" for t in ("test_previous_boot_clean", "test_pcie_aer") for n in (H, W)}
+# tests_infra/test_loaded.py: what the serving ranks loaded, preflight, per node
+LOADED = {
+    f"{t}[{n}]" for t in ("test_nccl_loaded_same_build", "test_vllm_tree_identical") for n in (H, W)
+}
 
 
 def launch(sim: SimCluster) -> dict[str, Any]:
@@ -235,10 +247,12 @@ def test_nccl_on_the_management_network_fails_the_env_check(
     verdict = f"test_serving_env_matches_fabric[{H}]"
     assert set(failed) == {verdict}, (failed, run.output[-3000:])
     message = failed[verdict]
-    assert message.startswith(
-        f"{H}: container vllm_node environment does not match "
-        "the fabric: NCCL_SOCKET_IFNAME=mgmt0 selects mgmt0"
-    )
+    # read from the rank process itself (/proc/PID/environ), the container named
+    assert re.match(
+        rf"{H}: container vllm_node rank process (\d+) \(/proc/\1/environ\) environment does "
+        "not match the fabric: NCCL_SOCKET_IFNAME=mgmt0 selects mgmt0",
+        message,
+    ), message
     assert "NCCL_IB_DISABLE=1 (RDMA off" in message
     assert "expected the fabric interfaces enP2p1s0f1np1, enp1s0f1np1" in message
     assert "CONTAINER_NCCL_*" in message
@@ -261,7 +275,8 @@ def test_spark_sim_healthy_passes_every_preflight_check(tmp_path: Path) -> None:
     assert run.ret == 0, run.output
     assert run.results["cluster"]["sim"] is True
     outcomes = run.outcomes()
-    assert set(outcomes) == NO_LAUNCH | SERVING | ALIKE | GPU_HEALTH | MEMORY | FDLIMIT, outcomes
+    expected = NO_LAUNCH | SERVING | ALIKE | GPU_HEALTH | MEMORY | FDLIMIT | KERNEL | LOADED
+    assert set(outcomes) == expected, outcomes
     assert set(outcomes.values()) == {"passed"}, outcomes
     assert {c["category"] for c in run.results["checks"]} == {"preflight"}
 

@@ -15,6 +15,7 @@ import pytest
 from faultmatrix import (  # type: ignore[import-not-found]
     MATRIX,
     OBSERVED,
+    TRIM,
     Matrix,
     Row,
     check_row,
@@ -26,6 +27,9 @@ from conftest import (  # type: ignore[import-not-found]
     SUITE_SIM_ARGS,
     SuiteRun,
     _missing,
+    launch_args,
+    node_ssh,
+    run_suite,
 )
 from pytest_spark.access.simcontrol import SimCluster, sim_up
 
@@ -176,3 +180,70 @@ PROOFS: dict[str, Callable[[SuiteRun], None]] = {
 
 def test_every_row_has_its_proof() -> None:
     assert set(PROOFS) == {row.id for row in ROWS}
+
+
+TRIMMED_NOTE = (
+    "Note: Command requires 2 node(s) (tp=2 * pp=1 * dp=1); using 2 of 3 configured node(s)."
+)
+
+
+def test_trimmed_node_is_idle_by_design(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Three nodes at TP 2: launch-cluster.sh keeps the head and spark-worker-1 and prints
+    its Note line (fixtures/launcher/trim-note.txt); spark-worker-2 gets no container, by
+    design. One launch run (readiness, preflight and the all-reduce: the categories that
+    look for a rank on every node), kept, then one attach run of readiness without serve
+    args (the head's `vllm serve` process says --nnodes 2): both healthy, the idle node
+    reported, never failed, no NCCL rank expected there."""
+    reason = _missing()
+    if reason:
+        pytest.skip(reason)
+    sim = switch_sim()
+    launch = sim.info["launch"]
+    try:
+        assert "--tensor-parallel-size 2" in launch["serve_args"], launch
+        run = run_suite(
+            tmp_path_factory.mktemp("trim-launch"),
+            "tests_infra",
+            "tests_e2e",
+            *TRIM,
+            "-m",
+            "readiness or preflight or nccl",
+            *launch_args(sim),
+            "--spark-keep",
+            "--spark-ray=off",
+            sim=sim,
+            timeout=900,
+            profile=PROFILE,
+        )
+        assert run.ret == 0 and not run.failed(), run.output[-4000:]
+        assert run.results["serving"]["idle_nodes"] == ["spark-worker-2"], run.results["serving"]
+        assert TRIMMED_NOTE in run.results["serving"]["idle_because"], run.results["serving"]
+        _assert_idle(run, "spark-worker-2")
+        nccl = _checks(run, NCCL)["test_allreduce_busbw"]
+        assert nccl["outcome"] == "passed" and nccl["node"] == "spark-head <-> spark-worker-1"
+        attach = run_suite(
+            tmp_path_factory.mktemp("trim-attach"),
+            "tests_e2e/test_readiness.py",
+            "--spark-history=off",
+            f"--spark-container={launch['container']}",
+            sim=sim,
+            profile=PROFILE,
+        )
+        assert attach.ret == 0 and not attach.failed(), attach.output[-4000:]
+        assert attach.results["serving"]["idle_nodes"] == ["spark-worker-2"], attach.results
+        _assert_idle(attach, "spark-worker-2")
+    finally:
+        try:
+            fabric = ",".join(f"198.19.0.{i + 1}" for i in range(len(NAMES)))
+            node_ssh(sim, sim.head, f"{launch['script']} -n {fabric} stop", timeout=120)
+        finally:
+            sim.down()
+
+
+def _assert_idle(run: SuiteRun, node: str) -> None:
+    """The idle node's container check skips, saying idle by design; no check fails it."""
+    readiness = _checks(run, READINESS)
+    idle = readiness[f"test_serving_container_running[{node}]"]
+    assert idle["outcome"] == "skipped" and "idle by design" in idle["message"], idle
+    for name in NAMES[:2]:
+        assert readiness[f"test_serving_container_running[{name}]"]["outcome"] == "passed"

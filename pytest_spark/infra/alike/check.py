@@ -85,11 +85,44 @@ HOST_FIELDS = (
         "bring every node to the same DGX OS / Ubuntu release (apt update && apt "
         "full-upgrade on each, /etc/os-release must match)",
     ),
+    HostField(
+        "DGX OS release",
+        lambda f: f.dgx_os,
+        "bring every node to the same DGX OS release (/etc/dgx-release DGX_SWBUILD_VERSION; "
+        "apply the same DGX OS update on each node, then reboot)",
+    ),
+    HostField(
+        "ConnectX-7 firmware",
+        lambda f: f.cx7_firmware,
+        "flash the same ConnectX-7 firmware on every node (`ethtool -i IFACE` "
+        "firmware-version, PSID included; DGX OS ships it: apply the same update, or "
+        "mlxfwmanager / flint with the other node's image) and reboot or mlxfwreset",
+    ),
 )
 
+# The HOST_FIELDS a known-bad rule's component owns (pytest_spark.infra.knownbad): the
+# CUDA version nvidia-smi prints comes with the driver.
+FIELDS_OF_COMPONENT = {
+    "driver": ("NVIDIA driver", "CUDA version (nvidia-smi)"),
+    "kernel": ("kernel release",),
+    "dgx-os": ("DGX OS release",),
+    "cx7-firmware": ("ConnectX-7 firmware",),
+}
 
-def check_host_alike(head: str, facts: Mapping[str, NodeAlike]) -> Finding:
-    """Kernel release, OS release, NVIDIA driver and CUDA version the same on every node."""
+
+def check_host_alike(
+    head: str,
+    facts: Mapping[str, NodeAlike],
+    owned: Mapping[str, set[str]] | None = None,
+) -> Finding:
+    """Kernel release, OS release, NVIDIA driver, CUDA version, DGX OS release and
+    ConnectX-7 firmware the same on every node. ``owned``: ``{known-bad component: nodes}``
+    whose value a known-bad rule names (pytest_spark.infra.knownbad.check.denied_nodes):
+    those values are left out here, as that check fails for them (one cause, one failure)."""
+    by_field: dict[str, set[str]] = {}
+    for component, owners in (owned or {}).items():
+        for name in FIELDS_OF_COMPONENT.get(component, ()):
+            by_field.setdefault(name, set()).update(owners)
     problems: list[str] = []
     fixes: list[str] = []
     notes: list[str] = []
@@ -101,6 +134,11 @@ def check_host_alike(head: str, facts: Mapping[str, NodeAlike]) -> Finding:
             measured[n][fld.name] = fact.value
         values, unknown = _known(per_node)
         notes += [f"{fld.name} not read on {n} ({why})" for n, why in unknown.items()]
+        for n in sorted(by_field.get(fld.name, set()) & set(values)):
+            notes.append(
+                f"{fld.name} of {n} left out: a known-bad version (test_no_known_bad_versions)"
+            )
+            del values[n]
         odd = odd_nodes(head, values)
         if odd is None:
             continue
@@ -119,8 +157,9 @@ def check_host_alike(head: str, facts: Mapping[str, NodeAlike]) -> Finding:
             node=nodes[0] if len(nodes) == 1 else None,
             message=(
                 f"{', '.join(nodes)} unlike the rest of the cluster: {'; '.join(problems)}; "
-                f"expected the same kernel, OS, NVIDIA driver and CUDA on every node (multi-"
-                f"node vLLM needs the nodes alike){note}. Fix: {'; '.join(dict.fromkeys(fixes))}"
+                "expected the same kernel, OS, NVIDIA driver, CUDA, DGX OS and ConnectX-7 "
+                f"firmware on every node (multi-node vLLM needs the nodes alike){note}. "
+                f"Fix: {'; '.join(dict.fromkeys(fixes))}"
             ),
         )
     head_facts = facts.get(head)
@@ -180,10 +219,56 @@ def _describe_image(img: ImageFacts) -> str:
     return f"ID {img.short_id}, {len(img.layers)} layer(s)"
 
 
+def check_running_alike(
+    head: str, facts: Mapping[str, NodeAlike], container: str
+) -> Finding | None:
+    """Attach mode: the serving containers already running on the nodes run the same image
+    (the image each container was started from, by its ID, ``docker inspect --format
+    '{{.Image}}'``; compared by identity, as two loads of one image may differ in ID). The
+    launcher compares image IDs only when it launches (launch-cluster.sh
+    ``verify_cluster_image_consistency``); a container started before a node's image was
+    replaced runs the old one under the same tag. None when fewer than two nodes run one."""
+    running = {n: f.running for n, f in facts.items() if f.running is not None}
+    if len(running) < 2:
+        return None
+    odd = odd_nodes(head, {n: img.identity for n, img in running.items()})
+    if odd is None:
+        return None
+    ref_node = head if odd.nodes != (head,) else next(n for n in running if n != head)
+    ref = running[ref_node]
+    tags = {n: f.image_ref for n, f in facts.items()}
+    parts = [
+        f"{n}'s container {container!r} runs image {running[n].short_id} "
+        f"({len(running[n].layers)} layer(s)) vs {ref_node}'s {ref.short_id}"
+        + (f", both tagged {tags[n]}" if tags.get(n) and tags[n] == tags.get(ref_node) else "")
+        for n in odd.nodes
+    ]
+    nodes = list(odd.nodes)
+    return Finding.failed(
+        {
+            n: {"running_image_id": img.id, "identity": img.identity, "tag": tags.get(n)}
+            for n, img in running.items()
+        },
+        f"the running containers on the same image as {ref_node}",
+        node=nodes[0] if len(nodes) == 1 else None,
+        message=(
+            f"running serving containers differ: {'; '.join(parts)}; expected every node's "
+            f"running container on the same image (each rank runs its own node's container; "
+            f"the launcher checks image IDs only when it launches, not when attaching). Fix: "
+            f"stop the cluster, put {ref_node}'s image on {', '.join(nodes)} (docker save | "
+            "docker load, or pull the same digest), then relaunch"
+        ),
+    )
+
+
 def check_image_alike(head: str, facts: Mapping[str, NodeAlike], container: str) -> Finding | Skip:
     """The serving image has the same identity on every node (registry digests, else its
     layers and start config); when it differs, what differs inside it (vLLM, torch, NCCL
-    version and library hash, Python)."""
+    version and library hash, Python). In attach mode the running containers' images are
+    compared first (:func:`check_running_alike`)."""
+    running = check_running_alike(head, facts, container)
+    if running is not None:
+        return running
     refs = {n: f.image_ref for n, f in facts.items() if f.image_ref}
     if not refs:
         return Skip(
@@ -209,7 +294,11 @@ def check_image_alike(head: str, facts: Mapping[str, NodeAlike], container: str)
                     "vllm": c.vllm,
                     "torch": c.torch,
                     "python": c.python,
-                    "nccl": [f"{lib.path} {lib.version} sha256:{lib.sha256}" for lib in c.nccl],
+                    "nccl": [
+                        f"{lib.path} {lib.version} sha256:{lib.sha256}"
+                        + (f" build-id:{lib.build_id}" if lib.build_id else "")
+                        for lib in c.nccl
+                    ],
                 }
                 if (c := facts[n].container) is not None
                 else {"container_facts": facts[n].container_error}

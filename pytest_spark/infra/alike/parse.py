@@ -9,6 +9,9 @@ Formats (real outputs: fixtures/alike/README.md names the sources):
   the memory fields say ``Not Supported`` / ``[N/A]``, and a field may read ``N/A``.
 - ``timedatectl show``: ``KEY=VALUE`` lines (``NTP=yes``, ``NTPSynchronized=yes``).
 - ``chronyc -n tracking``: ``Leap status     : Normal`` (``Not synchronised`` when not).
+- ``/etc/dgx-release``: ``KEY="VALUE"`` lines (``DGX_SWBUILD_VERSION="7.5.0"``).
+- ``ethtool -i IFACE`` (per ConnectX-7 port, each after a ``== IFACE`` line the probe
+  prints): ``firmware-version: 28.45.4028 (NVD0000000087)``, the PSID in parentheses.
 - ``docker image inspect IMAGE``: a JSON array of one image object.
 - the container facts: one JSON object printed by the image's ``python3``
   (:data:`pytest_spark.infra.alike.probe.CONTAINER_SCRIPT`).
@@ -59,6 +62,28 @@ def os_release_name(text: str) -> str | None:
         return kv["PRETTY_NAME"]
     name = " ".join(v for v in (kv.get("NAME"), kv.get("VERSION_ID")) if v)
     return name or None
+
+
+def dgx_os_version(text: str) -> str | None:
+    """DGX_SWBUILD_VERSION of /etc/dgx-release (``7.5.0``), or None without one."""
+    return parse_key_values(text).get("DGX_SWBUILD_VERSION") or None
+
+
+def parse_ethtool_firmware(text: str) -> dict[str, str]:
+    """``{iface: firmware-version}`` from ``== IFACE`` blocks of ``ethtool -i IFACE``
+    output (the PSID kept: two boards with the same firmware number and another PSID run
+    another image)."""
+    out: dict[str, str] = {}
+    iface = None
+    for raw in text.splitlines():
+        line = raw.strip()
+        if line.startswith("== "):
+            iface = line[3:].strip()
+        elif iface and line.startswith("firmware-version:"):
+            value = known(line.partition(":")[2])
+            if value:
+                out[iface] = value
+    return out
 
 
 _SMI_HEADER = re.compile(
@@ -170,6 +195,7 @@ class NcclLibrary:
     size: int
     sha256: str
     version: str | None  # from the library's own "NCCL version X" string
+    build_id: str | None = None  # its ELF NT_GNU_BUILD_ID note, hex (readelf -n's Build ID)
 
     @property
     def short_sha(self) -> str:
@@ -209,6 +235,7 @@ def parse_container_facts(text: str) -> ContainerFacts:
                 int(lib.get("bytes") or 0),
                 str(lib["sha256"]),
                 lib.get("version"),
+                lib.get("build_id"),
             )
         )
     return ContainerFacts(

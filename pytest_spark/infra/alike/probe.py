@@ -3,12 +3,16 @@ marker-framed sections (the link probe's framing, with its own marker):
 
 ``kernel`` (``uname -r``), ``os_release`` (/etc/os-release), ``nvidia_smi`` (the table:
 its header names the driver and CUDA versions), ``timedatectl`` (``timedatectl show``),
-``chrony`` (``chronyc -n tracking``: read where timedatectl cannot say), ``image:REF``
+``chrony`` (``chronyc -n tracking``: read where timedatectl cannot say), ``dgx_release``
+(/etc/dgx-release: the DGX OS release), ``cx7_fw`` (``ethtool -i`` of every ConnectX-7
+port ``ibdev2netdev`` lists: its firmware and PSID), ``running`` (the serving container's
+image ID, ``docker inspect --format '{{.Image}}'``, and ``running-image`` its ``docker
+image inspect``: what an attached cluster really runs, whatever the tag says now), ``image:REF``
 (``docker image inspect`` of the serving image) and ``container:REF``: the facts inside
 that image, from one ``docker run --rm --network none --entrypoint python3 REF -c SCRIPT``
 (no GPU, no mounts, nothing imported but the standard library: vLLM and torch versions
 from their package metadata, Python's own, and every ``libnccl.so*`` on the loader's path
-hashed whole, with the version the library itself carries).
+hashed whole, with the version the library itself carries and its ELF GNU Build ID).
 
 Why the image and not the running container: this is preflight, before a 15-minute load;
 the image is what every node will run, the same whether the suite launches or attaches,
@@ -28,10 +32,12 @@ from pytest_spark.infra.alike.parse import (
     ContainerFacts,
     ImageFacts,
     TimeSync,
+    dgx_os_version,
     known,
     os_release_name,
     parse_chronyc_tracking,
     parse_container_facts,
+    parse_ethtool_firmware,
     parse_image_inspect,
     parse_smi_versions,
     parse_timedatectl_show,
@@ -70,10 +76,13 @@ for d in dirs:
         if real in seen or not os.path.isfile(real):
             continue
         seen.add(real)
-        h, size, found = hashlib.sha256(), 0, None
+        h, size, found, bid = hashlib.sha256(), 0, None, None
         with open(real, "rb") as fh:
             tail = b""
             for chunk in iter(lambda: fh.read(1 << 20), b""):
+                if size == 0:
+                    n = re.search(rb"\x04\0\0\0([\x08-\x40])\0\0\0\x03\0\0\0GNU\0", chunk)
+                    bid = chunk[n.end():n.end() + n.group(1)[0]].hex() if n else None
                 h.update(chunk)
                 size += len(chunk)
                 if found is None:
@@ -81,7 +90,7 @@ for d in dirs:
                     found = m.group(1).decode() if m else None
                 tail = chunk[-64:]
         libs.append({"path": f, "file": real, "bytes": size, "sha256": h.hexdigest(),
-                     "version": found})
+                     "version": found, "build_id": bid})
 pkg = next((v for v in map(ver, ("nvidia-nccl-cu13", "nvidia-nccl-cu12")) if v), None)
 print(json.dumps({"python": sys.version.split()[0], "vllm": ver("vllm"),
                   "torch": ver("torch"), "nccl": libs, "nccl_pkg": pkg}))
@@ -96,6 +105,15 @@ s os_release cat /etc/os-release
 s nvidia_smi nvidia-smi
 s timedatectl timedatectl show
 s chrony chronyc -n tracking
+s dgx_release cat /etc/dgx-release
+s cx7_fw sh -c 'for i in $(ibdev2netdev 2>/dev/null | awk "{print \$5}"); do
+  echo "== $i"; ethtool -i "$i"; done'
+rid=$($T docker inspect --type container -f '{{.Image}}' "$CONTAINER" 2>/dev/null)
+case $rid in
+  sha256:*[!0-9a-f]*|'') ;;
+  sha256:*) s running echo "$rid"
+     s running-image docker image inspect "$rid" ;;
+esac
 img=$IMAGE
 [ -n "$img" ] ||
   img=$($T docker inspect --type container -f '{{.Config.Image}}' "$CONTAINER" 2>/dev/null)
@@ -144,6 +162,9 @@ class NodeAlike:
     image_error: str | None
     container: ContainerFacts | None
     container_error: str | None
+    dgx_os: Fact = Fact(None, "not probed")
+    cx7_firmware: Fact = Fact(None, "not probed")
+    running: ImageFacts | None = None  # the serving container's image (attach), by its ID
 
 
 def _why(section: ProbeSection | None, what: str) -> str:
@@ -197,6 +218,32 @@ def _time_sync(sections: dict[str, ProbeSection]) -> tuple[TimeSync | None, str 
     return None, "; ".join(reasons)
 
 
+def _dgx_os(section: ProbeSection | None) -> Fact:
+    if section is None or section.rc != 0:
+        return Fact(None, _why(section, "/etc/dgx-release"))
+    version = dgx_os_version(section.stdout)
+    return Fact(version, None if version else "/etc/dgx-release: no DGX_SWBUILD_VERSION")
+
+
+def _cx7_firmware(section: ProbeSection | None) -> Fact:
+    if section is None:
+        return Fact(None, "ethtool -i not probed")
+    firmware = parse_ethtool_firmware(section.stdout)
+    if not firmware:
+        return Fact(None, "no ConnectX-7 port (ibdev2netdev) answered ethtool -i")
+    return Fact(", ".join(sorted(set(firmware.values()))))
+
+
+def _running(sections: dict[str, ProbeSection]) -> ImageFacts | None:
+    rid, inspect = sections.get("running"), sections.get("running-image")
+    if rid is None or inspect is None or inspect.rc != 0:
+        return None
+    try:
+        return parse_image_inspect(inspect.stdout, rid.stdout.strip())
+    except ParseError:
+        return None
+
+
 def parse_alike_probe(text: str) -> NodeAlike:
     """Parse :func:`alike_probe_command` output."""
     hostname, sections = split_probe(text, MARKER, "alike probe")
@@ -239,4 +286,7 @@ def parse_alike_probe(text: str) -> NodeAlike:
         image_error=image_error,
         container=container,
         container_error=container_error,
+        dgx_os=_dgx_os(sections.get("dgx_release")),
+        cx7_firmware=_cx7_firmware(sections.get("cx7_fw")),
+        running=_running(sections),
     )

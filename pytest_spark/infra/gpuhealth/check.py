@@ -10,9 +10,10 @@ what could not be read.
 from __future__ import annotations
 
 from collections import Counter
+from datetime import UTC, datetime
 
 from pytest_spark.infra.finding import Finding
-from pytest_spark.infra.gpuhealth.parse import XID_CATALOG, KernelEvent
+from pytest_spark.infra.gpuhealth.parse import XID_CATALOG, KernelEvent, no_memory_burst
 from pytest_spark.infra.gpuhealth.probe import GpuHealth, GpuReading, KernelLog
 from pytest_spark.infra.preflight.check import Skip
 from pytest_spark.settings.profiles import GpuHealthSection
@@ -25,6 +26,7 @@ __all__ = [
     "check_gpu_temperature",
     "check_gpu_throttle",
     "gpu_lost_in_kernel_log",
+    "no_memory_text",
 ]
 
 TEMPERATURE_VERDICT = "test_gpu_temperature"
@@ -32,6 +34,12 @@ KERNEL_VERDICT = "test_gpu_kernel_errors"
 LOST_XIDS = (79,)  # the GPU is gone from the bus: nvidia-smi then finds no device
 BENIGN = ("gpu_idle", "applications_clocks_setting", "sync_boost", "display_clocks_setting")
 THERMAL = ("hw_thermal_slowdown", "sw_thermal_slowdown")
+NO_MEMORY_FIX = (
+    "the driver ran out of GB10 unified memory: lower the engine's claim "
+    "(--gpu-memory-utilization) so the OS keeps its headroom (test_memory_headroom) and "
+    "stop other GPU processes; a burst of these wedged hosts until a power cycle "
+    "(open-gpu-kernel-modules#1358, dgx-spark-playbooks#97): reboot the node before serving"
+)
 _POWER_CYCLE = (
     "power-cycle the Spark: unplug its USB-C power brick from the wall and the Spark for "
     "60 s, then reconnect (a fresh power negotiation); check the brick and cable are the "
@@ -283,7 +291,9 @@ def _fix(events: list[KernelEvent]) -> str:
     for e in events:
         info = XID_CATALOG.get(e.xid) if e.xid is not None else None
         fix = (
-            "a driver assertion: nothing to do unless the GPU misbehaves; if it recurs, "
+            NO_MEMORY_FIX
+            if e.no_memory
+            else "a driver assertion: nothing to do unless the GPU misbehaves; if it recurs, "
             "collect `nvidia-bug-report.sh` for NVIDIA"
             if e.soft
             else info.action
@@ -296,6 +306,32 @@ def _fix(events: list[KernelEvent]) -> str:
         if fix not in fixes:
             fixes.append(fix)
     return "; ".join(fixes)
+
+
+def _clock(at: float | None) -> str:
+    """A line's time as a person reads it: UTC for a journal's epoch, seconds since boot
+    for dmesg's."""
+    if at is None:
+        return "?"
+    if at > 1e9:
+        return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return f"{at:.0f} s after boot"
+
+
+def no_memory_text(
+    oom: list[KernelEvent], burst: list[KernelEvent], section: GpuHealthSection
+) -> str:
+    """``N x NV_ERR_NO_MEMORY (first ..., last ...; a burst: M within W s)`` for a
+    message."""
+    span = f"first {_clock(oom[0].at)}, last {_clock(oom[-1].at)}"
+    if burst:
+        how = f"a burst: {len(burst)} within {section.nvrm_burst_window_s:.0f} s"
+    else:
+        how = (
+            f"fewer than a burst of {section.nvrm_burst_lines} within "
+            f"{section.nvrm_burst_window_s:.0f} s: a transient allocation failure"
+        )
+    return f"{len(oom)} x NVRM NV_ERR_NO_MEMORY ({span}; {how})"
 
 
 def gpu_lost_in_kernel_log(kernel: KernelLog) -> KernelEvent | None:
@@ -334,16 +370,24 @@ def check_gpu_kernel_log(node: str, kernel: KernelLog, section: GpuHealthSection
             message=f"{node}: no Xid or NVRM errors since boot ({where})",
         )
     warn_only = set(section.warn_xids)
+    burst = no_memory_burst(
+        list(kernel.events), section.nvrm_burst_lines, section.nvrm_burst_window_s
+    )
     failing = [
         e
         for e in kernel.events
-        if (e.xid is None and not e.soft) or (e.xid is not None and e.xid not in warn_only)
+        if (e.xid is None and not e.soft and not e.no_memory)
+        or (e.xid is not None and e.xid not in warn_only)
+        or (e.no_memory and burst)
     ]
     shown = failing or list(kernel.events)
     counts = Counter(e.xid for e in shown if e.xid is not None)
-    others = sum(1 for e in shown if e.xid is None and not e.soft)
+    oom = [e for e in shown if e.no_memory]
+    others = sum(1 for e in shown if e.xid is None and not e.soft and not e.no_memory)
     asserts = sum(1 for e in shown if e.soft)
     parts = [_xid_text(code, n) for code, n in counts.items()]
+    if oom:
+        parts.append(no_memory_text(oom, burst, section))
     if others:
         parts.append(f"{others} NVRM error line(s)")
     if asserts:
@@ -371,8 +415,8 @@ def check_gpu_kernel_log(node: str, kernel: KernelLog, section: GpuHealthSection
         evidence=evidence,
         message=(
             f"{node}: the kernel log since boot ({where}) has {', '.join(parts)} "
-            "(application-level Xids in profile gpu_health.warn_xids, or driver assertions "
-            f"a healthy driver may print): {sample}. If the serving engine crashed then, "
-            f"{_fix(shown)}"
+            "(application-level Xids in profile gpu_health.warn_xids, driver assertions "
+            "a healthy driver may print, or NV_ERR_NO_MEMORY lines fewer than a burst): "
+            f"{sample}. If the serving engine crashed then, {_fix(shown)}"
         ),
     )

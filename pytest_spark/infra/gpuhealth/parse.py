@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from datetime import datetime
 
 from pytest_spark.infra.errors import ParseError
 
@@ -22,6 +23,8 @@ __all__ = [
     "KernelEvent",
     "QueryRow",
     "XidInfo",
+    "line_time",
+    "no_memory_burst",
     "parse_kernel_log",
     "parse_query_gpu",
     "parse_smi_q",
@@ -232,6 +235,55 @@ class KernelEvent:
     pci: str | None = None
     detail: str = ""
     soft: bool = False
+    at: float | None = None  # line_time(): epoch (journal) or seconds since boot (dmesg)
+
+    @property
+    def no_memory(self) -> bool:
+        """The driver's allocation failure on GB10 unified memory (``NVRM:
+        nvCheckOkFailedNoLog: Check failed: Out of memory [NV_ERR_NO_MEMORY]``,
+        dgx-spark-playbooks#97): one during warm-up is a transient probe, a burst wedges
+        the host (open-gpu-kernel-modules#1358)."""
+        return "NV_ERR_NO_MEMORY" in self.line
+
+
+_ISO = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?)([+-]\d\d:?\d\d|Z)?\s")
+_MONO = re.compile(r"^\[\s*(\d+\.\d+)\]")
+
+
+def line_time(line: str) -> float | None:
+    """When a kernel line was logged: epoch seconds of a ``journalctl -o short-iso``
+    stamp (``2026-08-12T10:11:12+0000``), seconds since boot of a ``dmesg`` one
+    (``[  123.456789]``), None for another form (only compared within one boot's lines)."""
+    m = _ISO.match(line.strip())
+    if m:
+        zone = (m[2] or "+0000").replace("Z", "+0000").replace(":", "")
+        stamp = m[1].replace(",", ".")
+        fmt = "%Y-%m-%dT%H:%M:%S.%f%z" if "." in stamp else "%Y-%m-%dT%H:%M:%S%z"
+        try:
+            return datetime.strptime(stamp + zone, fmt).timestamp()
+        except ValueError:
+            return None
+    m = _MONO.match(line.strip())
+    return float(m[1]) if m else None
+
+
+def no_memory_burst(events: list[KernelEvent], lines: int, window_s: float) -> list[KernelEvent]:
+    """The ``NV_ERR_NO_MEMORY`` lines of the densest ``window_s`` when they are ``lines``
+    or more (a burst), else none: one or two during warm-up are the driver's allocation
+    probes (MiaAI-Lab/DeepSeek-v4-Flash-DSpark-2x-DGX-Spark#32), a burst of them wedged
+    hosts (open-gpu-kernel-modules#1358: 202 lines). Lines without a time count as one
+    window."""
+    oom = [e for e in events if e.no_memory]
+    if any(e.at is None for e in oom):
+        return oom if len(oom) >= lines else []
+    best: list[KernelEvent] = []
+    start = 0
+    for end, e in enumerate(oom):
+        while e.at - oom[start].at > window_s:  # type: ignore[operator]
+            start += 1
+        if end + 1 - start > len(best):
+            best = oom[start : end + 1]
+    return best if len(best) >= lines else []
 
 
 def parse_kernel_log(text: str) -> list[KernelEvent]:
@@ -245,11 +297,11 @@ def parse_kernel_log(text: str) -> list[KernelEvent]:
             continue
         m = _XID.search(line)
         if m:
-            events.append(
-                KernelEvent(line.strip(), int(m["code"]), m["pci"], m["rest"].lstrip(", "))
-            )
+            rest = m["rest"].lstrip(", ")
+            at = line_time(line)
+            events.append(KernelEvent(line.strip(), int(m["code"]), m["pci"], rest, at=at))
         elif _NVRM_ERROR.search(line):
             detail = line.split("NVRM:", 1)[1].strip()
             soft = re.search(r"\bassert", detail, re.IGNORECASE) is not None
-            events.append(KernelEvent(line.strip(), detail=detail, soft=soft))
+            events.append(KernelEvent(line.strip(), detail=detail, soft=soft, at=line_time(line)))
     return events

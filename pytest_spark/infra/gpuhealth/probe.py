@@ -13,7 +13,8 @@ and the facts parsed from those sections.
 - ``kernel_log``: the kernel log since boot, ``journalctl -k -b`` when it can be read
   (a user outside the adm / systemd-journal groups gets no kernel lines), else
   ``dmesg`` (refused to a non-root user under ``kernel.dmesg_restrict=1``). It prints
-  ``source NAME lines N`` and the NVRM / Xid lines only; why a source could not be read
+  ``source NAME lines N`` and the NVRM / Xid and PCIe AER lines only (the last 400;
+  the AER lines are :mod:`pytest_spark.infra.kernel`'s); why a source could not be read
   goes to stderr, one ``refused NAME: WHY`` line each.
 
 Nothing here fails on ``[N/A]``: a GB10 reports its power limit (and memory) that way.
@@ -36,6 +37,7 @@ from pytest_spark.infra.gpuhealth.parse import (
     reasons_from_q,
     to_float,
 )
+from pytest_spark.infra.kernel.parse import AerEvent, parse_aer
 from pytest_spark.infra.probe import ProbeSection
 
 __all__ = [
@@ -57,7 +59,7 @@ s kernel_log sh -c 'if command -v journalctl >/dev/null 2>&1; then
     n=$(printf "%s\n" "$out" | grep -c " kernel: ")
     if [ "$rc" -eq 0 ] && [ "$n" -gt 0 ]; then
       echo "source journalctl lines $n"
-      printf "%s\n" "$out" | grep -E "NVRM|Xid" | tail -n 200
+      printf "%s\n" "$out" | grep -E "NVRM|Xid|AER:|PCIe Bus Error" | tail -n 400
       exit 0
     fi
     why=$(printf "%s\n" "$out" | grep -v "^ " | grep -v "^Hint" | grep . | tail -n 1)
@@ -68,7 +70,7 @@ s kernel_log sh -c 'if command -v journalctl >/dev/null 2>&1; then
   out=$(dmesg 2>&1); rc=$?
   if [ "$rc" -eq 0 ] && [ -n "$out" ]; then
     echo "source dmesg lines $(printf "%s\n" "$out" | grep -c .)"
-    printf "%s\n" "$out" | grep -E "NVRM|Xid" | tail -n 200
+    printf "%s\n" "$out" | grep -E "NVRM|Xid|AER:|PCIe Bus Error" | tail -n 400
     exit 0
   fi
   echo "refused dmesg: exit $rc${out:+: $(printf "%s\n" "$out" | tail -n 1)}" >&2
@@ -113,6 +115,7 @@ class KernelLog:
     lines: int
     events: tuple[KernelEvent, ...] = ()
     refused: tuple[str, ...] = ()
+    aer: tuple[AerEvent, ...] = ()  # PCIe AER lines (infra.kernel.check reads them)
 
 
 @dataclass(frozen=True)
@@ -201,7 +204,10 @@ def _kernel(section: ProbeSection | None) -> KernelLog:
         why = refused or (f"exit {section.rc}",)
         return KernelLog(None, 0, refused=why)
     source = "journalctl -k -b" if m[1] == "journalctl" else "dmesg"
-    return KernelLog(source, int(m[2]), tuple(parse_kernel_log("\n".join(lines[1:]))), refused)
+    text = "\n".join(lines[1:])
+    return KernelLog(
+        source, int(m[2]), tuple(parse_kernel_log(text)), refused, tuple(parse_aer(text))
+    )
 
 
 def parse_gpu_health(sections: dict[str, ProbeSection]) -> GpuHealth:

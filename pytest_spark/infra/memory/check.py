@@ -39,11 +39,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pytest_spark.infra.finding import Finding
-from pytest_spark.infra.memory.parse import GIB, MemInfo, ProcessMemory
+from pytest_spark.infra.memory.parse import GIB, ContainerMemory, MemInfo, ProcessMemory
 from pytest_spark.infra.memory.probe import NodeMemory
 from pytest_spark.infra.preflight.check import Skip
 
 VLLM_DEFAULT_UTILIZATION = 0.92  # vllm/config/cache.py CacheConfig.gpu_memory_utilization
+# eugr's gpu-mem-util-gb mod (mods/gpu-mem-util-gb/gpu_mem.patch, request_memory): the
+# engine refuses to start unless this much beyond its --gpu-memory-utilization-gb is free
+GB_SAFETY_MARGIN = int(0.5 * 1024**3)
 MIN_LISTED_BYTES = 1024**3  # smaller processes are not what holds a GB10 short (dockerd is ~0.1)
 
 
@@ -54,12 +57,31 @@ class Claim:
     fraction: float
     source: str
     kv_cache_bytes: int | None = None  # --kv-cache-memory-bytes: the KV cache, per GPU
+    gib: float | None = None  # --gpu-memory-utilization-gb: GiB per rank, not a fraction
+
+    def startup_bytes(self, total: int) -> int:
+        """What vLLM's startup check holds free memory to: ``fraction x total``, or with
+        --gpu-memory-utilization-gb, ``ceil(N x 2^30)`` plus the mod's 0.5 GiB margin."""
+        if self.gib is not None:
+            return -(-int(self.gib * GIB * 1000) // 1000) + GB_SAFETY_MARGIN
+        return int(self.fraction * total)
 
     @classmethod
     def from_serve_args(
-        cls, utilization: float | None, have_args: bool, kv_cache_bytes: int | None = None
+        cls,
+        utilization: float | None,
+        have_args: bool,
+        kv_cache_bytes: int | None = None,
+        utilization_gb: float | None = None,
     ) -> Claim:
-        if utilization is not None:
+        if utilization_gb is not None:
+            claim = cls(
+                utilization or VLLM_DEFAULT_UTILIZATION,
+                f"--gpu-memory-utilization-gb {utilization_gb:g} in the serve args (eugr's "
+                "gpu-mem-util-gb mod: GiB per rank, + 0.5 GiB safety margin)",
+                gib=utilization_gb,
+            )
+        elif utilization is not None:
             claim = cls(utilization, f"--gpu-memory-utilization {utilization:g} in the serve args")
         else:
             where = "the serve args have no" if have_args else "no serve args, so no"
@@ -69,7 +91,7 @@ class Claim:
             )
         if kv_cache_bytes is None:
             return claim
-        return cls(claim.fraction, claim.source, kv_cache_bytes)
+        return cls(claim.fraction, claim.source, kv_cache_bytes, claim.gib)
 
     def describe(self) -> str:
         """The claim as the evidence shows it."""
@@ -154,7 +176,7 @@ def check_memory_headroom(
     available = info.available if info.available is not None else info.free + info.cached
     approx = "" if info.available is not None else " (MemFree + page cache: no MemAvailable)"
     headroom = int(os_headroom_gib * GIB)
-    gate = int(claim.fraction * info.total)  # vLLM's startup check (request_memory)
+    gate = claim.startup_bytes(info.total)  # vLLM's startup check (request_memory)
     kv = claim.kv_cache_bytes
     claimed = 0 if engine_running else gate if kv is None else kv
     needed = claimed + headroom
@@ -179,6 +201,12 @@ def check_memory_headroom(
             f"at least {gib(needed)}: the KV cache plus {gib(headroom)} for the OS (profile "
             f"memory.os_headroom_gib), and no less than vLLM's startup floor of "
             f"{claim.fraction:g} x MemTotal = {gib(gate)} ({claim.source})"
+        )
+    elif claim.gib is not None:
+        what = f"before the engine's claim of {gib(claimed)} ({claim.source})"
+        want = (
+            f"at least {gib(needed)}: the claim plus {gib(headroom)} for the OS "
+            "(profile memory.os_headroom_gib)"
         )
     else:
         what = (
@@ -323,3 +351,53 @@ def _what_to_lower(claim: Claim, total: int, headroom: int, engine_running: bool
         engine = f"--gpu-memory-utilization (now {claim.fraction:g}, {claim.source}"
         engine += f"; at most {int(fit * 100) / 100:.2f} with this headroom)" if fit > 0.05 else ")"
     return f"{engine}, or {fix}"
+
+
+def check_container_limit(containers: list[ContainerMemory]) -> Finding | Skip:
+    """Each serving container's cgroup memory limit (launch-cluster.sh --non-privileged:
+    ``--memory 110g`` by default) holds what its rank asks for: the kernel's OOM killer
+    ends the engine at the limit, whatever the host has free. One finding for the
+    cluster, naming every node whose limit is short."""
+    limited = [c for c in containers if c.limit is not None]
+    if not containers:
+        return Skip("no serving container to read a memory limit from")
+    if not limited:
+        names = ", ".join(c.node for c in containers)
+        return Finding.passed(
+            None, "no limit or one above the need", message=f"no cgroup memory limit ({names})"
+        )
+    short = [c for c in limited if c.need is not None and c.limit is not None and c.need > c.limit]
+    measured = {c.node: round((c.limit or 0) / GIB, 2) for c in limited}
+    expected = {c.node: round(c.need / GIB, 2) for c in limited if c.need is not None}
+    if not short:
+        fits = "; ".join(
+            f"{c.node}: limit {gib(c.limit or 0)}, need "
+            f"{gib(c.need) if c.need is not None else 'unknown'}"
+            for c in limited
+        )
+        return Finding.passed(measured, expected, message=f"within the container limits: {fits}")
+    lines = []
+    for c in short:
+        assert c.need is not None and c.limit is not None
+        lines.append(
+            f"{c.node}: the serving container's memory limit is {gib(c.limit)} ({c.source}), "
+            f"but its rank asks for {gib(c.need)} ({c.need_source})"
+        )
+    worst = max(short, key=lambda c: (c.need or 0) - (c.limit or 0))
+    assert worst.need is not None and worst.limit is not None
+    raise_to = -(-(worst.need + GIB) // GIB)
+    lower = int((worst.limit - GB_SAFETY_MARGIN) / GIB) - 2
+    return Finding.failed(
+        measured,
+        expected,
+        node=", ".join(c.node for c in short),
+        message=(
+            "; ".join(lines)
+            + ". The cgroup is the OOM boundary (launch-cluster.sh --non-privileged: "
+            "--memory 110g by default): the kernel kills the engine when it loads past the "
+            "limit (EngineDeadError), whatever the host has free. Fix: raise the limit "
+            f"(--mem-limit-gb {raise_to}, and --mem-swap-limit-gb above it) or lower "
+            f"--gpu-memory-utilization-gb to {lower} or less (the limit less the mod's "
+            "0.5 GiB margin and room for the API server)"
+        ),
+    )

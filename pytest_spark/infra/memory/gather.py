@@ -5,11 +5,18 @@ runs on a node (its container, from the preflight probe). The check is pure
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pytest_spark.access.cluster import Cluster, Node
 from pytest_spark.infra.memory.check import Claim
-from pytest_spark.infra.memory.probe import NodeMemory, memory_probe_command, parse_memory_probe
+from pytest_spark.infra.memory.parse import ContainerMemory
+from pytest_spark.infra.memory.probe import (
+    NodeMemory,
+    container_limit_probe,
+    memory_probe_command,
+    parse_container_limit,
+    parse_memory_probe,
+)
 from pytest_spark.infra.preflight.gather import all_preflight
 from pytest_spark.infra.preflight.probe import NodePreflight
 from pytest_spark.infra.roundtrip import cached_probe
@@ -32,6 +39,7 @@ def engine_claim(settings: Settings) -> Claim:
         parsed.gpu_memory_utilization if parsed else None,
         bool(args),
         parsed.kv_cache_memory_bytes if parsed else None,
+        parsed.gpu_memory_utilization_gb if parsed else None,
     )
 
 
@@ -56,3 +64,31 @@ def engine_state(cluster: Cluster, node: Node, memory: NodeMemory) -> EngineStat
     pids = frozenset(serving.pids) if serving is not None and serving.running else frozenset()
     running = (serving is not None and serving.running) or bool(memory.apps)
     return EngineState(running, pids, container)
+
+
+def container_memory(cluster: Cluster, node: Node) -> ContainerMemory:
+    """The node's serving container's memory limit and its rank's need, in one round trip
+    (after the launch: the container and its ``vllm serve`` child exist then)."""
+    container = cluster.settings.container
+    result = node.run(container_limit_probe(container), timeout=30)
+    parsed = parse_container_limit(node.name, result.stdout)
+    if parsed.serve_line is None:
+        return parsed
+    try:
+        args = parse_serve_args(parsed.serve_line)
+    except ValueError:
+        return parsed
+    claim = Claim.from_serve_args(
+        args.gpu_memory_utilization,
+        True,
+        args.kv_cache_memory_bytes,
+        args.gpu_memory_utilization_gb,
+    )
+    if claim.gib is None:  # a fraction of MemTotal: the node's memory probe has it
+        info = node_memory(cluster, node).meminfo
+        if info is None:
+            return parsed
+        need, how = claim.startup_bytes(info.total), f"{claim.fraction:g} x MemTotal"
+    else:
+        need, how = claim.startup_bytes(0), f"--gpu-memory-utilization-gb {claim.gib:g} + 0.5 GiB"
+    return replace(parsed, need=need, need_source=f"{how}, read from its vllm serve process")

@@ -16,6 +16,7 @@ from pytest_spark.infra.errors import ParseError
 
 __all__ = [
     "ComputeAppMemory",
+    "ContainerMemory",
     "MemInfo",
     "ProcessMemory",
     "parse_compute_app_memory",
@@ -111,3 +112,17 @@ def parse_compute_app_memory(text: str) -> list[ComputeAppMemory]:
         used = int(float(m[1]) * _UNITS[m[2]]) if m else None
         out.append(ComputeAppMemory(int(parts[0]), ",".join(parts[1:-1]), used))
     return out
+
+
+@dataclass(frozen=True)
+class ContainerMemory:
+    """A node's serving container: its cgroup memory limit (None: none, as with
+    launch-cluster.sh's default --privileged) and where it was read, and the ``vllm
+    serve`` line of its running rank (None: not found)."""
+
+    node: str
+    limit: int | None
+    source: str
+    serve_line: str | None
+    need: int | None = None  # what that rank asks for, bytes (None: not known)
+    need_source: str = ""

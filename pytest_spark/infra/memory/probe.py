@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pytest_spark.infra.errors import ParseError
 from pytest_spark.infra.memory.parse import (
     ComputeAppMemory,
+    ContainerMemory,
     MemInfo,
     ProcessMemory,
     parse_compute_app_memory,
@@ -33,6 +34,10 @@ from pytest_spark.infra.memory.parse import (
     parse_process_memory,
 )
 from pytest_spark.infra.probe import ProbeSection, probe_script, split_probe
+from pytest_spark.infra.server.probe import MARK as SERVER_MARK
+from pytest_spark.infra.server.probe import parse_probe as parse_server_probe
+from pytest_spark.infra.server.probe import probe as server_probe
+from pytest_spark.infra.server.probe import probe_parts
 
 __all__ = ["MARKER", "TOP_PROCESSES", "NodeMemory", "memory_probe_command", "parse_memory_probe"]
 
@@ -110,3 +115,46 @@ def parse_memory_probe(text: str) -> NodeMemory:
     else:
         apps_error = _why(gpu, "nvidia-smi --query-compute-apps")
     return NodeMemory(hostname, meminfo, meminfo_error, processes, apps, apps_error)
+
+
+NO_LIMIT = 2**62  # cgroup v1 prints ~2^63 for "no limit"; v2 prints "max"
+
+
+def container_limit_probe(container: str) -> str:
+    """One command: the serving container's processes and command (the server topic's
+    probe: its ``vllm serve`` line), its ``HostConfig.Memory`` (docker inspect; 0: no
+    limit) and the limit the kernel holds it to, from inside (cgroup v2 ``memory.max``,
+    else v1 ``memory.limit_in_bytes``)."""
+    c = shlex.quote(container)
+    return (
+        f"{server_probe(container)}; echo '{SERVER_MARK}limit'; "
+        f"docker inspect -f '{{{{.HostConfig.Memory}}}}' {c} 2>&1; echo '{SERVER_MARK}cgroup'; "
+        f"docker exec {c} sh -c 'cat /sys/fs/cgroup/memory.max 2>/dev/null || "
+        "cat /sys/fs/cgroup/memory/memory.limit_in_bytes' 2>&1"
+    )
+
+
+def _limit(text: str) -> int | None:
+    word = text.strip().split("\n")[0].strip()
+    if not word.isdigit():
+        return None
+    value = int(word)
+    return value if 0 < value < NO_LIMIT else None
+
+
+def parse_container_limit(node: str, text: str) -> ContainerMemory:
+    """:func:`container_limit_probe` output: the limit (the kernel's, else docker's) and
+    the rank's ``vllm serve`` line (None when the container runs none)."""
+    parts = probe_parts(text)
+    cgroup, inspect = _limit(parts.get("cgroup", "")), _limit(parts.get("limit", ""))
+    limit: int | None = cgroup if cgroup is not None else inspect
+    source = (
+        "the container's cgroup memory limit, read inside it"
+        if cgroup is not None
+        else "docker inspect HostConfig.Memory"
+    )
+    found = parse_server_probe(text, None)
+    line = (
+        found.line if found is not None and found.source != "vLLM's non-default args line" else None
+    )
+    return ContainerMemory(node, limit, source, line)

@@ -6,7 +6,7 @@ tables from sysfs (one round trip per node, cached)."""
 from __future__ import annotations
 
 import shlex
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from pytest_spark.access.base import RemoteError
 from pytest_spark.access.cluster import Cluster, Node
@@ -127,10 +127,14 @@ def rank_envs(cluster: Cluster) -> dict[str, dict[str, str]] | str:
 
 
 def collective_run(
-    cluster: Cluster, progress: Callable[[str], None] | None = None
+    cluster: Cluster,
+    progress: Callable[[str], None] | None = None,
+    nodes: Sequence[Node] | None = None,
 ) -> CollectiveRun | str:
     """Run (once per session) the sweep; a string says why it could not run. ``progress``
-    gets a live line while the ranks run."""
+    gets a live line while the ranks run. ``nodes``: the ranks' nodes (default: every
+    node; a node the launcher trimmed has no serving container, by design)."""
+    ranks = list(nodes) if nodes else list(cluster.nodes)
 
     def compute() -> CollectiveRun | str:
         settings, profile = cluster.settings, cluster.profile
@@ -146,7 +150,7 @@ def collective_run(
             )
         try:
             return run_allreduce(
-                cluster.nodes,
+                ranks,
                 master_addr=master,
                 rank_env=rank_env,
                 container=settings.container,
@@ -157,7 +161,7 @@ def collective_run(
                 timeout=profile.nccl.timeout_s,
                 collectives=COLLECTIVES,
                 latency_max_bytes=profile.collectives.latency_max_bytes,
-                progress=_progress_line(progress, len(cluster.nodes), profile.nccl.timeout_s),
+                progress=_progress_line(progress, len(ranks), profile.nccl.timeout_s),
             )
         except CollectiveUnavailable as exc:
             return str(exc)

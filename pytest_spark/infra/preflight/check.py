@@ -524,6 +524,45 @@ def same_env_note(finding: Finding, same_on: Sequence[str]) -> Finding:
     return replace(finding, message=finding.message + note)
 
 
+FORCED_KEYS = ("NCCL_ALGO", "NCCL_PROTO")
+# What one launch sets alike on every node (eugr's get_env_flags, its -e flags and .env):
+# compared with the head's. VLLM_HOST_IP and RAY_*IP* name the node itself.
+SHARED_PREFIXES = ("NCCL_", "GLOO_", "UCX_", "TP_")
+RING_ALGO_MIN_NODES = 4
+
+
+def forced_nccl_choices(env: Mapping[str, str], nodes: int) -> list[str]:
+    """The problems of a forced NCCL algorithm or protocol (``NCCL_ALGO=Ring`` on 4+ nodes
+    is eugr's closed-ring setting and allowed)."""
+    out = []
+    algo, proto = env.get("NCCL_ALGO", "").strip(), env.get("NCCL_PROTO", "").strip()
+    if algo and not (algo.lower() == "ring" and nodes >= RING_ALGO_MIN_NODES):
+        out.append(
+            f"NCCL_ALGO={algo} forced (a debugging variable: NCCL's docs say not to keep it in "
+            "production; unset it and let NCCL choose"
+            + (
+                f"; Ring is eugr's setting only on closed rings of {RING_ALGO_MIN_NODES}+ nodes"
+                if algo.lower() == "ring"
+                else ""
+            )
+            + ")"
+        )
+    if proto:
+        out.append(f"NCCL_PROTO={proto} forced (a debugging variable: unset it)")
+    return out
+
+
+def env_differences(env: Mapping[str, str], owner: str, owner_env: Mapping[str, str]) -> list[str]:
+    """The NCCL/GLOO/UCX/TP variables that differ from ``owner``'s environment."""
+    keys = sorted(k for k in set(env) | set(owner_env) if k.startswith(SHARED_PREFIXES))
+    diffs = [
+        f"{k}={env.get(k, '(unset)')} ({owner}: {owner_env.get(k, '(unset)')})"
+        for k in keys
+        if env.get(k) != owner_env.get(k)
+    ]
+    return [f"differs from {owner}'s ranks: {', '.join(diffs)}"] if diffs else []
+
+
 def check_serving_env(
     node: str,
     container: str,
@@ -531,11 +570,22 @@ def check_serving_env(
     fabric_ifs: Sequence[str],
     fabric_devs: Sequence[str],
     node_ifs: Mapping[str, bool],
+    *,
+    source: str | None = None,
+    nodes: int = 2,
+    reference: tuple[str, Mapping[str, str]] | None = None,
 ) -> Finding:
     """NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME, NCCL_IB_HCA and UCX_NET_DEVICES in the
-    serving container name the fabric interfaces (``fabric_ifs``) and RDMA devices
-    (``fabric_devs``, both twins in NCCL_IB_HCA); NCCL_IB_DISABLE is not 1.
-    ``node_ifs`` maps each netdev of the node to whether it carries an IPv4 address."""
+    serving environment name the fabric interfaces (``fabric_ifs``) and RDMA devices
+    (``fabric_devs``, both twins in NCCL_IB_HCA); NCCL_IB_DISABLE is not 1; no forced
+    NCCL_ALGO / NCCL_PROTO (NCCL's docs list them as debugging variables that "should not
+    be used in production"; eugr's launcher sets ``NCCL_ALGO=Ring`` on closed rings of 4+
+    nodes, so Ring is let through at ``nodes`` >= 4); and, given ``reference`` (the head's
+    name and environment, when the head's own is right), the NCCL/GLOO/UCX/TP variables
+    equal to the head's (one launch sets them all; VLLM_HOST_IP and Ray's node addresses
+    differ by design and are not compared). ``source``: where ``env`` was read (the rank
+    process's /proc environ), for the message. ``node_ifs`` maps each netdev of the node
+    to whether it carries an IPv4 address."""
     if env is None:
         return Finding.failed(
             "no container",
@@ -594,14 +644,21 @@ def check_serving_env(
             f"NCCL_IB_DISABLE={env['NCCL_IB_DISABLE']} (RDMA off: NCCL falls back "
             "to TCP sockets, ~3 GB/s)"
         )
+    problems += forced_nccl_choices(env, nodes)
+    if reference is not None:
+        problems += env_differences(env, *reference)
+    for key in FORCED_KEYS:
+        if env.get(key):
+            measured[key] = env[key]
     expected = {"interfaces": sorted(fabric), "NCCL_IB_HCA": sorted(devs)}
+    where = source or f"container {container}"
     if problems:
         return Finding.failed(
             measured,
             expected,
             node=node,
             message=(
-                f"{node}: container {container} environment does not match the fabric: "
+                f"{node}: {where} environment does not match the fabric: "
                 f"{'; '.join(problems)}; expected the fabric interfaces "
                 f"{', '.join(sorted(fabric))} and both twins {','.join(sorted(devs))} in "
                 "NCCL_IB_HCA. Fix the launcher's .env / -e flags (CONTAINER_NCCL_* "

@@ -26,6 +26,9 @@ class ServeArgs:
     kv_cache_memory_bytes: int | None = None  # --kv-cache-memory-bytes, per GPU
     parallelism_given: bool = False  # any of TP/PP/DP on the line (the launcher trims then)
     max_num_seqs: int | None = None  # --max-num-seqs (None: vLLM's default for the platform)
+    # --gpu-memory-utilization-gb (eugr's gpu-mem-util-gb mod): GiB per rank, in place of
+    # the fraction (mods/gpu-mem-util-gb/gpu_mem.patch: ceil(N * 1024**3))
+    gpu_memory_utilization_gb: float | None = None
 
     @property
     def mode(self) -> str | None:
@@ -159,6 +162,11 @@ def parse_serve_args(command: str) -> ServeArgs:
             & values.keys()
         ),
         max_num_seqs=int(values["max-num-seqs"]) if "max-num-seqs" in values else None,
+        gpu_memory_utilization_gb=(
+            float(values["gpu-memory-utilization-gb"])
+            if "gpu-memory-utilization-gb" in values
+            else None
+        ),
     )
 
 

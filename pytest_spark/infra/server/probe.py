@@ -126,8 +126,8 @@ def probe(container: str) -> str:
     )
 
 
-def parse_probe(text: str, serve_args: str | None) -> ServerCommand | None:
-    """The first source that names the server's flags (see the module docstring)."""
+def probe_parts(text: str) -> dict[str, str]:
+    """The probe's output by section (the text after each ``MARK`` line)."""
     parts: dict[str, str] = {}
     current = None
     for line in text.splitlines():
@@ -136,6 +136,12 @@ def parse_probe(text: str, serve_args: str | None) -> ServerCommand | None:
             parts[current] = ""
         elif current is not None:
             parts[current] += line + "\n"
+    return parts
+
+
+def parse_probe(text: str, serve_args: str | None) -> ServerCommand | None:
+    """The first source that names the server's flags (see the module docstring)."""
+    parts = probe_parts(text)
     inspect = parts.get("inspect", "").strip()
     path, _, args = inspect.partition(" ")
     try:

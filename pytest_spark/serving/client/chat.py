@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -12,6 +13,7 @@ from pytest_spark.access.api import ApiEndpoint
 from pytest_spark.access.body import Body
 from pytest_spark.access.body import get as capped_get
 from pytest_spark.serving.client.evidence import Exchange
+from pytest_spark.serving.client.prefetch import Planned, Prefetch
 from pytest_spark.serving.client.stream import (
     Reply,
     ServingError,
@@ -83,19 +85,44 @@ class ServingClient:
 class TurnCache:
     """Sends each distinct request once and keeps its answer, or the ``ServingError`` it
     raised, under a key: the checks that read one turn (a streamed answer compared with
-    the plain one, several verdicts on one reply) share a single request."""
+    the plain one, several verdicts on one reply) share a single request. With a
+    ``Prefetch``, :meth:`plan` sends a request ahead (on the pool, beside the others a
+    module plans) and :meth:`turn` waits for its answer; ``client`` is anything with
+    ``turn(body, streamed)`` (the raw client, the openai SDK's)."""
 
-    def __init__(self, client: ServingClient) -> None:
+    def __init__(self, client: Any, prefetch: Prefetch | None = None) -> None:
         self.client = client
+        self.prefetch = prefetch
         self._turns: dict[Hashable, Turn | ServingError] = {}
+        self._planned = Planned()
+        self._lock = threading.Lock()
+
+    def _ask(self, body: dict[str, Any], streamed: bool) -> Turn | ServingError:
+        try:
+            turn: Turn = self.client.turn(body, streamed)
+        except ServingError as exc:
+            return exc
+        return turn
+
+    def plan(self, key: Hashable, body: Callable[[], dict[str, Any]], streamed: bool) -> None:
+        """Send this request ahead, if there is a pool and it was not asked yet."""
+        if self.prefetch is None or not self.prefetch.concurrent:
+            return
+        with self._lock:
+            if key in self._turns:
+                return
+        made = body()
+        self._planned.plan(key, self.prefetch, lambda: self._ask(made, streamed))
 
     def turn(self, key: Hashable, body: Callable[[], dict[str, Any]], streamed: bool) -> Turn:
-        if key not in self._turns:
-            try:
-                self._turns[key] = self.client.turn(body(), streamed)
-            except ServingError as exc:
-                self._turns[key] = exc
-        got = self._turns[key]
+        with self._lock:
+            got = self._turns.get(key)
+        if got is None:
+            future = self._planned.take(key)
+            answer = future.result() if future is not None else self._ask(body(), streamed)
+            assert isinstance(answer, (Turn, ServingError))
+            with self._lock:
+                got = self._turns.setdefault(key, answer)
         if isinstance(got, ServingError):
             raise got
         return got

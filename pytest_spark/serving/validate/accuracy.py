@@ -32,6 +32,9 @@ from typing import Any
 from pytest_spark.infra.finding import Finding
 from pytest_spark.settings.profiles import CANARY_KINDS
 
+# tests_e2e/test_accuracy.py: a model right alone and wrong under load; the functional
+# checks whose requests went out together (--spark-serving-concurrency) skip citing it.
+LOAD_VERDICT = "test_canaries_under_load"
 ALONE_VERDICT = "test_canaries_alone"  # tests_e2e/test_accuracy.py: a wrong model's one failure
 SEED = 20261203  # the built-in set: the same questions on every run and every cluster
 

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from pytest_spark.serving.client.chat import ServingClient, TurnCache
+from pytest_spark.serving.client.prefetch import Prefetch
 from pytest_spark.serving.client.stream import ServingError
 from pytest_spark.serving.client.turn import Turn
 from pytest_spark.serving.validate.causes import cited_verdict
@@ -31,13 +32,15 @@ IGNORED_VERDICT = "test_structured_output[json_schema-plain]"
 class FormatTurns:
     """Asks each (format, streaming) question once and keeps the answer."""
 
-    def __init__(self, client: ServingClient, settings: Settings) -> None:
+    def __init__(
+        self, client: ServingClient, settings: Settings, prefetch: Prefetch | None = None
+    ) -> None:
         section = settings.profile.structured_output
         self.client = client
         self.expected = section.expected
         self.max_tokens = section.max_tokens
         self.profile = settings.profile.name
-        self.cache = TurnCache(client)
+        self.cache = TurnCache(client, prefetch)
 
     def request(self, kind: FormatKind, streamed: bool) -> FormatRequest:
         return request_for(kind, streamed)
@@ -47,6 +50,9 @@ class FormatTurns:
 
     def turn(self, kind: FormatKind, streamed: bool) -> Turn:
         return self.cache.turn((kind, streamed), lambda: self.body(kind), streamed)
+
+    def plan(self, kind: FormatKind, streamed: bool) -> None:
+        self.cache.plan((kind, streamed), lambda: self.body(kind), streamed)
 
     def skip_unless_expected(self) -> None:
         if not self.expected:

@@ -10,6 +10,7 @@ import pytest
 
 from pytest_spark.infra.server.probe import ServerCommand
 from pytest_spark.serving.client.chat import ServingClient, TurnCache
+from pytest_spark.serving.client.prefetch import Prefetch
 from pytest_spark.serving.client.stream import ServingError
 from pytest_spark.serving.client.turn import Turn
 from pytest_spark.serving.validate.tools import (
@@ -62,7 +63,11 @@ class ToolTurns:
     streaming test can compare with the non-streaming one."""
 
     def __init__(
-        self, client: ServingClient, settings: Settings, server: ServerCommand | None = None
+        self,
+        client: ServingClient,
+        settings: Settings,
+        server: ServerCommand | None = None,
+        prefetch: Prefetch | None = None,
     ) -> None:
         self.client = client
         # What the server was started with (its --tool-call-parser), when it could be read.
@@ -75,7 +80,7 @@ class ToolTurns:
         # auto a plain-text answer is then the model's choice, skipped with the reason.
         self.auto_emits_calls = profile.tool_calls.auto_emits_calls
         self.profile = profile.name
-        self.cache = TurnCache(client)
+        self.cache = TurnCache(client, prefetch)
 
     def request(self, mode: Mode, streamed: bool, parallel: bool = False) -> ToolRequest:
         names = ("get_weather", "get_weather") if parallel else ("get_weather",)
@@ -103,6 +108,11 @@ class ToolTurns:
     def turn(self, mode: str, streamed: bool, parallel: bool = False) -> Turn:
         key = (mode, streamed, parallel)
         return self.cache.turn(key, lambda: self.body(mode, parallel), streamed)
+
+    def plan(self, mode: str, streamed: bool, parallel: bool = False) -> None:
+        """Send :meth:`turn`'s request ahead (the module's checks read it later)."""
+        key = (mode, streamed, parallel)
+        self.cache.plan(key, lambda: self.body(mode, parallel), streamed)
 
     @property
     def parser(self) -> str | None:

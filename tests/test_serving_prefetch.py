@@ -1,0 +1,126 @@
+"""Requests sent ahead together (pytest_spark.serving.client.prefetch): a module's planned
+requests are in flight at once, bounded; each check reads its own answer (or the error its
+request raised) unchanged; nothing planned is left in flight when the module ends; one worker
+(or xdist) sends each request when its check runs, as before."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_spark.serving.client.chat import TurnCache
+from pytest_spark.serving.client.evidence import Exchange
+from pytest_spark.serving.client.prefetch import Prefetch
+from pytest_spark.serving.client.stream import ServingError
+from pytest_spark.serving.client.turn import Turn
+
+pytestmark = pytest.mark.unit
+
+
+class FakeClient:
+    """``turn(body, streamed)``: records what was in flight at once; ``fail`` bodies raise."""
+
+    def __init__(self, hold_s: float = 0.2) -> None:
+        self.hold_s = hold_s
+        self.lock = threading.Lock()
+        self.inflight = 0
+        self.peak = 0
+        self.sent: list[str] = []
+
+    def turn(self, body: dict[str, Any], streamed: bool) -> Turn:
+        with self.lock:
+            self.inflight += 1
+            self.peak = max(self.peak, self.inflight)
+            self.sent.append(body["q"])
+        try:
+            time.sleep(self.hold_s)
+            if body["q"].startswith("fail"):
+                raise ServingError("http", f"HTTP 500 for {body['q']}", Exchange("POST", "/x"))
+            return Turn(
+                streamed=streamed,
+                content=f"answer to {body['q']}",
+                reasoning=None,
+                reasoning_fields=(),
+                tool_calls=[],
+                finish_reason="stop",
+                usage=None,
+                exchange=Exchange("POST", "/x"),
+            )
+        finally:
+            with self.lock:
+                self.inflight -= 1
+
+
+def _body(q: str) -> Any:
+    return lambda: {"q": q}
+
+
+def test_planned_requests_go_out_together_bounded_and_each_check_reads_its_own() -> None:
+    client = FakeClient()
+    prefetch = Prefetch(3)
+    cache = TurnCache(client, prefetch)
+    t0 = time.monotonic()
+    for q in ("a", "b", "c", "d", "e", "f"):
+        cache.plan(q, _body(q), False)
+    answers = [cache.turn(q, _body(q), False).content for q in ("a", "b", "c", "d", "e", "f")]
+    took = time.monotonic() - t0
+    prefetch.close()
+    assert answers == [f"answer to {q}" for q in "abcdef"]
+    assert client.peak == 3  # bounded by the setting, and really concurrent
+    assert sorted(client.sent) == list("abcdef")  # each sent once: the check read the plan
+    assert took < 6 * client.hold_s  # not one after another (0.4 s against 1.2 s)
+
+
+def test_a_planned_request_that_failed_raises_its_error_in_the_check_that_reads_it() -> None:
+    client = FakeClient(hold_s=0.01)
+    prefetch = Prefetch(4)
+    cache = TurnCache(client, prefetch)
+    cache.plan("fail-1", _body("fail-1"), True)
+    with pytest.raises(ServingError, match="HTTP 500 for fail-1"):
+        cache.turn("fail-1", _body("fail-1"), True)
+    with pytest.raises(ServingError):  # kept: a second reader sees the same error
+        cache.turn("fail-1", _body("fail-1"), True)
+    prefetch.close()
+    assert client.sent == ["fail-1"]
+
+
+def test_concurrency_one_plans_nothing_and_sends_when_the_check_runs() -> None:
+    client = FakeClient(hold_s=0.01)
+    prefetch = Prefetch(1)
+    cache = TurnCache(client, prefetch)
+    cache.plan("a", _body("a"), False)
+    assert client.sent == [] and prefetch.sent == 0
+    assert cache.turn("a", _body("a"), False).content == "answer to a"
+    assert client.sent == ["a"]
+
+
+def test_drain_waits_until_nothing_planned_is_in_flight() -> None:
+    client = FakeClient(hold_s=0.3)
+    prefetch = Prefetch(4)
+    cache = TurnCache(client, prefetch)
+    for q in ("a", "b"):  # planned, never read (their checks skipped)
+        cache.plan(q, _body(q), False)
+    time.sleep(0.05)
+    assert client.inflight == 2
+    prefetch.drain()
+    assert client.inflight == 0  # a measurement after this runs alone
+    prefetch.close()
+
+
+E2E = Path(__file__).resolve().parents[1] / "tests_e2e"
+
+
+def test_the_modules_that_measure_never_send_ahead() -> None:
+    """Only the functional modules plan: the sweeps, the soak, the open loop, the prefix
+    cache, the long context and the accuracy canaries send their own requests alone."""
+    planning = {p.name for p in E2E.glob("test_*.py") if "ask_ahead(" in p.read_text()}
+    assert planning == {
+        "test_tool_calls.py",
+        "test_reasoning.py",
+        "test_structured_output.py",
+        "test_via_sdk.py",
+    }
