@@ -39,7 +39,8 @@ CATEGORY_MARKERS = {
     "reasoning": "reasoning separation end to end",
     "throughput": "tokens/sec and latency against the profile",
     "structured_output": "response_format (json_schema, json_object) answers end to end",
-    "load": "open-loop load and the soak, by option (--spark-open-loop, --spark-soak)",
+    "load": "open-loop load, the soak and the depth sweep, by option (--spark-open-loop, "
+    "--spark-soak, --spark-depth-sweep)",
     "context": "prefix cache and long context (max_model_len) end to end",
 }
 # The markers of the checks that own a root cause (their dependants skip citing them).

@@ -306,4 +306,4 @@ def test_html_report_shows_the_latency_plot(pytester: pytest.Pytester) -> None:
     figure = html[html.index('id="spark-plot-latency"') :]
     assert figure.split(">", 1)[1].lstrip().startswith('<img alt="NCCL small-message')
     assert "data:image/png;base64," in figure.split("</figure>", 1)[0]
-    assert "21 µs, the best small-message all-reduce (ceiling 80 µs)" in html
+    assert "21 µs, the best small-message all-reduce (ceiling &lt;= 80 µs)" in html

@@ -84,7 +84,7 @@ def test_compare_uses_the_most_specific_limit_and_direction(tmp_path: Path) -> N
     result = compare(history.find("last"), now, specs)  # type: ignore[arg-type]
     regressed = {d.name for d in result.regressions}
     assert regressed == {"tok_s@4"}  # -3% > 2%; ttft +4% < 5%; busbw has no limit
-    assert result.missing == ["load"]
+    assert result.missing == ["startup"]  # the old record's "load", read by its new name
     assert "tok_s@4: 100 -> 97 tok/s (-3.0%, limit 2%)" in result.message()
 
 
@@ -107,12 +107,14 @@ def test_history_compare_and_compare_fail(pytester: pytest.Pytester) -> None:
     assert set(record["metrics"]) >= {
         "busbw",
         "tok_s@4",
-        "ttft_p90@1",
+        "ttft_p90@4",
         "tpot_p50@4",
-        "load",
-        "load.weights",
-        "load.graphs",
+        "startup",
+        "startup.weights",
+        "startup.graphs",
     }
+    # 8 requests at one stream: too few for a p90 (10) or a p99 (100), kept out
+    assert not {"ttft_p90@1", "ttft_p99@1", "ttft_p99@4"} & set(record["metrics"])
 
     # slower engine, degraded link: fails on both figures, names each, old -> new and pct
     second = _run(
@@ -139,7 +141,7 @@ def test_history_compare_and_compare_fail(pytester: pytest.Pytester) -> None:
         "tok_s@16: ",
     ):
         assert part in line
-    assert "load" not in line  # slower load, but no limit was set for it
+    assert "startup" not in line  # slower load, but no limit was set for it
     results = json.loads((pytester.path / "results.json").read_text())
     assert results["exitstatus"] == 1
     assert len(results["report"]["compare"]["regressions"]) == 4
@@ -149,7 +151,7 @@ def test_history_compare_and_compare_fail(pytester: pytest.Pytester) -> None:
     deltas = html[html.index('<table id="spark-deltas"') :]
     deltas = deltas[: deltas.index("</table>")]
     assert Tags(deltas).text.count("REGRESSED") == 4
-    assert "load.weights" in deltas
+    assert "startup.weights" in deltas
 
     # the same figures again: compared with the last run (0002), nothing regressed
     third = _run(

@@ -86,8 +86,8 @@ def test_rows_have_node_category_and_measured_expected(report: tuple[SuiteRun, P
     degraded = " ".join(rows["test_link_rate_degraded"])
     assert '<td class="col-node">spark-worker-1</td>' in degraded
     assert '<td class="col-category">link</td>' in degraded
-    assert ">100 / 200 Gb/s</td>" in degraded
-    assert ">0.24 / 0.2 GB/s</td>" in " ".join(rows["test_allreduce_busbw"])
+    assert ">100 Gb/s / &gt;= 200 Gb/s</td>" in degraded
+    assert ">0.24 GB/s / &gt;= 0.2 GB/s</td>" in " ".join(rows["test_allreduce_busbw"])
 
 
 def test_failed_row_carries_evidence_fix_and_log_tails(report: tuple[SuiteRun, Path]) -> None:
@@ -212,7 +212,7 @@ def test_under_xdist_the_controller_writes_one_report(
         def test_rate(spark_check, node):
             level = "failed" if node == "spark-worker-1" else "passed"
             spark_check.require(getattr(Finding, level)(
-                100.0, 200.0, "Gb/s", node=node, message="rate low {KEY}"))
+                100.0, 200.0, "Gb/s", node=node, message="rate low {KEY}", bound=">="))
         """)
     path = pytester.path / "r.html"
     result = pytester.runpytest("-n", "2", f"--html={path}", "--spark-history=off")
@@ -226,7 +226,7 @@ def test_under_xdist_the_controller_writes_one_report(
     data = report_data(text)
     rows = [" ".join(r[0]["resultsTableRow"]) for r in data["tests"].values()]
     assert sum('<td class="col-node">spark-worker-1</td>' in r for r in rows) == 1
-    assert all(">100 / 200 Gb/s</td>" in r for r in rows)
+    assert all(">100 Gb/s / &gt;= 200 Gb/s</td>" in r for r in rows)
     assert KEY not in text and KEY not in result.stdout.str()
 
 

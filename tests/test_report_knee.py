@@ -36,8 +36,8 @@ OPEN_LOOP = {
 LEVEL = {
     "concurrency": 4,
     "output_tok_s": 120.5,
-    "ttft_s": {"median": 0.5, "p90": 0.7, "p99": 0.9},
-    "tpot_s": {"median": 0.02, "p90": 0.03, "p99": 0.05},
+    "ttft_s": {"count": 120, "median": 0.5, "p90": 0.7, "p99": 0.9},
+    "tpot_s": {"count": 120, "median": 0.02, "p90": 0.03, "p99": 0.05},
 }
 
 
@@ -50,7 +50,7 @@ def test_p99_is_a_history_figure_beside_p50_and_p90() -> None:
     }
     assert metrics["tpot_p99@4"].value == 0.05 and metrics["tpot_p99@4"].better == "lower"
     keys = dict(key_figures(figures_of(doc_of(level={**LEVEL, "concurrency": 1}))))
-    assert keys["tok/s @1"] == "120.5 tok/s, TTFT p90 0.7 s, p99 0.9 s"
+    assert keys["tok/s @1"] == "120.5 tok/s, TTFT p90 0.7 s (n=120), p99 0.9 s (n=120)"
 
 
 def test_the_knee_is_read_reported_and_kept() -> None:

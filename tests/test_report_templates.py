@@ -38,6 +38,7 @@ def test_no_hand_escaping_helper_remains() -> None:
     assert sorted(p.name for p in (REPORT / "templates").iterdir()) == [
         "accuracy.html",
         "check.html",
+        "depth.html",
         "fragments.html",
         "style.css",
         "summary.html",
@@ -84,7 +85,7 @@ def test_markup_and_ampersands_are_text_escaped_once() -> None:
         cells,
     )
     row = "".join(cells)
-    assert NODE in _shown(row) and "100 / 200 Gb/<s>" in _shown(row)
+    assert NODE in _shown(row) and "100 Gb/<s> / >= 200 Gb/<s>" in _shown(row)
     for value in (fragment("banner", "fail", NODE), fragment("text", NODE)):
         assert _shown(value) == NODE and html.unescape(value).count(NODE) == 1
     assert report_html.metadata_value({NODE: MESSAGE}, True) == {

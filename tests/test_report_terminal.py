@@ -22,10 +22,11 @@ def test_summary_table_figures_and_paths(
             "readiness   - *- *1 passed, 1 failed*",
             "tool_calls  - *- *1 skipped*",
             "throughput  - *- *1 passed*",
-            "figures: busbw 0.24 GB/s at the largest message (threshold 0.2) | "
-            "tok/s @1 30 tok/s, TTFT p90 0.3 s, p99 0.4 s | "
-            "tok/s @4 90.94 tok/s, TTFT p90 1.2 s, p99 1.6 s | "
-            "load 300.0 s (start 30 s, weights 150 s, kv 45 s, graphs 60 s, api 15 s)",
+            "figures: busbw 0.24 GB/s at the largest message (threshold >= 0.2 GB/s) | "
+            "tok/s @1 30 tok/s, TTFT p90 too few (n=8, needs >= 10), p99 too few (n=8, "
+            "needs >= 100) | "
+            "tok/s @4 90.94 tok/s, TTFT p90 1.2 s (n=32), p99 too few (n=32, needs >= 100) | "
+            "startup 300.0 s (start 30 s, weights 150 s, kv 45 s, graphs 60 s, api 15 s)",
             f"results JSON: {pytester.path / 'out' / 'results.json'}",
             f"history:      {pytester.path / 'h'}/dgx-spark-2node-*/0001_nogit_*.json",
         ]
@@ -50,7 +51,7 @@ def test_missing_figures_are_named(
         [
             "preflight   1 passed, 1 warned*",
             "figures: busbw not measured | tok/s @1 not measured | tok/s @4 not measured | "
-            "load not measured",
+            "startup not measured",
             "history:      run history off (--spark-history off)",
         ]
     )
@@ -93,10 +94,12 @@ def test_summary_fits_a_narrow_terminal(
             "category    spark-head*spark-worker-1*",
             "link        1 passed *1 passed, 1 failed*",
             "category    cluster*",
-            "figures: busbw 0.24 GB/s at the largest message (threshold 0.2)",
-            "         tok/s @1 30 tok/s, TTFT p90 0.3 s, p99 0.4 s",
-            "         tok/s @4 90.94 tok/s, TTFT p90 1.2 s, p99 1.6 s",
-            "         load 300.0 s (start 30 s, weights 150 s, kv 45 s, graphs 60 s, api 15 s)",
+            "figures: busbw 0.24 GB/s at the largest message (threshold >= 0.2 GB/s)",
+            "         tok/s @1 30 tok/s, TTFT p90 too few (n=8, needs >= 10), p99 too few (n=8, "
+            "needs >= 100)",
+            "         tok/s @4 90.94 tok/s, TTFT p90 1.2 s (n=32), p99 too few (n=32, "
+            "needs >= 100)",
+            "         startup 300.0 s (start 30 s, weights 150 s, kv 45 s, graphs 60 s, api 15 s)",
         ]
     )
 
@@ -125,7 +128,7 @@ def test_no_figure_measured_is_one_line_in_a_narrow_terminal(
             spark_check.require(Finding.passed(1, 1, "", node="spark-head", message="ok"))
         """)
     result = pytester.runpytest("--spark-history=off")
-    result.stdout.fnmatch_lines(["figures: not measured (busbw, tok/s @1, tok/s @4, load)"])
+    result.stdout.fnmatch_lines(["figures: not measured (busbw, tok/s @1, tok/s @4, startup)"])
 
 
 def test_summary_shows_the_roofline_and_spec_decoding(

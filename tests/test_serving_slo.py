@@ -55,7 +55,7 @@ def test_failure_text_names_level_shares_worst_slo_and_fix() -> None:
     assert text.startswith("qwen at http://h:8000: goodput at 4 streams: 7 of 10 requests (70.0%")
     assert "expected >= 90%" in text
     assert "TTFT broken by 3; most broken: TTFT" in text
-    assert "TTFT p99 1.500 s (SLO 1 s)" in text
+    assert "TTFT p99 1.500 s (n=10, SLO 1 s)" in text  # every percentile with its count
     assert "vllm:num_requests_waiting" in text  # the fix for a TTFT that grows with the queue
     failed = goodput([rec(0.1, 0.2, error="HTTP 500")] * 2, SLO, 1.0)
     assert "2 failed; most broken: request errors" in failure_text("s", "1 streams", failed, 90)

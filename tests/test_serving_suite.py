@@ -580,6 +580,8 @@ SOAK = {
     "test_soak_no_preemptions",
     "test_soak_waiting_queue_steady",
 }
+DEPTH = {"test_depth_sweep"}
+DEPTH_SPEC = "depths=0,256;pp=64;tg=8;c=1,2"
 
 
 def _served(emu: Emulator) -> float:
@@ -605,7 +607,9 @@ def load_mode(name: str, workdir: Path) -> Run:
                 emu.url, workdir, args, f"{SERVE} {FLAGS}", "load", "--spark-open-loop"
             )
         extra = (
-            ["--spark-open-loop", "--spark-soak=8s"] if name == "healthy" else ["--spark-soak=8s"]
+            ["--spark-open-loop", "--spark-soak=8s", f"--spark-depth-sweep={DEPTH_SPEC}"]
+            if name == "healthy"
+            else ["--spark-soak=8s"]
         )
         if name == "healthy":
             return run_suite(emu.url, workdir, LOAD, f"{SERVE} {FLAGS}", "load", *extra)
@@ -643,7 +647,7 @@ def _load_run(load_runs: dict[str, Run | Exception], name: str) -> Run:
     run = load_runs[name]
     if isinstance(run, Exception):
         raise run
-    assert set(run.checks) == OPEN_LOOP | SOAK, run.output[-3000:]
+    assert set(run.checks) == OPEN_LOOP | SOAK | DEPTH, run.output[-3000:]
     return run
 
 
@@ -651,6 +655,7 @@ def test_load_modes_skip_without_their_options(load_runs: dict[str, Run | Except
     run = _load_run(load_runs, "skipped")
     assert all(c["outcome"] == "skipped" for c in run.checks.values()), run.output[-3000:]
     assert "--spark-open-loop runs it" in run.checks["test_open_loop_knee"]["message"]
+    assert "--spark-depth-sweep runs it" in run.checks["test_depth_sweep"]["message"]
     for name in SOAK:
         assert "--spark-soak=DURATION" in run.checks[name]["message"], name
 
@@ -667,6 +672,24 @@ def test_load_modes_pass_on_a_healthy_server(load_runs: dict[str, Run | Exceptio
     assert soak["preemptions"] == 0 and soak["waiting_growth"] is not None
     assert all(run.checks[name]["outcome"] == "passed" for name in SOAK)
     assert "soak " in run.output and "open loop 1 req/s: " in run.output  # progress lines
+    # the depth sweep, trimmed for the emulator: every cell, llama-benchy's fields, the file
+    depth = run.checks["test_depth_sweep"]
+    assert depth["outcome"] == "passed", depth["message"]
+    report = depth["extra"]["depth_sweep"]
+    cells = {(b["context_size"], b["concurrency"]): b for b in report["benchmarks"]}
+    assert set(cells) == {(0, 1), (0, 2), (256, 1), (256, 2)}
+    assert report["heat_order"][:2] == [[256, 2], [0, 1]]  # hottest, then coolest
+    for (_, c), b in cells.items():
+        assert b["failed"] == 0 and len(b["e2e_ttft"]["values"]) == c, b
+        assert b["prompt_size"] == 64 and b["response_size"] == 8
+        assert b["tg_req_throughput"]["mean"] > 0 and b["pp_throughput"]["mean"] > 0
+    # the depth is sent: the server counted 256 more prompt tokens (about a word each)
+    tokens = {k: b["prompt_tokens"]["mean"] for k, b in cells.items()}
+    assert tokens[(256, 1)] - tokens[(0, 1)] >= 200, tokens
+    path = depth["message"].rsplit("written to ", 1)[1].strip()
+    assert path.endswith("depth-sweep.json"), depth["message"]
+    written = json.loads(Path(path).read_text())
+    assert written["benchmarks"] == report["benchmarks"]
 
 
 def test_open_loop_knee_fails_when_load_breaks_the_slos(

@@ -16,7 +16,12 @@ from __future__ import annotations
 import pytest
 
 from pytest_spark import Cluster, Finding, RemoteError, SparkCheck
-from pytest_spark.infra.alike.check import check_host_alike, check_image_alike, check_time_sync
+from pytest_spark.infra.alike.check import (
+    check_host_alike,
+    check_image_alike,
+    check_time_sync,
+    nccl_versions,
+)
 from pytest_spark.infra.alike.gather import all_alike
 from pytest_spark.infra.alike.probe import NodeAlike
 from pytest_spark.infra.knownbad.check import check_known_bad, denied_nodes
@@ -70,6 +75,9 @@ def test_serving_image_alike(
     """The serving image the same on every node; a difference is told by what differs
     inside it (vLLM, torch, Python, NCCL version and libnccl sha256)."""
     facts = alike_facts(pytestconfig, spark_cluster)
+    versions = nccl_versions(facts)
+    if versions:  # the report's environment: the NCCL version the image loads, per node
+        spark_check.attach("nccl_version", versions)
     require(
         spark_check,
         check_image_alike(spark_cluster.head.name, facts, spark_cluster.settings.container),

@@ -22,6 +22,7 @@ from pytest_spark.infra.links.check import (
     link_is_usable,
     link_rate_ends,
     link_rate_short,
+    nic_firmware,
     peer_took_the_link_down,
     ping_pairs_culprit,
 )
@@ -76,6 +77,9 @@ def test_fabric_twins_up(
 ) -> None:
     """Enough fabric twins Up. A twin that is down is its link-up check's failure: this
     check then skips citing it (one down twin, one failure)."""
+    firmware = nic_firmware(link_facts.ibstat)
+    if firmware:  # the report's environment: the ConnectX firmware, per node and device
+        spark_check.attach("nic_firmware", firmware)
     expected = spark_cluster.profile.link.fabric_twins
     up = discover_fabric_ifs(link_facts)
     finding = check_fabric_twins(

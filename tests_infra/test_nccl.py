@@ -234,6 +234,8 @@ def test_allreduce_busbw(
 ) -> None:
     result = _result(allreduce)
     spark_check.attach("busbw_series", busbw_series(result).to_dict())
+    if result.nccl_version:  # NCCL's own "NCCL version X" line (NCCL_DEBUG=INFO)
+        spark_check.attach("nccl_version", result.nccl_version)
     finding = check_busbw(
         result,
         spark_cluster.profile,

@@ -23,6 +23,9 @@ class Finding:
     message: str = ""
     node: str | None = None
     evidence: dict[str, str] = field(default_factory=dict)
+    # A numeric threshold's direction: ">=" (a floor) or "<=" (a ceiling); the report
+    # prints it beside ``expected`` (None: words, or read off the verdict).
+    bound: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -37,8 +40,9 @@ class Finding:
         *,
         node: str | None = None,
         message: str = "",
+        bound: str | None = None,
     ) -> Finding:
-        return cls("pass", measured, expected, unit, message, node)
+        return cls("pass", measured, expected, unit, message, node, bound=bound)
 
     @classmethod
     def failed(
@@ -50,8 +54,9 @@ class Finding:
         node: str | None = None,
         message: str,
         evidence: dict[str, str] | None = None,
+        bound: str | None = None,
     ) -> Finding:
-        return cls("fail", measured, expected, unit, message, node, evidence or {})
+        return cls("fail", measured, expected, unit, message, node, evidence or {}, bound)
 
     @classmethod
     def warned(
@@ -63,5 +68,6 @@ class Finding:
         node: str | None = None,
         message: str,
         evidence: dict[str, str] | None = None,
+        bound: str | None = None,
     ) -> Finding:
-        return cls("warn", measured, expected, unit, message, node, evidence or {})
+        return cls("warn", measured, expected, unit, message, node, evidence or {}, bound)

@@ -127,9 +127,9 @@ def environment(
         if not env["vLLM startup facts"]:
             del env["vLLM startup facts"]
     for label, keys, who in (
-        ("NCCL version", NCCL_KEYS, "the nccl checks"),
+        ("NCCL version", NCCL_KEYS, "test_serving_image_alike or the all-reduce check"),
         ("GPU driver", DRIVER_KEYS, "the preflight checks"),
-        ("Firmware", FIRMWARE_KEYS, "the link/preflight checks"),
+        ("ConnectX firmware", FIRMWARE_KEYS, "test_fabric_twins_up (ibstat)"),
     ):
         env[label] = _per_node(_extras(doc, keys)) or f"unknown: not recorded by {who}"
     suite = f"pytest-dgx-spark {suite_version()}"

@@ -23,7 +23,22 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_spark.report.samples import enough_for, percentile_text
 from pytest_spark.settings.options import FAMILIES
+
+# The model's load time is the figure "startup" (``startup``, ``startup.<phase>`` in the
+# history); "load" is the category of the open-loop and soak checks. History records written
+# before the rename say "load": ``renamed_metric`` reads them under the new name.
+OLD_METRIC_NAMES = {"load": "startup"}
+
+
+def renamed_metric(name: str) -> str:
+    """A figure's current name: ``load`` -> ``startup``, ``load.weights`` ->
+    ``startup.weights`` (history written before issue #27 §4)."""
+    for old, new in OLD_METRIC_NAMES.items():
+        if name == old or name.startswith(old + "."):
+            return new + name[len(old) :]
+    return name
 
 
 @dataclass(frozen=True)
@@ -64,6 +79,12 @@ class SweepLevel:
     output_tok_s: float | None
     ttft: dict[str, float | None]  # p50/p90/p99, seconds
     tpot: dict[str, float | None]
+    ttft_n: int | None = None  # the samples behind each (None: not recorded)
+    tpot_n: int | None = None
+
+    def count(self, attr: str) -> int | None:
+        """The sample count behind ``ttft`` or ``tpot``."""
+        return self.ttft_n if attr == "ttft" else self.tpot_n if attr == "tpot" else None
 
 
 @dataclass(frozen=True)
@@ -74,6 +95,7 @@ class RatePoint:
     goodput_pct: float | None
     met: bool
     ttft: dict[str, float | None]  # p50/p90/p99, seconds
+    ttft_n: int | None = None  # the samples behind them
 
 
 @dataclass(frozen=True)
@@ -84,6 +106,22 @@ class OpenLoop:
     knee: float | None  # req/s; None: the lowest rate broke the SLOs
     min_goodput_pct: float | None
     slo: str
+
+
+@dataclass(frozen=True)
+class GoodputSlo:
+    """The SLOs the goodput gate used (tests_e2e/test_throughput.py ``extra.goodput``):
+    ceilings in seconds, each read at its percentile, at ``concurrency`` streams."""
+
+    limits: dict[str, float]  # "ttft" | "tpot" | "e2e" -> seconds
+    pcts: dict[str, float]  # the same keys -> the percentile each is read at
+    concurrency: int | None
+
+    def label(self, metric: str, scale: float = 1.0, unit: str = "s") -> str:
+        pct = self.pcts.get(metric)
+        at = f" @{self.concurrency} streams" if self.concurrency else ""
+        read = f" p{pct:g}" if pct is not None else ""
+        return f"goodput SLO{read} <= {self.limits[metric] * scale:g} {unit}{at}"
 
 
 @dataclass(frozen=True)
@@ -116,6 +154,7 @@ class Figures:
     open_loop: OpenLoop | None = None
     roofline: dict[str, Any] | None = None  # test_decode_single_stream's extra.roofline
     spec_decode: dict[str, Any] | None = None  # test_spec_decode_acceptance's extra
+    slo: GoodputSlo | None = None
 
     @property
     def all_reduce(self) -> list[BusbwSeries]:
@@ -125,7 +164,8 @@ class Figures:
         return next((lv for lv in self.sweep if lv.concurrency == concurrency), None)
 
     @property
-    def load_s(self) -> float | None:
+    def startup_s(self) -> float | None:
+        """The model's load time: launch (or attach) to ready."""
         if self.attached:
             return None
         if self.ready_s is not None:
@@ -232,6 +272,31 @@ def _summary(data: Any) -> dict[str, float | None]:
     }
 
 
+def _count(data: Any) -> int | None:
+    """The ``count`` of a serving Summary (stats.Summary.to_dict), the samples behind it."""
+    n = number(as_dict(data).get("count"))
+    return int(n) if n is not None and n >= 0 else None
+
+
+def goodput_slo(doc: dict[str, Any]) -> GoodputSlo | None:
+    for check, data in _extras(doc, "goodput"):
+        limits = {
+            k: v
+            for k, raw in as_dict(as_dict(data).get("slo_s")).items()
+            if (v := number(raw)) is not None and v > 0
+        }
+        if not limits:
+            continue
+        pcts = {
+            k: v
+            for k, raw in as_dict(data.get("at_percentile")).items()
+            if (v := number(as_dict(raw).get("pct"))) is not None
+        }
+        c = number(as_dict(as_dict(check.get("extra")).get("level")).get("concurrency"))
+        return GoodputSlo(limits, pcts, int(c) if c is not None else None)
+    return None
+
+
 def _level(data: Any) -> SweepLevel | None:
     if not isinstance(data, dict):
         return None
@@ -243,6 +308,8 @@ def _level(data: Any) -> SweepLevel | None:
         number(data.get("output_tok_s")),
         _summary(data.get("ttft_s")),
         _summary(data.get("tpot_s")),
+        _count(data.get("ttft_s")),
+        _count(data.get("tpot_s")),
     )
 
 
@@ -280,6 +347,7 @@ def open_loop_of(doc: dict[str, Any]) -> OpenLoop | None:
                     number(lv.get("goodput_pct")),
                     lv.get("met") is True,
                     _summary(level.get("ttft_s")),
+                    _count(level.get("ttft_s")),
                 )
             )
         if points:
@@ -325,6 +393,7 @@ def figures_of(doc: dict[str, Any]) -> Figures:
         open_loop=open_loop_of(doc),
         roofline=_first_extra(doc, "roofline"),
         spec_decode=_first_extra(doc, "spec_decode"),
+        slo=goodput_slo(doc),
     )
 
 
@@ -374,8 +443,9 @@ def spec_decode_text(spec: dict[str, Any]) -> str:
 
 def metrics_of(figures: Figures) -> dict[str, Metric]:
     """Flat named figures for the history: ``busbw``, ``tok_s@C``, ``ttft_p50@C``,
-    ``ttft_p90@C``, ``ttft_p99@C``, ``tpot_p50@C`` (p90, p99), ``knee``, ``load``,
-    ``load.<phase>``."""
+    ``ttft_p90@C``, ``ttft_p99@C``, ``tpot_p50@C`` (p90, p99), ``knee``, ``startup``,
+    ``startup.<phase>`` (before issue #27: ``load``, ``load.<phase>``). A percentile from
+    too few samples (``samples.min_samples``) is left out: it would compare noise."""
     out: dict[str, Metric] = {}
     if figures.all_reduce:
         out["busbw"] = Metric(
@@ -391,19 +461,21 @@ def metrics_of(figures: Figures) -> dict[str, Metric]:
         for name, summary in (("ttft", lv.ttft), ("tpot", lv.tpot)):
             for pct in ("p50", "p90", "p99"):
                 value = summary.get(pct)
-                if value is not None:
+                if value is not None and enough_for(pct, lv.count(name)):
                     out[f"{name}_{pct}@{lv.concurrency}"] = Metric(round(value, 6), "s", "lower")
     if figures.open_loop is not None and figures.open_loop.knee is not None:
         out["knee"] = Metric(round(figures.open_loop.knee, 4), "req/s", "higher")
-    if figures.load_s is not None:
-        out["load"] = Metric(round(figures.load_s, 3), "s", "lower")
+    if figures.startup_s is not None:
+        out["startup"] = Metric(round(figures.startup_s, 3), "s", "lower")
     for phase, seconds in figures.phase_durations().items():
-        out[f"load.{phase}"] = Metric(seconds, "s", "lower")
+        out[f"startup.{phase}"] = Metric(seconds, "s", "lower")
     return out
 
 
 def metric_family(name: str) -> str:
-    """``tok_s@4`` -> ``tok_s``, ``ttft_p90@1`` -> ``ttft``, ``load.weights`` -> ``load``."""
+    """``tok_s@4`` -> ``tok_s``, ``ttft_p90@1`` -> ``ttft``, ``startup.weights`` ->
+    ``startup`` (``load.weights``, the old name, too)."""
+    name = renamed_metric(name)
     for family in sorted(FAMILIES, key=len, reverse=True):
         if name == family or (name.startswith(family) and name[len(family)] in "._@"):
             return family
@@ -412,6 +484,7 @@ def metric_family(name: str) -> str:
 
 def spec_matches(spec: str, name: str) -> bool:
     """Does ``--spark-compare-fail`` METRIC ``spec`` cover figure ``name``?"""
+    spec, name = renamed_metric(spec), renamed_metric(name)
     return spec in (name, metric_family(name), name.split("@", 1)[0])
 
 
@@ -422,7 +495,7 @@ def key_figures(figures: Figures) -> list[tuple[str, str]]:
         largest = max(s.largest for s in figures.all_reduce)
         peak = max(s.peak for s in figures.all_reduce)
         limits = sorted({s.threshold for s in figures.all_reduce if s.threshold is not None})
-        limit = f" (threshold {', '.join(f'{t:g}' for t in limits)})" if limits else ""
+        limit = f" (threshold >= {', '.join(f'{t:g}' for t in limits)} GB/s)" if limits else ""
         text = f"{largest:.4g} GB/s at the largest message"
         if peak > largest * 1.001:
             text += f" (peak {peak:.4g})"
@@ -432,17 +505,18 @@ def key_figures(figures: Figures) -> list[tuple[str, str]]:
     if figures.latency:
         best = min(s.best for s in figures.latency)
         limits = sorted({s.threshold for s in figures.latency if s.threshold is not None})
-        limit = f" (ceiling {', '.join(f'{t:g}' for t in limits)} µs)" if limits else ""
+        limit = f" (ceiling <= {', '.join(f'{t:g}' for t in limits)} µs)" if limits else ""
         out.append(("latency", f"{best:.4g} µs, the best small-message all-reduce{limit}"))
     for c in (1, 4):
         level = figures.level(c)
         text = "not measured"
         if level is not None and level.output_tok_s is not None:
             text = f"{level.output_tok_s:.4g} tok/s"
-            if level.ttft.get("p90") is not None:
-                text += f", TTFT p90 {level.ttft['p90']:.3g} s"
-            if level.ttft.get("p99") is not None:
-                text += f", p99 {level.ttft['p99']:.3g} s"
+            n = level.ttft_n
+            for pct in ("p90", "p99"):
+                if level.ttft.get(pct) is not None:
+                    shown = percentile_text(pct, level.ttft[pct], n)
+                    text += f", TTFT {shown}" if pct == "p90" else f", {shown}"
             roof = roofline_text(figures.roofline) if c == 1 else ""
             text += f"; {roof}" if roof else ""
         out.append((f"tok/s @{c}", text))
@@ -455,10 +529,11 @@ def key_figures(figures: Figures) -> list[tuple[str, str]]:
         broke = next((p.rate for p in ol.points if not p.met), None)
         tail = f", broke at {broke:g} req/s" if broke is not None else f", held to {top:g} req/s"
         out.append(("knee", f"{knee}{tail} under {ol.slo}"))
-    load = figures.load_s
-    if load is not None:
+    startup = figures.startup_s
+    if startup is not None:
         phases = ", ".join(f"{p} {s:.0f} s" for p, s in figures.phase_durations().items())
-        out.append(("load", f"{load:.1f} s" + (f" ({phases})" if phases else "")))
+        out.append(("startup", f"{startup:.1f} s" + (f" ({phases})" if phases else "")))
     else:
-        out.append(("load", "not measured (attached)" if figures.attached else "not measured"))
+        attached = "not measured (attached)" if figures.attached else "not measured"
+        out.append(("startup", attached))
     return out

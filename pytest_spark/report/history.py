@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from pytest_spark.report.figures import Metric, spec_matches
+from pytest_spark.report.figures import Metric, renamed_metric, spec_matches
 
 FORMAT_VERSION = 1
 _NAME = re.compile(r"^(\d{4,})_([^_]+)_(\d{8}T\d{6}Z)(?:_\d+)?\.json$")
@@ -335,7 +335,8 @@ def compare(
     baseline: Run, metrics: dict[str, Metric], specs: tuple[tuple[str, float], ...]
 ) -> Comparison:
     doc = baseline.load()
-    old = doc.get("metrics") or {}
+    # a record written before issue #27 names the load time "load": read it as "startup"
+    old = {renamed_metric(k): v for k, v in (doc.get("metrics") or {}).items()}
     deltas = []
     for name, metric in metrics.items():
         before = old.get(name)

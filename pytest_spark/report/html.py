@@ -14,6 +14,7 @@ import pytest
 from markupsafe import Markup
 
 from pytest_spark.report.accuracy import accuracy_html
+from pytest_spark.report.depth import depth_html
 from pytest_spark.report.figures import key_figures
 from pytest_spark.report.results import CATEGORY_PROP, FINDING_PROP, NODE_PROP, category_of
 from pytest_spark.report.summary import measured_expected, outcome_counts, remediation
@@ -101,7 +102,7 @@ def check_html(report: pytest.TestReport) -> str | None:
         level=level,
         verdict=VERDICT_TEXT.get(level, level.upper()),
         where=" ".join(x for x in (_node(report), _category(report)) if x),
-        figures=measured_expected(finding),
+        figures=measured_expected({**finding, "level": level}),
         message_head=_clip(head) if message else None,
         message_tails=[
             (title.strip(" -"), _clip(body))
@@ -226,6 +227,7 @@ def summary_html(state: ReportState) -> str:
         verdicts=_verdicts(state),
         figures=key_figures(state.figures),
         accuracy=Markup(accuracy_html(state.doc.get("accuracy"))),
+        depth=Markup(depth_html(state.doc)),
         comparison=_comparison(state),
         history_note=state.compare_note,
         plots=state.plots,
@@ -276,7 +278,7 @@ class HtmlHooks:
                 cells[i] = fragment("test_id_cell", test_id)
         finding = _finding(report)
         level = "fail" if report.failed else str(finding.get("level") or "")
-        figures = measured_expected(finding)
+        figures = measured_expected({**finding, "level": level or None})
         cells[2:2] = [
             fragment("node_cell", _node(report)),
             fragment("category_cell", _category(report)),

@@ -14,11 +14,13 @@ from typing import Any
 from pytest_spark.report.figures import (
     BusbwSeries,
     Figures,
+    GoodputSlo,
     LatencySeries,
     OpenLoop,
     PhaseSpan,
     SweepLevel,
 )
+from pytest_spark.report.samples import enough_for, min_samples, pct_of
 
 PHASE_LABELS = {
     "start": "start (containers, Ray, init)",
@@ -45,10 +47,10 @@ class Plot:
     note: str  # why there is no image, or what it shows
 
 
-def _safe(text: str) -> str:
+def _safe(text: str, limit: int = 60) -> str:
     """Plain text for matplotlib (no mathtext from a '$', no control characters)."""
     text = re.sub(r"[\x00-\x1f\x7f]", " ", str(text))
-    return text.replace("\\", "/").replace("$", r"\$")[:60]
+    return text.replace("\\", "/").replace("$", r"\$")[:limit]
 
 
 def _render(draw: Callable[[Any], None], size: tuple[float, float]) -> str:
@@ -84,6 +86,16 @@ def _bytes_label(n: float) -> str:
     return f"{n:g}"
 
 
+def threshold_gates(series: list[BusbwSeries]) -> dict[float, str]:
+    """Each busbw threshold and the series it gates (``all_reduce``, ``all_gather``), the
+    check judging the busbw at the largest message."""
+    gates: dict[float, list[str]] = {}
+    for s in series:
+        if s.threshold is not None:
+            gates.setdefault(s.threshold, []).append(s.label)
+    return {t: ", ".join(labels) + " (largest message)" for t, labels in sorted(gates.items())}
+
+
 def busbw_plot(series: list[BusbwSeries]) -> Plot:
     title = "NCCL bus bandwidth vs message size (all-reduce, all-gather)"
     if not series:
@@ -108,10 +120,13 @@ def busbw_plot(series: list[BusbwSeries]) -> Plot:
                 markersize=3,
                 label=_safe(f"busbw {s.label}"),
             )
-        thresholds = sorted({s.threshold for s in series if s.threshold is not None})
-        for t in thresholds:
+        for t, gated in threshold_gates(series).items():
             ax.axhline(
-                t, color="#d62728", linestyle="--", linewidth=1.2, label=f"threshold {t:g} GB/s"
+                t,
+                color="#d62728",
+                linestyle="--",
+                linewidth=1.2,
+                label=_safe(f">= {t:g} GB/s gates {gated}", 90),
             )
         ax.set_xscale("log", base=2)
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: _bytes_label(v)))
@@ -123,12 +138,14 @@ def busbw_plot(series: list[BusbwSeries]) -> Plot:
         ax.set_title(title, fontsize=10)
 
     largest = max(s.largest for s in series)
+    gates = "; ".join(f">= {t:g} GB/s gates {g}" for t, g in threshold_gates(series).items())
     return _guard(
         "busbw",
         title,
         draw,
         (9, 3.8),
-        f"busbw {largest:.4g} GB/s at the largest message, {len(series)} series",
+        f"busbw {largest:.4g} GB/s at the largest message, {len(series)} series"
+        + (f"; {gates}" if gates else ""),
     )
 
 
@@ -156,7 +173,25 @@ def latency_plot(series: list[LatencySeries]) -> Plot:
                 label=_safe(f"time {s.label}"),
             )
         for t in sorted({s.threshold for s in series if s.threshold is not None}):
-            ax.axhline(t, color="#d62728", linestyle="--", linewidth=1.2, label=f"ceiling {t:g} us")
+            ax.axhline(
+                t,
+                color="#d62728",
+                linestyle="--",
+                linewidth=1.2,
+                label=f"ceiling <= {t:g} us on the best time (not every size)",
+            )
+        # the figure the ceiling judges: the best time of each series, marked
+        for s in series:
+            size, us = min(s.points, key=lambda p: p[1])
+            ax.plot(
+                [size],
+                [us],
+                marker="*",
+                markersize=12,
+                color="#d62728",
+                linestyle="none",
+                label=_safe(f"best {us:.4g} us ({s.label}): what the ceiling gates", 90),
+            )
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: _bytes_label(v)))
@@ -167,10 +202,17 @@ def latency_plot(series: list[LatencySeries]) -> Plot:
         ax.set_title(title, fontsize=10)
 
     best = min(s.best for s in series)
-    return _guard("latency", title, draw, (9, 3.8), f"best {best:.4g} us, {len(series)} series")
+    return _guard(
+        "latency",
+        title,
+        draw,
+        (9, 3.8),
+        f"best {best:.4g} us, {len(series)} series; the ceiling gates the best time (marked), "
+        "not every size",
+    )
 
 
-def throughput_plot(levels: list[SweepLevel]) -> Plot:
+def throughput_plot(levels: list[SweepLevel], slo: GoodputSlo | None = None) -> Plot:
     title = "Output tokens/s and latency vs concurrency"
     usable = [lv for lv in levels if lv.output_tok_s is not None]
     if not usable:
@@ -210,14 +252,23 @@ def throughput_plot(levels: list[SweepLevel]) -> Plot:
                     if (v := getattr(lv, attr).get(pct)) is not None
                 ]
                 if pts:
+                    ns = sorted({n for lv in usable if (n := lv.count(attr))})
                     ax.plot(
                         [p[0] for p in pts],
                         [p[1] for p in pts],
                         style,
                         marker="o",
                         markersize=3,
-                        label=pct,
+                        label=_counts_label(pct, ns),
                     )
+            if slo is not None and attr in slo.limits:
+                ax.axhline(
+                    slo.limits[attr] * scale,
+                    color="#d62728",
+                    linestyle="--",
+                    linewidth=1.2,
+                    label=_safe(slo.label(attr, scale, unit), 90),
+                )
             ax.set_ylabel(f"{attr.upper()} ({unit})")
             ax.set_title(f"{attr.upper()} percentiles", fontsize=9)
             ax.set_ylim(bottom=0)
@@ -231,14 +282,32 @@ def throughput_plot(levels: list[SweepLevel]) -> Plot:
             ax.set_xlabel("concurrent streams")
             ax.grid(True, alpha=0.3)
 
+    slo_note = (
+        "; the goodput SLO lines: "
+        + ", ".join(slo.label(m) for m in ("ttft", "tpot") if m in slo.limits)
+        if slo is not None
+        else ""
+    )
     return _guard(
         "throughput",
         title,
         draw,
         (11, 3.6),
         f"{len(usable)} concurrency level(s): "
-        + ", ".join(f"{lv.output_tok_s:.4g} tok/s @{lv.concurrency}" for lv in usable),
+        + ", ".join(f"{lv.output_tok_s:.4g} tok/s @{lv.concurrency}" for lv in usable)
+        + slo_note,
     )
+
+
+def _counts_label(pct: str, ns: list[int]) -> str:
+    """A percentile's legend entry with its sample counts, and a warning where some level
+    had too few for it (``samples.min_samples``)."""
+    if not ns:
+        return pct
+    counts = f"n={ns[0]}" if len(ns) == 1 else f"n={ns[0]}-{ns[-1]}"
+    short = [n for n in ns if not enough_for(pct, n)]
+    warn = f", too few: needs >= {min_samples(pct_of(pct))}" if short else ""
+    return f"{pct} ({counts}{warn})"
 
 
 def knee_plot(open_loop: OpenLoop | None) -> Plot:
@@ -269,7 +338,9 @@ def knee_plot(open_loop: OpenLoop | None) -> Plot:
         for pct, style in (("p50", "-"), ("p90", "--"), ("p99", ":")):
             pts = [(p.rate, v) for p in points if (v := p.ttft.get(pct)) is not None]
             if pts:
-                ax2.plot([q[0] for q in pts], [q[1] for q in pts], style, marker="o", label=pct)
+                ns = sorted({n for p in points if (n := p.ttft_n)})
+                label = _counts_label(pct, ns)
+                ax2.plot([q[0] for q in pts], [q[1] for q in pts], style, marker="o", label=label)
         ax2.set_ylabel("TTFT (s)")
         ax2.set_ylim(bottom=0)
         ax2.set_title("TTFT percentiles", fontsize=9)
@@ -351,7 +422,7 @@ def all_plots(figures: Figures) -> list[Plot]:
     return [
         busbw_plot(figures.busbw),
         latency_plot(figures.latency),
-        throughput_plot(figures.sweep),
+        throughput_plot(figures.sweep, figures.slo),
         knee_plot(figures.open_loop),
         timeline_plot(figures.timeline, figures.ready_s),
     ]

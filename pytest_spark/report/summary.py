@@ -114,14 +114,63 @@ def fmt_value(value: Any) -> str:
     return json.dumps(value, default=str)
 
 
+BOUNDS = (">=", "<=", ">", "<", "==")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def bound_of(finding: dict[str, Any]) -> str | None:
+    """The direction of a numeric threshold: the finding's own ``bound`` (``>=``, ``<=``),
+    else read off the verdict (a pass above the threshold, or a failure below it, is a
+    floor); None when the figures cannot say (equal, or not numbers)."""
+    bound = finding.get("bound")
+    if bound in BOUNDS:
+        return str(bound)
+    measured, expected = finding.get("measured"), finding.get("expected")
+    if not isinstance(measured, int | float) or not isinstance(expected, int | float):
+        return None
+    if isinstance(measured, bool) or isinstance(expected, bool) or measured == expected:
+        return None
+    level, outcome = finding.get("level"), finding.get("outcome")
+    if level is None and outcome is None:  # no verdict to read the direction off
+        return None
+    failed = level in ("fail", "warn") or outcome == "failed"
+    above = measured > expected
+    return ">=" if above != failed else "<="
+
+
+def with_unit(text: str, unit: str | None) -> str:
+    """``text unit``, unless ``text`` already ends with the unit (``< 90 C`` stays as is)."""
+    if not unit or text == "-":
+        return text
+    stripped = text.rstrip()
+    before = stripped[: -len(unit)]
+    if stripped.endswith(unit) and (not before or before[-1].isdigit() or before[-1].isspace()):
+        return text
+    return f"{text} {unit}"
+
+
 def measured_expected(finding: dict[str, Any]) -> str:
-    """``"100 / 200 Gb/s"``; empty when the check recorded no figures."""
+    """``"100 Gb/s / >= 200 Gb/s"``: each side with its unit once, the threshold with its
+    direction; empty when the check recorded no figures."""
     measured, expected = finding.get("measured"), finding.get("expected")
     if measured is None and expected is None:
         return ""
     unit = finding.get("unit")
-    text = f"{fmt_value(measured)} / {fmt_value(expected)}"
-    return f"{text} {unit}" if unit else text
+    bound = bound_of(finding) if _is_number(expected) else None
+    wanted = fmt_value(expected)
+    if bound:
+        wanted = f"{bound} {wanted}"
+    if not _is_number(measured) or not (_is_number(expected) or bound or _starts_bound(wanted)):
+        # words or records on either side: the unit once, at the end
+        return with_unit(f"{fmt_value(measured)} / {wanted}", unit)
+    return f"{with_unit(fmt_value(measured), unit)} / {with_unit(wanted, unit)}"
+
+
+def _starts_bound(text: str) -> bool:
+    return text.lstrip().startswith(("<", ">", "="))
 
 
 HINT_STARTS = (

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-FAMILIES = ("busbw", "tok_s", "ttft", "tpot", "knee", "load")
-_METRIC = re.compile(rf"^(?:{'|'.join(FAMILIES)})(?:[._@][\w.@\[\]-]*)?$")
+# "startup" is the model's load time ("load" before issue #27: still accepted for it).
+FAMILIES = ("busbw", "tok_s", "ttft", "tpot", "knee", "startup")
+_METRIC = re.compile(rf"^(?:{'|'.join((*FAMILIES, 'load'))})(?:[._@][\w.@\[\]-]*)?$")
 OFF = frozenset({"off", "none", "no", "false", "0"})
 
 
@@ -49,7 +50,7 @@ def compare_fail(raw: str) -> tuple[tuple[str, float], ...]:
         if not _METRIC.match(metric):
             raise ValueError(
                 f"unknown metric {metric!r}: use a family ({', '.join(FAMILIES)}) or one "
-                "figure such as tok_s@4, ttft_p90@1, tpot_p50@4 or load.weights"
+                "figure such as tok_s@4, ttft_p90@1, tpot_p50@4 or startup.weights"
             )
         text = pct.strip().removesuffix("%").strip()
         try:
@@ -200,6 +201,71 @@ def _interface_list(raw: str) -> tuple[str, ...]:
                 "or spaces; e.g. enp1s0f1np1)"
             )
     return names
+
+
+# The Spark Arena v2 benchmark profile (spark-arena/recipe-registry
+# benchmarking/spark-arena-v2.yaml, run with eugr/llama-benchy): context depths, pp, tg and
+# concurrency levels; --spark-depth-sweep=arena runs exactly these.
+ARENA_DEPTHS = (0, 4096, 8192, 16384, 32768, 65535, 100000)
+ARENA_CONCURRENCY = (1, 2, 5, 10)
+
+
+@dataclass(frozen=True)
+class DepthSweep:
+    """``--spark-depth-sweep``: context depth x concurrency, in the Spark Arena's shape.
+    ``cooldown_s``: a pause after each cell (the heat-aware order interleaves the hot and
+    cool cells either way)."""
+
+    depths: tuple[int, ...] = ARENA_DEPTHS
+    pp: int = 2048
+    tg: int = 128
+    concurrency: tuple[int, ...] = ARENA_CONCURRENCY
+    cooldown_s: float = 0.0
+
+
+def _ints(key: str, text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise ValueError(f"{key}={text!r}: expected whole numbers, e.g. {key}=0,4096") from None
+    if not values or any(v < 0 for v in values):
+        raise ValueError(f"{key}={text!r}: expected one or more numbers >= 0")
+    return values
+
+
+def depth_sweep(raw: str) -> DepthSweep | None:
+    """``off``; ``arena`` (the Spark Arena v2 profile); or ``KEY=V;KEY=V`` over it with
+    keys depths, pp, tg, c (concurrency) and cooldown: ``depths=0,512;pp=256;tg=16;c=1,2``."""
+    text = raw.strip()
+    if text.lower() in OFF:
+        return None
+    if text.lower() in ("arena", "on", "true", "yes"):
+        return DepthSweep()
+    fields: dict[str, Any] = {}
+    for item in text.split(";"):
+        key, sep, value = item.partition("=")
+        key = key.strip().lower()
+        if not sep:
+            raise ValueError(f"{item!r} is not KEY=VALUE (e.g. depths=0,4096;c=1,2), or arena")
+        if key == "depths":
+            fields["depths"] = _ints(key, value)
+        elif key in ("c", "concurrency"):
+            fields["concurrency"] = _ints(key, value)
+            if 0 in fields["concurrency"]:
+                raise ValueError(f"{item!r}: a concurrency is at least 1")
+        elif key in ("pp", "tg"):
+            (n,) = _ints(key, value)[:1]
+            if n < 1:
+                raise ValueError(f"{item!r}: {key} is at least 1 token")
+            fields[key] = n
+        elif key == "cooldown":
+            try:
+                fields["cooldown_s"] = float(value.strip().removesuffix("s"))
+            except ValueError:
+                raise ValueError(f"{item!r}: cooldown is seconds, e.g. cooldown=30") from None
+        else:
+            raise ValueError(f"unknown key {key!r} in {item!r}: depths, pp, tg, c or cooldown")
+    return DepthSweep(**fields)
 
 
 def _bool(raw: str) -> bool:
@@ -597,6 +663,17 @@ OPTIONS: tuple[Option, ...] = (
         "break (the profile's [open_loop] and [slo]); reports and gates the knee",
         flag=True,
         ini_type="bool",
+    ),
+    Option(
+        "depth-sweep",
+        depth_sweep,
+        None,
+        "run the depth x concurrency sweep in the Spark Arena's shape (llama-benchy: context "
+        "depth 0..100000, pp 2048, tg 128, concurrency 1/2/5/10, a unique prefix per request, "
+        "a heat-aware order); writes depth-sweep.json beside the results. arena (the bare "
+        "option) or depths=0,4096;pp=2048;tg=128;c=1,2,5,10;cooldown=30",
+        "off|arena|SPEC",
+        const="arena",
     ),
 )
 

@@ -25,6 +25,7 @@ from pytest_spark.settings.options import (
     OPTIONS,
     OPTIONS_BY_ATTR,
     AccuracyMode,
+    DepthSweep,
     HostkeyCheck,
     ModelHash,
     RayMode,
@@ -85,6 +86,7 @@ class Settings:
     accuracy_baseline: Path | None
     serving_concurrency: int
     open_loop: bool
+    depth_sweep: DepthSweep | None
     sources: Mapping[str, str] = field(repr=False)
 
     def __post_init__(self) -> None:

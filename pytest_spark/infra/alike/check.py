@@ -398,3 +398,14 @@ def check_time_sync(facts: Mapping[str, NodeAlike]) -> Finding | Skip:
         "NTP-synchronised on every node",
         message=f"{len(facts) - len(unknown)} node(s) NTP-synchronised{note}",
     )
+
+
+def nccl_versions(facts: Mapping[str, NodeAlike]) -> dict[str, str]:
+    """The NCCL version the serving image loads, per node (for the report's environment):
+    the version the library itself carries; nodes whose image was not read are left out."""
+    out = {}
+    for node, f in facts.items():
+        lib = f.container.nccl_loaded if f.container is not None else None
+        if lib is not None and lib.version:
+            out[node] = lib.version
+    return out

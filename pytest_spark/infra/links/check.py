@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 
 from pytest_spark.infra.finding import Finding
-from pytest_spark.infra.links.parse import PingResult, RoceMapping
+from pytest_spark.infra.links.parse import CaInfo, PingResult, RoceMapping
 from pytest_spark.infra.links.probe import PortFacts
 
 __all__ = [
@@ -253,6 +253,7 @@ def check_link_rate(node: str, port: PortFacts, min_gbps: float = 200.0) -> Find
             None,
             min_gbps,
             "Gb/s",
+            bound=">=",
             node=node,
             message=(
                 f"{where}: link rate unknown (no ibstat Rate, ethtool Speed: Unknown!), "
@@ -269,6 +270,7 @@ def check_link_rate(node: str, port: PortFacts, min_gbps: float = 200.0) -> Find
             rate,
             min_gbps,
             "Gb/s",
+            bound=">=",
             node=node,
             message=(
                 f"{where}: link rate {_num(rate)} Gb/s from {source}"
@@ -279,6 +281,7 @@ def check_link_rate(node: str, port: PortFacts, min_gbps: float = 200.0) -> Find
         rate,
         min_gbps,
         "Gb/s",
+        bound=">=",
         node=node,
         message=(
             f"{where}: link rate {_num(rate)} Gb/s from {source}{support}, expected >= "
@@ -334,6 +337,7 @@ def check_mtu(node: str, port: PortFacts, min_mtu: int = 4200, hard_min_mtu: int
             None,
             min_mtu,
             "bytes",
+            bound=">=",
             node=node,
             message=(
                 f"{where}: MTU unknown (not in ip link), expected >= {min_mtu}. Check that "
@@ -346,6 +350,7 @@ def check_mtu(node: str, port: PortFacts, min_mtu: int = 4200, hard_min_mtu: int
             port.mtu,
             min_mtu,
             "bytes",
+            bound=">=",
             node=node,
             message=f"{where}: MTU {port.mtu}{active}, expected >= {min_mtu}",
         )
@@ -354,6 +359,7 @@ def check_mtu(node: str, port: PortFacts, min_mtu: int = 4200, hard_min_mtu: int
             port.mtu,
             min_mtu,
             "bytes",
+            bound=">=",
             node=node,
             message=(
                 f"{where}: MTU {port.mtu}{active}, expected >= {min_mtu} for RoCE "
@@ -366,6 +372,7 @@ def check_mtu(node: str, port: PortFacts, min_mtu: int = 4200, hard_min_mtu: int
         port.mtu,
         min_mtu,
         "bytes",
+        bound=">=",
         node=node,
         message=(
             f"{where}: MTU {port.mtu}{active}, expected >= {min_mtu} and never below "
@@ -764,6 +771,7 @@ def check_fabric_twins(
             len(up),
             expected_count,
             "twins",
+            bound=">=",
             node=node,
             message=f"{node}: {len(up)} fabric twins Up ({', '.join(up)})",
         )
@@ -773,6 +781,7 @@ def check_fabric_twins(
             0,
             expected_count,
             "twins",
+            bound=">=",
             node=node,
             message=(
                 f"{node}: no fabric twin found, expected {expected_count}: ibdev2netdev: "
@@ -818,6 +827,7 @@ def check_fabric_twins(
         len(up),
         expected_count,
         "twins",
+        bound=">=",
         node=node,
         message=(
             f"{node}: {len(up)} fabric twin(s) Up ({up_text}), expected {expected_count}."
@@ -859,3 +869,9 @@ def peer_took_the_link_down(port: PortFacts, peers: Mapping[str, PortFacts]) -> 
         if other.admin_up is False or other.exists is False:
             return name
     return None
+
+
+def nic_firmware(ibstat: Mapping[str, CaInfo]) -> dict[str, str]:
+    """ConnectX firmware per RDMA device, as ``ibstat`` prints it (``Firmware version``),
+    for the report's environment; devices without one are left out."""
+    return {ca: info.firmware for ca, info in sorted(ibstat.items()) if info.firmware}

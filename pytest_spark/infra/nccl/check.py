@@ -225,6 +225,7 @@ def check_busbw(
             None,
             minimum,
             "GB/s",
+            bound=">=",
             node=where,
             message=f"{where}: {collective} produced no result rows ({_how(output)}), expected "
             f"busbw >= {_fig(minimum)} GB/s. "
@@ -240,7 +241,12 @@ def check_busbw(
     )
     if busbw >= minimum:
         return Finding.passed(
-            busbw, minimum, "GB/s", node=where, message=f"{head}, expected >= {_fig(minimum)} GB/s"
+            busbw,
+            minimum,
+            "GB/s",
+            node=where,
+            message=f"{head}, expected >= {_fig(minimum)} GB/s",
+            bound=">=",
         )
     one_twin = profile.nccl.one_twin_busbw_gbps
     socket = profile.nccl.socket_busbw_gbps
@@ -277,6 +283,7 @@ def check_busbw(
         busbw,
         minimum,
         "GB/s",
+        bound=">=",
         node=where,
         message=f"{head}, expected >= {_fig(minimum)} GB/s. {why}",
         evidence=evidence,

@@ -146,6 +146,7 @@ def check_latency(output: NcclOutput, profile: Any, *, where: str = "cluster") -
             None,
             limit,
             "us",
+            bound="<=",
             node=where,
             message=f"{where}: the small-message latency sweep ({span}, {_how(output)}) "
             "produced no result rows, expected a time per size"
@@ -163,13 +164,19 @@ def check_latency(output: NcclOutput, profile: Any, *, where: str = "cluster") -
         )
     if measured <= limit:
         return Finding.passed(
-            measured, limit, "us", node=where, message=f"{head}, expected <= {_fig(limit)} us"
+            measured,
+            limit,
+            "us",
+            node=where,
+            message=f"{head}, expected <= {_fig(limit)} us",
+            bound="<=",
         )
     table = "\n".join(f"{_size(p.size_bytes):>10}  {_us(p.time_us):>9} us" for p in series.points)
     return Finding.failed(
         measured,
         limit,
         "us",
+        bound="<=",
         node=where,
         message=f"{head}, expected <= {_fig(limit)} us. Every message size took at least "
         "that long, so it is a fixed cost per message, not bandwidth: a delay on the "

@@ -168,7 +168,7 @@ def failure_text(where: str, level: str, g: Goodput, expected_pct: float) -> str
     worst = g.worst()
     fix = FIXES.get(worst or "", "")
     at = ", ".join(
-        f"{LABELS[m]} p{g.pcts[m]:g} {v:.3f} s (SLO {g.limits[m]:g} s)"
+        f"{LABELS[m]} p{g.pcts[m]:g} {v:.3f} s (n={g.requests}, SLO {g.limits[m]:g} s)"
         for m, v in g.at_pct.items()
         if v is not None
     )

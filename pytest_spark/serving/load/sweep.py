@@ -273,6 +273,41 @@ def progress_text(what: str, records: Sequence[RequestRecord], total: int, now: 
     return f"{what}: {done}/{total} requests {pct}% {rate:.1f} tok/s so far{tail}"
 
 
+async def send_recorded(
+    client: httpx.AsyncClient,
+    body: dict[str, Any],
+    level_t0: float,
+    *,
+    timeout: float,
+    idle_timeout: float,
+    clock: Callable[[], float] = time.perf_counter,
+) -> RequestRecord:
+    """One streamed chat request, timed into a ``RequestRecord`` (its start: seconds since
+    ``level_t0``); a failure is recorded, not raised."""
+    t0 = clock()
+    record = RequestRecord(start=t0 - level_t0)
+    try:
+        result = await astream_chat(
+            client,
+            CHAT_PATH,
+            body,
+            timeout=timeout,
+            idle_timeout=idle_timeout,
+            keep=False,
+            on_chunk=record.on_chunk,
+            clock=clock,
+        )
+    except ServingError as exc:
+        record.error, record.error_kind = exc.message, exc.kind
+        record.evidence = exc.exchange.evidence(failure=exc.kind)
+        record.e2e = clock() - t0
+        return record
+    record.e2e = result.total_s
+    if record.output_tokens == 0 and record.deltas:
+        record.output_tokens, record.token_source = record.deltas, "deltas"
+    return record
+
+
 class LoadClient:
     """Runs sweeps against one endpoint; one connection pool, sized for the top level.
     ``progress`` gets a live line as each request of a level finishes."""
@@ -316,28 +351,14 @@ class LoadClient:
             output_tokens=output_tokens,
             dropped=self.dropped,
         )
-        t0 = self.clock()
-        record = RequestRecord(start=t0 - level_t0)
-        try:
-            result = await astream_chat(
-                client,
-                CHAT_PATH,
-                body,
-                timeout=self.spec.request_timeout_s,
-                idle_timeout=self.spec.idle_timeout_s,
-                keep=False,
-                on_chunk=record.on_chunk,
-                clock=self.clock,
-            )
-        except ServingError as exc:
-            record.error, record.error_kind = exc.message, exc.kind
-            record.evidence = exc.exchange.evidence(failure=exc.kind)
-            record.e2e = self.clock() - t0
-            return record
-        record.e2e = result.total_s
-        if record.output_tokens == 0 and record.deltas:
-            record.output_tokens, record.token_source = record.deltas, "deltas"
-        return record
+        return await send_recorded(
+            client,
+            body,
+            level_t0,
+            timeout=self.spec.request_timeout_s,
+            idle_timeout=self.spec.idle_timeout_s,
+            clock=self.clock,
+        )
 
     async def warmup(self, client: httpx.AsyncClient) -> float:
         """Warm-up requests (not counted); drops vLLM extensions the server refuses."""
