@@ -165,6 +165,6 @@ def test_summary_shows_the_roofline_and_spec_decoding(
             "figures: busbw not measured | tok/s @1 40 tok/s; decode 40 tok/s, 73% of the "
             "54.6 tok/s roofline | tok/s @4 not measured | spec decode mtp k=3: acceptance "
             "30.9% (>= 40%), mean accepted length 1.93, per position 0.50/0.28/0.15; 30.8 "
-            "tok/s single-stream (no drafting: 40) | load not measured",
+            "tok/s single-stream (no drafting: 40) | startup not measured",
         ]
     )
