@@ -235,7 +235,8 @@ def test_key_figures_show_the_roofline_fraction_and_spec_decoding() -> None:
     }
     figures = dict(key_figures(figures_of(doc)))
     assert figures["tok/s @1"] == (
-        "30 tok/s, TTFT p90 0.7 s (n=?), p99 0.9 s (n=?); decode 31.5 tok/s, 58% of the 54.6 tok/s roofline"
+        "30 tok/s, TTFT p90 0.7 s (n=?), p99 0.9 s (n=?); decode 31.5 tok/s, 58% of the "
+        "54.6 tok/s roofline"
     )
     assert figures["spec decode"] == (
         "mtp k=3: acceptance 70.6% (>= 40%), mean accepted length 3.12, per position "
