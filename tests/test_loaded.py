@@ -10,7 +10,6 @@ import os
 import struct
 import subprocess
 import sys
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -321,6 +320,33 @@ def test_env_forced_nccl_algo_or_proto(extra: dict[str, str], nodes: int, ok: bo
         assert "rank process 9 environment" in found.message
 
 
+MESH_HCA = "rocep1s0f0,roceP2p1s0f0,rocep1s0f1,roceP2p1s0f1"
+MESH_VARS = {
+    "NCCL_NET_PLUGIN": "none",
+    "NCCL_IB_SUBNET_AWARE_ROUTING": "1",
+    "NCCL_IB_MERGE_NICS": "0",
+}
+
+
+@pytest.mark.parametrize(
+    ("extra", "nodes", "says"),
+    [
+        ({"NCCL_IB_HCA": MESH_HCA, **MESH_VARS}, 3, None),  # eugr's mesh mode, as written
+        ({"NCCL_IB_HCA": MESH_HCA}, 2, None),  # two nodes: no mesh
+        ({}, 3, None),  # 3 nodes behind a switch: one port's twins, no mesh variables
+        ({"NCCL_IB_HCA": MESH_HCA}, 3, "NCCL_NET_PLUGIN=(unset)"),
+        ({"NCCL_IB_HCA": MESH_HCA, **MESH_VARS, "NCCL_IB_MERGE_NICS": "1"}, 4, "MERGE_NICS=1"),
+    ],
+)
+def test_env_mesh_of_three_or_more_needs_eugrs_mesh_variables(
+    extra: dict[str, str], nodes: int, says: str | None
+) -> None:
+    found = _env_check({**_eugr_env(), **extra}, nodes=nodes)
+    assert found.ok is (says is None), found.message
+    if says is not None:
+        assert says in found.message and "Mesh-mode NCCL variables" in found.message
+
+
 def test_env_differs_from_the_head_fails_but_node_addresses_may() -> None:
     head = {**_eugr_env(), "VLLM_HOST_IP": "198.18.1.1", "RAY_NODE_IP_ADDRESS": "198.18.1.1"}
     worker = {**_eugr_env(), "VLLM_HOST_IP": "198.18.1.2", "RAY_NODE_IP_ADDRESS": "198.18.1.2"}
@@ -331,10 +357,8 @@ def test_env_differs_from_the_head_fails_but_node_addresses_may() -> None:
     assert "NCCL_IGNORE_CPU_AFFINITY=0 (spark-head: 1)" in found.message
 
 
-def test_inner_script_is_fast_enough_here() -> None:
-    """The budget is 5 s a node for everything; the script alone over this machine's
-    whole /proc (no vllm tree) stays far under it."""
-    start = time.monotonic()
+def test_inner_script_runs_over_a_whole_proc() -> None:
+    """The script over this machine's whole /proc (no vllm tree) ends cleanly; its time
+    against the 5 s budget is benchmarks/loaded_parity.py's, not a test's."""
     out = subprocess.run([sys.executable, "-c", inner_script()], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    assert time.monotonic() - start < 5.0

