@@ -87,6 +87,8 @@ THROUGHPUT = {
 # These emulators serve without --speculative-config: the spec-decode check skips saying so
 # (the fault matrix's spec-collapse row runs it drafting).
 NO_SPEC = {"test_spec_decode_acceptance"}
+# Only the API is given (--spark-api-url): no nodes whose fabric counters could be read.
+NO_NODES = {"test_fabric_error_counters"}
 # The command-line verdicts: read from --spark-serve-args here (no container to inspect).
 VERDICTS = {"test_server_has_tool_parser", "test_server_has_reasoning_parser"}
 # Structured output (raw client) and the same questions through the openai SDK.
@@ -110,6 +112,7 @@ ALL = (
     | R_PLAIN
     | R_STREAM
     | THROUGHPUT
+    | NO_NODES
     | VERDICTS
     | STRUCT
     | SDK
@@ -124,8 +127,8 @@ ENGINE_FAILING = {"http-5xx", "worker-death"}
 EXPECTED: dict[str, tuple[set[str], str]] = {
     "healthy": (set(), ""),
     "slow-decode": ({"test_decode_single_stream"}, "tok/s"),
-    "http-5xx": (ALL, "HTTP 500"),
-    "worker-death": (ALL, "HTTP 500"),
+    "http-5xx": (ALL - NO_NODES, "HTTP 500"),
+    "worker-death": (ALL - NO_NODES, "HTTP 500"),
     "malformed-sse": (TOOL_STREAM | R_STREAM | THROUGHPUT | STRUCT_STREAM, "is not valid JSON"),
     "truncated-stream": (
         TOOL_STREAM | R_STREAM | THROUGHPUT | STRUCT_STREAM,
@@ -456,13 +459,15 @@ def test_suite_on_emulator(runs: dict[str, Run | Exception], fault: str) -> None
     cited, because = CITED.get(fault, (set(), ""))
     sdk_cited, sdk_because = SDK_CITED.get(fault, (set(), ""))
     skipped = {k for k, c in run.checks.items() if c["outcome"] == "skipped"}
-    cited = cited | (NO_SPEC - must_fail)
+    cited = cited | ((NO_SPEC | NO_NODES) - must_fail)
     assert skipped == cited | sdk_cited, (
         f"unexpected skips {sorted(skipped - cited - sdk_cited)}, missing skips "
         f"{sorted((cited | sdk_cited) - skipped)}\n{run.output[-3000:]}"
     )
-    for name in cited - NO_SPEC:
+    for name in cited - NO_SPEC - NO_NODES:
         assert because in run.checks[name]["message"], (name, run.checks[name]["message"])
+    for name in cited & NO_NODES:
+        assert "only the API was given" in run.checks[name]["message"], run.checks[name]
     for name in cited & NO_SPEC:
         assert "no speculative decoding" in run.checks[name]["message"], run.checks[name]
     for name in sdk_cited:
@@ -559,7 +564,8 @@ def test_suite_without_server_flags(runs: dict[str, Run | Exception], fault: str
     outcomes = {k: c["outcome"] for k, c in run.checks.items()}
     assert set(outcomes) == ALL, run.output[-3000:]
     assert run.failed() == set(must_fail), run.output[-4000:]
-    assert {k for k, o in outcomes.items() if o == "skipped"} == must_skip | NO_SPEC, outcomes
+    skipped = {k for k, o in outcomes.items() if o == "skipped"}
+    assert skipped == must_skip | NO_SPEC | NO_NODES, outcomes
     for name, phrase in must_fail.items():
         assert phrase in run.checks[name]["message"], run.checks[name]["message"]
     for name in must_skip:

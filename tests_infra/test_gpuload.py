@@ -18,10 +18,25 @@ from pytest_spark.infra.gpuload.check import busy_clock, check_gpu_clock_under_l
 from pytest_spark.infra.gpuload.gather import gpu_load
 from pytest_spark.infra.gpuload.probe import NodeLoad
 from pytest_spark.measure.codec import dump, load
-from pytest_spark.measure.once import measure_once
+from pytest_spark.measure.once import Measured, measure_once
 from pytest_spark.readiness.reachability import require_reachable
 
 pytestmark = pytest.mark.preflight
+
+
+@pytest.fixture(scope="session")
+def _gpu_load(
+    request: pytest.FixtureRequest, spark_cluster: Cluster
+) -> Measured[dict[str, NodeLoad]]:
+    """Once per session, alone on the cluster, also under xdist (pytest_spark.measure.once):
+    one load and one record, whichever node's check asks first."""
+    return measure_once(
+        request.config,
+        "gpu-load",
+        lambda: gpu_load(spark_cluster),
+        encode=dump,
+        decode=lambda data: load(dict[str, NodeLoad], data),
+    )
 
 
 def test_gpu_clock_under_load(
@@ -37,14 +52,7 @@ def test_gpu_clock_under_load(
             f"test_gpu_clocks_not_throttled[{spark_node.name}] reads the clock under its load"
         )
     require_reachable(request.config, spark_cluster, [spark_node])
-    # Once per session, alone on the cluster, also under xdist (pytest_spark.measure.once).
-    measured = measure_once(
-        request.config,
-        "gpu-load",
-        lambda: gpu_load(spark_cluster),
-        encode=dump,
-        decode=lambda data: load(dict[str, NodeLoad], data),
-    )
+    measured = request.getfixturevalue("_gpu_load")
     spark_check.attach("measurement", measured.record)
     loads = measured.value
     node_load = loads[spark_node.name]

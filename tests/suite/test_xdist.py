@@ -47,7 +47,7 @@ def container_events(sim: SimCluster, name: str, since: int) -> list[list[str]]:
     return [ssh(sim, n["mgmt"], cmd).split() for n in sim.info["nodes"]]
 
 
-MEASUREMENTS = ("collective-run", "throughput-sweep")
+MEASUREMENTS = ("gpu-load", "collective-run", "throughput-sweep")
 # Trimmed for CI time: the NCCL sweep up to 2 MiB, the throughput sweep at 1 and 4 streams.
 # At 2 MiB the sim's healthy busbw (~0.11 GB/s at 1 Gbit/s, less on a loaded machine) would
 # straddle the profile's 0.09 floor and make the two verdicts differ by CPU load, not by -n.
