@@ -14,6 +14,8 @@ that one cause: these checks skip citing it.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from pytest_spark import Cluster, Finding, Node, RemoteError, SparkCheck, verdict_in_session
@@ -56,6 +58,24 @@ def _require(spark_check: SparkCheck, result: Finding | Skip) -> None:
     spark_check.require(result)
 
 
+def _judge(
+    request: pytest.FixtureRequest,
+    cluster: Cluster,
+    node: Node,
+    spark_check: SparkCheck,
+    check: Any,
+) -> None:
+    """The node's loaded facts against the head's; a difference skips citing the image
+    check when the images already differ (that is its one failure)."""
+    facts = serving_loaded(cluster, node)
+    result = check(node.name, facts, cluster.head.name, _head_facts(cluster, node))
+    if isinstance(result, Finding) and not result.ok:
+        cited = _images_differ(request, cluster)
+        if cited:
+            pytest.skip(f"{node.name}: {cited}")
+    _require(spark_check, result)
+
+
 def test_nccl_loaded_same_build(
     request: pytest.FixtureRequest,
     spark_serving: ServingInfo,
@@ -64,15 +84,7 @@ def test_nccl_loaded_same_build(
     spark_check: SparkCheck,
 ) -> None:
     """Every rank process of the node mapped one libnccl, of the head's ranks' Build ID."""
-    facts = serving_loaded(spark_cluster, spark_node)
-    result = check_nccl_loaded(
-        spark_node.name, facts, spark_cluster.head.name, _head_facts(spark_cluster, spark_node)
-    )
-    if isinstance(result, Finding) and not result.ok:
-        cited = _images_differ(request, spark_cluster)
-        if cited:
-            pytest.skip(f"{spark_node.name}: {cited}")
-    _require(spark_check, result)
+    _judge(request, spark_cluster, spark_node, spark_check, check_nccl_loaded)
 
 
 def test_vllm_tree_identical(
@@ -83,12 +95,4 @@ def test_vllm_tree_identical(
     spark_check: SparkCheck,
 ) -> None:
     """The node's installed vllm package tree hashes as the head's."""
-    facts = serving_loaded(spark_cluster, spark_node)
-    result = check_vllm_tree(
-        spark_node.name, facts, spark_cluster.head.name, _head_facts(spark_cluster, spark_node)
-    )
-    if isinstance(result, Finding) and not result.ok:
-        cited = _images_differ(request, spark_cluster)
-        if cited:
-            pytest.skip(f"{spark_node.name}: {cited}")
-    _require(spark_check, result)
+    _judge(request, spark_cluster, spark_node, spark_check, check_vllm_tree)
