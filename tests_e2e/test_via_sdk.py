@@ -190,11 +190,34 @@ def _skip_if_wrong_model(request: pytest.FixtureRequest, label: str, finding: Fi
             pytest.skip(cited)
 
 
-def _require_both(
-    spark_check: SparkCheck, own: Finding, raw: Turn, sdk_turn: Turn, label: str, what: str
+def _require_same(
+    request: pytest.FixtureRequest,
+    spark_check: SparkCheck,
+    sdk: SdkClient,
+    client: ServingClient,
+    raw: Turn,
+    turn: Turn,
+    body: dict[str, Any],
+    label: str,
+    what: str,
 ) -> None:
-    spark_check.require(own)
-    spark_check.require(compare_sdk(raw, sdk_turn, label, what=what, server=""))
+    """The SDK read what the raw client read; a difference between two answers sent in a
+    batch is decided on the pair sent again alone (confirmed_alone), and one where the model
+    answers wrong is the accuracy verdict's."""
+    streamed = turn.streamed
+    same = confirmed_alone(
+        request.getfixturevalue("serving_prefetch"),
+        compare_sdk(raw, turn, label, what=what, server=sdk.server),
+        lambda: compare_sdk(
+            client.turn(body, streamed),
+            sdk.turn(body, streamed),
+            label,
+            what=what,
+            server=sdk.server,
+        ),
+    )
+    _skip_if_wrong_model(request, label, same)
+    spark_check.require(same)
 
 
 # --- tool calls ---------------------------------------------------------------------------
@@ -258,19 +281,7 @@ def test_sdk_tool_call(
     if isinstance(turn, SdkTurn) and turn.helper is not None:
         spark_check.require(check_stream_helper(turn, label, server=sdk.server))
     if isinstance(raw, Turn) and check_tool_calls(raw, req).ok:
-        same = confirmed_alone(
-            request.getfixturevalue("serving_prefetch"),
-            compare_sdk(raw, turn, label, what="calls", server=sdk.server),
-            lambda: compare_sdk(
-                tool_turns.client.turn(body, streamed),
-                sdk.turn(body, streamed),
-                label,
-                what="calls",
-                server=sdk.server,
-            ),
-        )
-        _skip_if_wrong_model(request, label, same)
-        spark_check.require(same)
+        _require_same(request, spark_check, sdk, tool_turns.client, raw, turn, body, label, "calls")
 
 
 # --- reasoning ----------------------------------------------------------------------------
@@ -370,16 +381,6 @@ def test_sdk_structured_output(
     _skip_if_wrong_model(request, label, finding)
     spark_check.require(finding)
     if isinstance(raw, Turn) and check_structured(raw, req).ok:
-        same = confirmed_alone(
-            request.getfixturevalue("serving_prefetch"),
-            compare_sdk(raw, turn, label, what="json", server=sdk.server),
-            lambda: compare_sdk(
-                format_turns.client.turn(body, streamed),
-                sdk.turn(body, streamed),
-                label,
-                what="json",
-                server=sdk.server,
-            ),
+        _require_same(
+            request, spark_check, sdk, format_turns.client, raw, turn, body, label, "json"
         )
-        _skip_if_wrong_model(request, label, same)
-        spark_check.require(same)
