@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The whole suite against sparksim, as the README runs it, side by side: the functional
 serving checks one request at a time (``--spark-serving-concurrency=1``, the suite before
-issue #27) and sent ahead together (the default), alternating, in one run. Prints each run's
+issue #27) and sent ahead together (the default: every functional module's at once, 16 in
+flight), alternating, in one run. Prints each run's
 wall time, the functional categories' summed check time, and the ratios.
 
     sudo .venv/bin/python benchmarks/suite_time.py [--rounds N] [pytest args...]
@@ -54,11 +55,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=1)
     args, extra = parser.parse_known_args()
-    walls: dict[int, list[float]] = {1: [], 8: []}
-    funcs: dict[int, list[float]] = {1: [], 8: []}
+    walls: dict[int, list[float]] = {1: [], 16: []}
+    funcs: dict[int, list[float]] = {1: [], 16: []}
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(args.rounds):
-            for n in (1, 8):
+            for n in (1, 16):
                 wall, functional, ret, last = run(n, extra, Path(tmp))
                 walls[n].append(wall)
                 funcs[n].append(functional)
@@ -67,8 +68,8 @@ def main() -> int:
                     f"{functional:5.1f} s, exit {ret}: {last}",
                     flush=True,
                 )
-    before, after = statistics.median(walls[1]), statistics.median(walls[8])
-    fb, fa = statistics.median(funcs[1]), statistics.median(funcs[8])
+    before, after = statistics.median(walls[1]), statistics.median(walls[16])
+    fb, fa = statistics.median(funcs[1]), statistics.median(funcs[16])
     print(f"whole suite: before {before:.1f} s, after {after:.1f} s: {after / before:.2f}x")
     print(f"functional checks: before {fb:.1f} s, after {fa:.1f} s: {fa / max(fb, 1e-9):.2f}x")
     return 0

@@ -115,7 +115,7 @@ E2E = Path(__file__).resolve().parents[1] / "tests_e2e"
 def test_the_modules_that_measure_never_send_ahead() -> None:
     """Only the functional modules plan: the sweeps, the soak, the open loop, the prefix
     cache, the long context and the accuracy canaries send their own requests alone."""
-    planning = {p.name for p in E2E.glob("test_*.py") if "ask_ahead(" in p.read_text()}
+    planning = {p.name for p in E2E.glob("test_*.py") if "def plan_ahead(" in p.read_text()}
     assert planning == {
         "test_tool_calls.py",
         "test_reasoning.py",
@@ -147,3 +147,78 @@ def test_a_comparison_that_failed_together_is_decided_on_the_pair_sent_alone() -
     same = Finding.passed("a", "a")
     assert confirmed_alone(together, same, lambda: again(False)) is same
     assert len(asked) == 2
+
+
+RUN_CONFTEST = """
+import pytest
+from pytest_spark.serving.client.prefetch import Prefetch, ask_ahead
+
+LOG = []
+PREFETCH = Prefetch(4)
+
+
+@pytest.fixture(scope="session")
+def serving_prefetch():
+    yield PREFETCH
+    PREFETCH.close()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _ask_ahead(request):
+    yield from ask_ahead(request)
+"""
+
+PLANNING_MODULE = """
+import time
+from conftest import LOG, PREFETCH
+
+
+def plan_ahead(request, item):
+    LOG.append(("plan", item.name))
+
+    def ask(name=item.name):
+        time.sleep(3)
+        LOG.append(("done", name))
+
+    PREFETCH.submit(ask)
+"""
+
+
+def test_the_first_functional_module_plans_the_run_and_its_last_drains(
+    pytester: pytest.Pytester,
+) -> None:
+    """Consecutive functional modules are one plan: the first plans every check of the
+    run (its requests go out together), the next ones plan nothing again and nothing is
+    drained between them; after the run's last, a measuring module finds nothing in flight."""
+    pytester.makeconftest(RUN_CONFTEST)
+    pytester.makepyfile(
+        test_a=PLANNING_MODULE
+        + """
+def test_a1():
+    assert ("plan", "test_b1") in LOG and ("plan", "test_b2") in LOG
+
+def test_a2():
+    pass
+""",
+        test_b=PLANNING_MODULE
+        + """
+def test_b1():
+    assert ("done", "test_a1") not in LOG  # not drained at test_a's end: still in flight
+    assert [e for e in LOG if e[0] == "plan"] == [
+        ("plan", "test_a1"), ("plan", "test_a2"), ("plan", "test_b1"), ("plan", "test_b2")
+    ]
+
+def test_b2():
+    pass
+""",
+        test_c="""
+from conftest import LOG
+
+def test_c_measures():
+    assert sorted(n for kind, n in LOG if kind == "done") == [
+        "test_a1", "test_a2", "test_b1", "test_b2"
+    ]
+""",
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "--spark-history=off")
+    result.assert_outcomes(passed=5)

@@ -12,11 +12,18 @@ import pytest
 from pytest_spark import Settings, progress_line_writer, verdict_in_session
 from pytest_spark.access.api import ApiEndpoint
 from pytest_spark.infra.counters.gather import counted
+from pytest_spark.infra.server.check import (
+    REASONING_VERDICT,
+    TOOLS_VERDICT,
+    missing_reasoning_parser,
+    missing_tool_parser,
+)
 from pytest_spark.infra.server.probe import ServerCommand
 from pytest_spark.measure.once import measure_dir, measure_once
 from pytest_spark.report.history import resolve_history_dir
-from pytest_spark.serving import ServingClient
-from pytest_spark.serving.client.prefetch import Prefetch
+from pytest_spark.serving import ServingClient, TurnCache
+from pytest_spark.serving.client.prefetch import Prefetch, ask_ahead
+from pytest_spark.serving.client.sdk import SdkClient
 from pytest_spark.serving.load.closedloop import Sweep, decode_sweep, encode_sweep, measure_sweep
 from pytest_spark.serving.load.specs import load_spec
 from pytest_spark.serving.validate.accuracy import ALONE_VERDICT, LOAD_VERDICT, check_under_load
@@ -29,6 +36,7 @@ from pytest_spark.serving.validate.accuracyprobe import (
 from pytest_spark.serving.validate.canary import WireProbe
 from pytest_spark.serving.validate.causes import STREAM_VERDICT, wire_cause, wire_verdict
 from pytest_spark.serving.validate.formatturns import FormatTurns
+from pytest_spark.serving.validate.reasoningturns import ReasoningTurns
 from pytest_spark.serving.validate.toolturns import ToolTurns
 
 # The soak runs last in the session: it holds the GPUs under a steady batch for its whole
@@ -71,6 +79,14 @@ def serving_prefetch(
         yield prefetch
     finally:
         prefetch.close()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _ask_ahead(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A functional module's (one with ``plan_ahead``) selected checks' questions, and those
+    of the functional modules that run right after it, sent together before the first of
+    them runs (pytest_spark.serving.client.prefetch.ask_ahead)."""
+    yield from ask_ahead(request)
 
 
 @pytest.fixture(scope="session")
@@ -159,6 +175,64 @@ def tool_turns(
         yield ToolTurns(client, spark_settings, spark_server_command, serving_prefetch)
     finally:
         client.close()
+
+
+@pytest.fixture(scope="session")
+def reasoning_turns(
+    request: pytest.FixtureRequest,
+    spark_api: ApiEndpoint,
+    spark_settings: Settings,
+    spark_server_command: ServerCommand | None,
+    serving_prefetch: Prefetch,
+) -> Iterator[ReasoningTurns]:
+    """The reasoning questions, each asked once per session (the raw reasoning checks)."""
+    timeout = spark_settings.profile.reasoning.request_timeout_s
+    client = ServingClient(spark_api, timeout=timeout, idle_timeout=spark_api.timeout)
+    expected = spark_settings.profile.reasoning.expected
+    no_parser = missing_reasoning_parser(spark_server_command, expected=expected)
+    if not verdict_in_session(request.session, REASONING_VERDICT):
+        no_parser = None  # nothing else reports it: the checks below do
+    reasoning = ReasoningTurns(client, spark_settings, no_parser, serving_prefetch)
+    if verdict_in_session(request.session, TOOLS_VERDICT):
+        tools_expected = spark_settings.profile.tool_calls.expected
+        reasoning.no_tools = missing_tool_parser(spark_server_command, expected=tools_expected)
+    try:
+        yield reasoning
+    finally:
+        client.close()
+
+
+@pytest.fixture(scope="session")
+def reasoning_raw(
+    spark_api: ApiEndpoint, spark_settings: Settings, serving_prefetch: Prefetch
+) -> Iterator[TurnCache]:
+    """The raw twins of the SDK's reasoning requests (tests_e2e/test_via_sdk.py)."""
+    timeout = spark_settings.profile.reasoning.request_timeout_s
+    client = ServingClient(spark_api, timeout=timeout, idle_timeout=spark_api.timeout)
+    try:
+        yield TurnCache(client, serving_prefetch)
+    finally:
+        client.close()
+
+
+@pytest.fixture(scope="session")
+def sdk(spark_api: ApiEndpoint, spark_settings: Settings) -> Iterator[SdkClient]:
+    """The openai SDK client on the suite's endpoint, key and timeout; closed at the end."""
+    timeout = max(
+        spark_settings.profile.tool_calls.request_timeout_s,
+        spark_settings.profile.structured_output.request_timeout_s,
+    )
+    client = SdkClient(spark_api, timeout=timeout)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.fixture(scope="session")
+def sdk_turns(sdk: SdkClient, serving_prefetch: Prefetch) -> TurnCache:
+    """The SDK's answers by key, sent ahead with the other functional requests."""
+    return TurnCache(sdk, serving_prefetch)
 
 
 @pytest.fixture(scope="session")

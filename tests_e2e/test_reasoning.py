@@ -9,8 +9,7 @@ fixed seed) so streamed and non-streamed answers can be compared.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable
 
 import pytest
 
@@ -18,21 +17,15 @@ from pytest_spark import Finding, Settings, SparkCheck, verdict_in_session
 from pytest_spark.access.api import ApiEndpoint
 from pytest_spark.infra.preflight.check import Skip
 from pytest_spark.infra.server.check import (
-    REASONING_VERDICT,
-    TOOLS_VERDICT,
     check_reasoning_parser,
-    missing_reasoning_parser,
-    missing_tool_parser,
 )
 from pytest_spark.infra.server.probe import ServerCommand
 from pytest_spark.serving import (
     MISCONFIGURED_TOOLS,
     NO_REASONING_FIELD,
-    ServingClient,
     ServingError,
     ToolRequest,
     Turn,
-    TurnCache,
     check_auto_refused,
     check_order,
     check_reasoning,
@@ -42,15 +35,11 @@ from pytest_spark.serving import (
     check_truncated,
     compare_stream,
 )
-from pytest_spark.serving.client.prefetch import (
-    Prefetch,
-    ask_ahead,
-    confirmed_alone,
-    item_params,
-)
+from pytest_spark.serving.client.prefetch import confirmed_alone, item_params
 from pytest_spark.serving.validate.accuracyprobe import cited_wrong_model
 from pytest_spark.serving.validate.causes import cited_verdict
 from pytest_spark.serving.validate.formatturns import DISABLED_VERDICT
+from pytest_spark.serving.validate.reasoningturns import WEATHER, ReasoningTurns
 from pytest_spark.serving.validate.toolturns import (
     cited_calls_in_content,
     cited_unstreamed_arguments,
@@ -58,85 +47,13 @@ from pytest_spark.serving.validate.toolturns import (
 
 pytestmark = pytest.mark.reasoning
 
-QUESTION = "What is 17 + 25? Think it through, then reply with the number only."
-TOOL_QUESTION = "What is the weather in Paris for the next 2 days? Use the get_weather tool."
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Weather forecast for a city, for a number of days",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-            "required": ["city", "days"],
-        },
-    },
-}
-SEED = 1234
 STREAMED = pytest.mark.parametrize("streamed", [False, True], ids=["plain", "stream"])
 
 
-class ReasoningTurns:
-    def __init__(
-        self,
-        client: ServingClient,
-        settings: Settings,
-        no_parser: str | None = None,
-        prefetch: Prefetch | None = None,
-    ) -> None:
-        profile = settings.profile
-        self.client = client
-        self.expected = profile.reasoning.expected
-        # Why every reasoning check skips: the server has no --reasoning-parser and
-        # test_server_has_reasoning_parser reports it, quoting the command line.
-        self.no_parser = no_parser
-        self.no_tools: str | None = None  # the same for the tool flags (reasoning then tool)
-        self.max_tokens = profile.reasoning.max_tokens
-        self.cut_tokens = profile.reasoning.truncate_tokens
-        self.profile = profile.name
-        self.cache = TurnCache(client, prefetch)
-
-    def body(self, kind: str) -> dict[str, Any]:
-        params: dict[str, Any] = {"temperature": 0, "seed": SEED, "max_tokens": self.max_tokens}
-        question = QUESTION
-        if kind == "no-thinking":
-            params["chat_template_kwargs"] = {"enable_thinking": False}
-        elif kind == "truncated":
-            params["max_tokens"] = self.cut_tokens
-        elif kind == "tool":
-            question = TOOL_QUESTION
-            params.update(tools=[WEATHER], tool_choice="auto")
-        return self.client.body(question, **params)
-
-    def turn(self, kind: str, streamed: bool) -> Turn:
-        return self.cache.turn((kind, streamed), lambda: self.body(kind), streamed)
-
-    def plan(self, kind: str, streamed: bool) -> None:
-        self.cache.plan((kind, streamed), lambda: self.body(kind), streamed)
-
-
-@pytest.fixture(scope="module")
-def turns(
-    request: pytest.FixtureRequest,
-    spark_api: ApiEndpoint,
-    spark_settings: Settings,
-    spark_server_command: ServerCommand | None,
-    serving_prefetch: Prefetch,
-) -> Iterator[ReasoningTurns]:
-    timeout = spark_settings.profile.reasoning.request_timeout_s
-    client = ServingClient(spark_api, timeout=timeout, idle_timeout=spark_api.timeout)
-    expected = spark_settings.profile.reasoning.expected
-    no_parser = missing_reasoning_parser(spark_server_command, expected=expected)
-    if not verdict_in_session(request.session, REASONING_VERDICT):
-        no_parser = None  # nothing else reports it: the checks below do
-    reasoning = ReasoningTurns(client, spark_settings, no_parser, serving_prefetch)
-    if verdict_in_session(request.session, TOOLS_VERDICT):
-        tools_expected = spark_settings.profile.tool_calls.expected
-        reasoning.no_tools = missing_tool_parser(spark_server_command, expected=tools_expected)
-    try:
-        yield reasoning
-    finally:
-        client.close()
+@pytest.fixture
+def turns(reasoning_turns: ReasoningTurns) -> ReasoningTurns:
+    """The session's reasoning questions (tests_e2e/conftest.py: shared with the SDK's)."""
+    return reasoning_turns
 
 
 def _ask(
@@ -185,19 +102,15 @@ KIND_OF = {
 }
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _ask_ahead(request: pytest.FixtureRequest, turns: ReasoningTurns) -> Iterator[None]:
-    """The selected checks' questions, sent together before the first of them runs."""
-
-    def plan(item: pytest.Item) -> None:
-        kind = KIND_OF.get(getattr(item, "originalname", item.name))
-        if kind is None or turns.no_parser is not None:
-            return
-        turns.plan("thinking", False)  # every check may read it (its verdict, the skip)
-        turns.plan(kind, item_params(item)["streamed"])
-        turns.plan(kind, False)  # a streamed check's verdict is its plain twin
-
-    yield from ask_ahead(request, plan)
+def plan_ahead(request: pytest.FixtureRequest, item: pytest.Item) -> None:
+    """The questions ``item`` will read, sent ahead (pytest_spark.serving.client.prefetch)."""
+    kind = KIND_OF.get(getattr(item, "originalname", item.name))
+    turns: ReasoningTurns = request.getfixturevalue("reasoning_turns")
+    if kind is None or turns.no_parser is not None:
+        return
+    turns.plan("thinking", False)  # every check may read it (its verdict, the skip)
+    turns.plan(kind, item_params(item)["streamed"])
+    turns.plan(kind, False)  # a streamed check's verdict is its plain twin
 
 
 def _needs_reasoning(turns: ReasoningTurns, turn: Turn | None = None) -> None:

@@ -6,13 +6,11 @@ back, once: the json_schema non-streaming check is the verdict, the others skip 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from pytest_spark import SparkCheck
 from pytest_spark.serving import ServingError, Turn
-from pytest_spark.serving.client.prefetch import ask_ahead, item_params
+from pytest_spark.serving.client.prefetch import item_params
 from pytest_spark.serving.validate.formatturns import (
     FormatTurns,
     cited_ignored,
@@ -28,16 +26,12 @@ from pytest_spark.serving.validate.structured import (
 pytestmark = pytest.mark.structured_output
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _ask_ahead(request: pytest.FixtureRequest, format_turns: FormatTurns) -> Iterator[None]:
-    """The selected checks' questions, sent together before the first of them runs."""
-
-    def plan(item: pytest.Item) -> None:
-        params = item_params(item)
-        if format_turns.expected and "kind" in params:
-            format_turns.plan(params["kind"], params["streamed"])
-
-    yield from ask_ahead(request, plan)
+def plan_ahead(request: pytest.FixtureRequest, item: pytest.Item) -> None:
+    """The questions ``item`` will read, sent ahead (pytest_spark.serving.client.prefetch)."""
+    format_turns: FormatTurns = request.getfixturevalue("format_turns")
+    params = item_params(item)
+    if format_turns.expected and "kind" in params:
+        format_turns.plan(params["kind"], params["streamed"])
 
 
 def ask(

@@ -7,8 +7,6 @@ behaviour that broke and carries the request and the response or stream excerpt.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from pytest_spark import Finding, Settings, SparkCheck, verdict_in_session
@@ -26,7 +24,7 @@ from pytest_spark.serving import (
     check_tool_calls,
     compare_arguments,
 )
-from pytest_spark.serving.client.prefetch import ask_ahead, confirmed_alone, item_params
+from pytest_spark.serving.client.prefetch import confirmed_alone, item_params
 from pytest_spark.serving.validate.accuracyprobe import cited_wrong_model
 from pytest_spark.serving.validate.tools import Mode
 from pytest_spark.serving.validate.toolturns import (
@@ -38,22 +36,18 @@ from pytest_spark.serving.validate.toolturns import (
 pytestmark = pytest.mark.tool_calls
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _ask_ahead(request: pytest.FixtureRequest, tool_turns: ToolTurns) -> Iterator[None]:
-    """The selected checks' questions, sent together before the first of them runs."""
-
-    def plan(item: pytest.Item) -> None:
-        params = item_params(item)
-        name = getattr(item, "originalname", item.name)
-        if name == "test_auto_tool_choice_enabled":
-            tool_turns.plan("auto", False)
-        elif name == "test_tool_call":
-            tool_turns.plan(params["mode"], params["streamed"])
-            tool_turns.plan(params["mode"], False)  # the streamed call is compared with it
-        elif name == "test_parallel_tool_calls":
-            tool_turns.plan("auto", params["streamed"], parallel=True)
-
-    yield from ask_ahead(request, plan)
+def plan_ahead(request: pytest.FixtureRequest, item: pytest.Item) -> None:
+    """The questions ``item`` will read, sent ahead (pytest_spark.serving.client.prefetch)."""
+    tool_turns: ToolTurns = request.getfixturevalue("tool_turns")
+    params = item_params(item)
+    name = getattr(item, "originalname", item.name)
+    if name == "test_auto_tool_choice_enabled":
+        tool_turns.plan("auto", False)
+    elif name == "test_tool_call":
+        tool_turns.plan(params["mode"], params["streamed"])
+        tool_turns.plan(params["mode"], False)  # the streamed call is compared with it
+    elif name == "test_parallel_tool_calls":
+        tool_turns.plan("auto", params["streamed"], parallel=True)
 
 
 def tools_flags_missing(request: pytest.FixtureRequest, turns: ToolTurns) -> str | None:

@@ -12,13 +12,11 @@ way (or the wire verdict's canary broke the same way), this one skips citing it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from pytest_spark import Finding, Settings, SparkCheck, verdict_in_session
-from pytest_spark.access.api import ApiEndpoint
 from pytest_spark.infra.server.check import (
     REASONING_VERDICT,
     TOOLS_VERDICT,
@@ -39,8 +37,6 @@ from pytest_spark.serving import (
     check_tool_calls,
 )
 from pytest_spark.serving.client.prefetch import (
-    Prefetch,
-    ask_ahead,
     confirmed_alone,
     item_params,
 )
@@ -53,6 +49,8 @@ from pytest_spark.serving.validate.formatturns import (
     cited_ignored,
     cited_reasoning_leak,
 )
+from pytest_spark.serving.validate.reasoningturns import QUESTION as REASONING_QUESTION
+from pytest_spark.serving.validate.reasoningturns import SEED
 from pytest_spark.serving.validate.sdkchecks import check_stream_helper, compare_sdk
 from pytest_spark.serving.validate.structured import FORMATS, FormatKind, check_structured
 from pytest_spark.serving.validate.tools import Mode
@@ -63,29 +61,6 @@ from pytest_spark.serving.validate.toolturns import (
 )
 
 STREAMED = pytest.mark.parametrize("streamed", [False, True], ids=["plain", "stream"])
-# The raw reasoning check's question (tests_e2e/test_reasoning.py) and its verdict.
-REASONING_QUESTION = "What is 17 + 25? Think it through, then reply with the number only."
-SEED = 1234
-
-
-@pytest.fixture(scope="module")
-def sdk(spark_api: ApiEndpoint, spark_settings: Settings) -> Iterator[SdkClient]:
-    """The openai SDK client on the suite's endpoint, key and timeout; closed at the end."""
-    timeout = max(
-        spark_settings.profile.tool_calls.request_timeout_s,
-        spark_settings.profile.structured_output.request_timeout_s,
-    )
-    client = SdkClient(spark_api, timeout=timeout)
-    try:
-        yield client
-    finally:
-        client.close()
-
-
-@pytest.fixture(scope="module")
-def sdk_turns(sdk: SdkClient, serving_prefetch: Prefetch) -> TurnCache:
-    """The SDK's answers by key, sent ahead with the module's other requests."""
-    return TurnCache(sdk, serving_prefetch)
 
 
 def _reasoning_body(client: ServingClient, settings: Settings) -> dict[str, Any]:
@@ -98,40 +73,33 @@ def _reasoning_body(client: ServingClient, settings: Settings) -> dict[str, Any]
     )
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _ask_ahead(
-    request: pytest.FixtureRequest,
-    sdk_turns: TurnCache,
-    spark_settings: Settings,
-) -> Iterator[None]:
-    """The selected checks' questions (the SDK's and their raw twins'), sent together
-    before the first of them runs."""
-
-    def plan(item: pytest.Item) -> None:
-        params = item_params(item)
-        name = getattr(item, "originalname", item.name)
-        streamed = params.get("streamed", False)
-        if name == "test_sdk_tool_call":
-            tool_turns: ToolTurns = request.getfixturevalue("tool_turns")
-            mode = params["mode"]
-            tool_turns.plan(mode, streamed)
-            body = tool_turns.body(mode, False)
-            sdk_turns.plan(("tool", mode, streamed), lambda: body, streamed)
-        elif name == "test_sdk_reasoning":
-            raw: TurnCache = request.getfixturevalue("reasoning_raw")
-            body = _reasoning_body(raw.client, spark_settings)
-            raw.plan(("thinking", streamed), lambda: body, streamed)
-            raw.plan(("thinking", False), lambda: body, False)
-            sdk_turns.plan(("reasoning", streamed), lambda: body, streamed)
-        elif name == "test_sdk_structured_output":
-            format_turns: FormatTurns = request.getfixturevalue("format_turns")
-            if format_turns.expected:
-                kind = params["kind"]
-                format_turns.plan(kind, streamed)
-                body = format_turns.body(kind)
-                sdk_turns.plan(("format", kind, streamed), lambda: body, streamed)
-
-    yield from ask_ahead(request, plan)
+def plan_ahead(request: pytest.FixtureRequest, item: pytest.Item) -> None:
+    """The questions ``item`` will read (the SDK's and their raw twins'), sent ahead
+    (pytest_spark.serving.client.prefetch)."""
+    params = item_params(item)
+    name = getattr(item, "originalname", item.name)
+    streamed = params.get("streamed", False)
+    sdk_turns: TurnCache = request.getfixturevalue("sdk_turns")
+    if name == "test_sdk_tool_call":
+        tool_turns: ToolTurns = request.getfixturevalue("tool_turns")
+        mode = params["mode"]
+        tool_turns.plan(mode, streamed)
+        body = tool_turns.body(mode, False)
+        sdk_turns.plan(("tool", mode, streamed), lambda: body, streamed)
+    elif name == "test_sdk_reasoning":
+        raw: TurnCache = request.getfixturevalue("reasoning_raw")
+        settings: Settings = request.getfixturevalue("spark_settings")
+        body = _reasoning_body(raw.client, settings)
+        raw.plan(("thinking", streamed), lambda: body, streamed)
+        raw.plan(("thinking", False), lambda: body, False)
+        sdk_turns.plan(("reasoning", streamed), lambda: body, streamed)
+    elif name == "test_sdk_structured_output":
+        format_turns: FormatTurns = request.getfixturevalue("format_turns")
+        if format_turns.expected:
+            kind = params["kind"]
+            format_turns.plan(kind, streamed)
+            body = format_turns.body(kind)
+            sdk_turns.plan(("format", kind, streamed), lambda: body, streamed)
 
 
 def _suffix(streamed: bool) -> str:
@@ -285,18 +253,6 @@ def test_sdk_tool_call(
 
 
 # --- reasoning ----------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def reasoning_raw(
-    spark_api: ApiEndpoint, spark_settings: Settings, serving_prefetch: Prefetch
-) -> Iterator[TurnCache]:
-    timeout = spark_settings.profile.reasoning.request_timeout_s
-    client = ServingClient(spark_api, timeout=timeout, idle_timeout=spark_api.timeout)
-    try:
-        yield TurnCache(client, serving_prefetch)
-    finally:
-        client.close()
 
 
 @pytest.mark.reasoning

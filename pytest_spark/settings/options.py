@@ -648,9 +648,9 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "serving-concurrency",
         _concurrency,
-        8,
+        16,
         "how many of the functional serving checks' requests (tool calls, reasoning, "
-        "structured output, the SDK's) are in flight at once, each module's sent ahead "
+        "structured output, the SDK's) are in flight at once, all sent ahead "
         "together; the throughput levels, the soak, the open loop, the prefix cache, the long "
         "context and the accuracy checks always run alone. 1: one request at a time",
         "N",

@@ -3,9 +3,10 @@
 A functional check (a tool call, a reasoning split, a structured answer, the SDK's twin of
 each) asks one question and judges the answer; asked one after another they wait on paced
 decode, request after request (83 s of a 153 s sim run; at 31 tok/s on two Sparks, minutes).
-Each module that holds such checks plans, at its first check, the requests its selected
-checks will read (:meth:`TurnCache.plan`); they go out on a bounded pool and each check
-reads its answer (or the ``ServingError`` it raised) when it runs. Verdicts and their order
+The first module of a run of such modules plans, at its first check, the requests every
+selected check of the run will read (:func:`ask_ahead`, :meth:`TurnCache.plan`); they go
+out on a bounded pool and each check reads its answer (or the ``ServingError`` it raised)
+when it runs. Verdicts and their order
 do not change: a check still judges the same answer, in the same place in the report.
 
 What must stay alone never overlaps them: :meth:`Prefetch.drain` waits until nothing is in
@@ -36,6 +37,7 @@ class Prefetch:
         self._lock = threading.Lock()
         self._inflight: set[Future[Any]] = set()
         self.sent = 0  # requests sent ahead this session (the terminal's summary, tests)
+        self.planned: set[object] = set()  # the modules whose checks' requests went out
 
     @property
     def concurrent(self) -> bool:
@@ -92,21 +94,46 @@ class Planned:
             return self._futures.pop(key, None)
 
 
-def ask_ahead(
-    request: pytest.FixtureRequest, plan: Callable[[pytest.Item], None]
-) -> Iterator[None]:
-    """A functional module's own fixture (module scope, autouse): ``plan(item)`` sends the
-    requests each of its selected checks will read, before the first of them runs; at the
-    module's end nothing it sent is left in flight (what comes next may measure)."""
+PLANNER = "plan_ahead"  # a functional module's ``plan_ahead(request, item)``
+
+
+def _planner(item: pytest.Item) -> Callable[[pytest.FixtureRequest, pytest.Item], None] | None:
+    planner = getattr(getattr(item, "module", None), PLANNER, None)
+    return planner if callable(planner) else None
+
+
+def ask_ahead(request: pytest.FixtureRequest) -> Iterator[None]:
+    """The functional modules' fixture (module scope, autouse; tests_e2e/conftest.py).
+
+    A functional module defines ``plan_ahead(request, item)``: it sends the requests its
+    check ``item`` will read, through session fixtures (``request.getfixturevalue``). The
+    first of a run of such modules, consecutive in the session's order, plans every check
+    of the run: their requests go out together, and a module waits on its own slowest
+    answer while the next modules' answers arrive (four modules one after the other waited
+    on four slowest answers). At the run's end nothing it sent is left in flight: what
+    comes next may measure."""
+    module = request.module
+    items = request.session.items
+    at = [i for i, item in enumerate(items) if getattr(item, "module", None) is module]
+    if not at or _planner(items[at[0]]) is None:
+        yield
+        return
     prefetch: Prefetch = request.getfixturevalue("serving_prefetch")
-    if prefetch.concurrent:
-        for item in request.session.items:
-            if getattr(item, "module", None) is request.module:
-                plan(item)
+    if prefetch.concurrent and module not in prefetch.planned:
+        end = at[0]
+        while end < len(items) and _planner(items[end]) is not None:
+            end += 1
+        for item in items[at[0] : end]:
+            prefetch.planned.add(getattr(item, "module", None))
+            planner = _planner(item)
+            assert planner is not None
+            planner(request, item)
     try:
         yield
     finally:
-        prefetch.drain()
+        after = at[-1] + 1
+        if after >= len(items) or _planner(items[after]) is None:
+            prefetch.drain()
 
 
 def item_params(item: pytest.Item) -> dict[str, Any]:
@@ -124,6 +151,7 @@ def confirmed_alone(prefetch: Prefetch, finding: Any, again: Callable[[], Any]) 
     verdict is the check's (a parser that splits the text differently still fails)."""
     if finding.ok or not prefetch.concurrent:
         return finding
+    prefetch.drain()  # alone: nothing planned is still in flight beside the pair
     alone = again()
     if alone.ok:
         note = (
