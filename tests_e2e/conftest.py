@@ -66,8 +66,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def serving_prefetch(
     request: pytest.FixtureRequest, spark_settings: Settings
 ) -> Iterator[Prefetch]:
-    """The pool on which each functional module (tool calls, reasoning, structured output,
-    the SDK's) sends its selected checks' requests ahead together, at most
+    """The pool on which the functional modules (tool calls, reasoning, structured output,
+    the SDK's) send their selected checks' requests ahead together, at most
     ``--spark-serving-concurrency`` at once (pytest_spark.serving.client.prefetch). Under
     xdist the workers are the concurrency: a worker lets go of the cluster lock between its
     tests, and requests still in flight then would overlap another worker's measurement."""
@@ -142,7 +142,7 @@ def accuracy_cited(request: pytest.FixtureRequest) -> Callable[[], str | None]:
         return cited_under_load(probe)
 
     def cited_under_load(probe: AccuracyProbe) -> str | None:
-        # This check's request went out beside the module's others (sent ahead together):
+        # This check's request went out beside the other functional ones (sent ahead together):
         # a model right alone and wrong under load breaks it as it broke the canaries.
         prefetch: Prefetch = request.getfixturevalue("serving_prefetch")
         if not prefetch.concurrent or not verdict_in_session(request.session, LOAD_VERDICT):

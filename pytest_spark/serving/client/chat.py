@@ -86,9 +86,9 @@ class TurnCache:
     """Sends each distinct request once and keeps its answer, or the ``ServingError`` it
     raised, under a key: the checks that read one turn (a streamed answer compared with
     the plain one, several verdicts on one reply) share a single request. With a
-    ``Prefetch``, :meth:`plan` sends a request ahead (on the pool, beside the others a
-    module plans) and :meth:`turn` waits for its answer; ``client`` is anything with
-    ``turn(body, streamed)`` (the raw client, the openai SDK's)."""
+    ``Prefetch``, :meth:`plan` sends a request ahead (on the pool, beside the other
+    functional checks' planned ones) and :meth:`turn` waits for its answer; ``client`` is
+    anything with ``turn(body, streamed)`` (the raw client, the openai SDK's)."""
 
     def __init__(self, client: Any, prefetch: Prefetch | None = None) -> None:
         self.client = client
