@@ -564,7 +564,16 @@ def check_row(row: Row, run: SuiteRun, baseline: dict[str, set[str]]) -> None:
     )
     # Every other non-passing check is a skip citing the root cause (or skipped as in
     # the healthy run of the same mode), whatever its category.
-    healthy = baseline.get(f"{row.run}/{row.mode}", set())
+    mode = f"{row.run}/{row.mode}"
+    healthy = baseline.get(mode, set())
+    # A row selected without its mode's healthy row (-k) has no baseline: its opt-in skips
+    # (the math set, the soak) then read as skips citing nothing; say which row to add.
+    hint = (
+        ""
+        if mode in baseline
+        else f" (no healthy {mode} run in this session to take its skips from: select the "
+        f"healthy row of this mode too, e.g. -k 'healthy-{row.run} or ...')"
+    )
     for check in checks:
         if check["outcome"] in ("passed", "failed", "error"):
             continue
@@ -573,5 +582,5 @@ def check_row(row: Row, run: SuiteRun, baseline: dict[str, set[str]]) -> None:
         if check["nodeid"] in healthy:
             continue
         assert row.because and row.because.lower() in check["message"].lower(), (
-            f"skip does not point at the root cause {row.because!r}: {where}"
+            f"skip does not point at the root cause {row.because!r}: {where}{hint}"
         )
