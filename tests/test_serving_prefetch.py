@@ -222,3 +222,39 @@ def test_c_measures():
     )
     result = pytester.runpytest("-p", "no:cacheprovider", "--spark-history=off")
     result.assert_outcomes(passed=5)
+
+
+def test_a_plan_whose_fixture_fails_stays_with_its_own_module(pytester: pytest.Pytester) -> None:
+    """A later module's planner that meets a failing or skipping fixture does not error or
+    skip the module that planned for it: that module's checks pass, and the failing
+    fixture's error and skip land where the checks that use it are."""
+    pytester.makeconftest(
+        RUN_CONFTEST
+        + """
+
+@pytest.fixture(scope="session")
+def broken():
+    raise RuntimeError("the SDK client could not be made")
+
+
+@pytest.fixture(scope="session")
+def skipping():
+    pytest.skip("no SDK here")
+"""
+    )
+    pytester.makepyfile(
+        test_a=PLANNING_MODULE + "\ndef test_a1():\n    pass\n",
+        test_b="""
+def plan_ahead(request, item):
+    request.getfixturevalue("broken" if item.name == "test_b1" else "skipping")
+
+def test_b1(broken):
+    pass
+
+def test_b2(skipping):
+    pass
+""",
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "--spark-history=off")
+    result.assert_outcomes(passed=1, errors=1, skipped=1)
+    result.stdout.fnmatch_lines(["*ERROR at setup of test_b1*"])

@@ -6,8 +6,8 @@ decode, request after request (83 s of a 153 s sim run; at 31 tok/s on two Spark
 The first module of a run of such modules plans, at its first check, the requests every
 selected check of the run will read (:func:`ask_ahead`, :meth:`TurnCache.plan`); they go
 out on a bounded pool and each check reads its answer (or the ``ServingError`` it raised)
-when it runs. Verdicts and their order
-do not change: a check still judges the same answer, in the same place in the report.
+when it runs. Verdicts and their order do not change: a check still judges the same
+answer, in the same place in the report.
 
 What must stay alone never overlaps them: :meth:`Prefetch.drain` waits until nothing is in
 flight, and the checks that measure (the throughput levels, the soak, the open loop, the
@@ -127,7 +127,13 @@ def ask_ahead(request: pytest.FixtureRequest) -> Iterator[None]:
             prefetch.planned.add(getattr(item, "module", None))
             planner = _planner(item)
             assert planner is not None
-            planner(request, item)
+            try:
+                planner(request, item)
+            except (Exception, pytest.skip.Exception, pytest.fail.Exception):
+                # A fixture the plan needs failed or skipped (the SDK's client, a turn
+                # cache): the check sends its own request when it runs and meets the same
+                # error in its own place, not in the module that planned for it.
+                continue
     try:
         yield
     finally:
