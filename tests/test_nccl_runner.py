@@ -616,3 +616,40 @@ def test_nccl_tests_rows_are_told_as_mpirun_prints_them(
     assert any(0 < done < 28 for done in running), running
     assert seen[-1].finished and seen[-1].done == 28 == seen[-1].total
     assert progress_text(seen[-1], 2, 60.0).endswith("all_reduce busbw 23.20 GB/s at 1 GiB")
+
+
+def test_kill_command_ends_a_process_that_ignores_sigterm(nodes: list[LocalNode]) -> None:
+    """SIGTERM first; what is still there after the grace gets SIGKILL."""
+    token = collective.TOKEN_PREFIX + "5eed5eed5eed"
+    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)"
+    victim = subprocess.Popen([sys.executable, "-c", code, token])
+    try:
+        time.sleep(0.3)  # the handler is installed
+        assert nodes[0].run(kill_command(token), timeout=30).rc == 0
+        assert victim.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        if victim.poll() is None:
+            victim.kill()
+            victim.wait()
+
+
+def test_kill_command_waits_for_nothing_when_nothing_is_left(
+    nodes: list[LocalNode], tmp_path: Path
+) -> None:
+    """A finished run's ranks are gone: the clean-up does not sit out a grace period (a
+    ``sleep`` on PATH that leaves a mark shows whether it was called)."""
+    (tmp_path / "sleep").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/slept\n')
+    (tmp_path / "sleep").chmod(0o755)
+    token = collective.TOKEN_PREFIX + "0000deadbeef"
+    command = f"PATH={tmp_path}:$PATH; export PATH; " + kill_command(token)
+    assert nodes[0].run(command, timeout=30).rc == 0
+    assert not (tmp_path / "slept").exists()
+    victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", token])
+    try:
+        time.sleep(0.3)
+        assert nodes[0].run(command, timeout=30).rc == 0
+        assert victim.wait(timeout=10) != 0
+    finally:
+        if victim.poll() is None:
+            victim.kill()
+            victim.wait()

@@ -305,8 +305,13 @@ def mpirun_chain(
     return f"exec sh -c {_q(script)}"
 
 
+# SIGTERM, then up to 1 s for the matched processes to go, then SIGKILL for any left. A node
+# whose ranks already exited (a finished run: every run ends here) matches nothing and waits
+# nothing (an unconditional ``sleep 1``, in the container and on the host, was 2 s a run).
 _KILL_INNER = (
-    'if command -v pkill >/dev/null 2>&1; then pkill -f "$0"; sleep 1; pkill -9 -f "$0"; '
+    'if command -v pkill >/dev/null 2>&1; then if pkill -f "$0"; then i=0; '
+    'while [ $i -lt 10 ] && pgrep -f "$0" >/dev/null 2>&1; do sleep 0.1 2>/dev/null || '
+    '{ sleep 1; i=10; }; i=$((i+1)); done; pkill -9 -f "$0"; fi; '
     'else for p in /proc/[0-9]*; do grep -qa -e "$0" "$p/cmdline" 2>/dev/null && '
     'kill -9 "${p#/proc/}" 2>/dev/null; done; fi; true'
 )
