@@ -258,3 +258,54 @@ def test_b2(skipping):
     result = pytester.runpytest("-p", "no:cacheprovider", "--spark-history=off")
     result.assert_outcomes(passed=1, errors=1, skipped=1)
     result.stdout.fnmatch_lines(["*ERROR at setup of test_b1*"])
+
+
+SPANNED_MODULE = """
+from conftest import LOG
+plan_spans = True
+
+def test_s_reads():
+    LOG.append(("spanned", "test_s_reads"))
+"""
+
+
+def test_a_run_goes_on_across_a_module_that_spans_it(pytester: pytest.Pytester) -> None:
+    """A module that declares ``plan_spans`` (it sends nothing that must stay alone: the
+    throughput checks read the sweep measured alone) does not end a run: the functional
+    module after it was planned by the first, nothing is drained at the spanned module;
+    a run that ends on such a module still drains there."""
+    pytester.makeconftest(RUN_CONFTEST)
+    pytester.makepyfile(
+        test_a=PLANNING_MODULE + "\ndef test_a1():\n    assert ('plan', 'test_c1') in LOG\n",
+        test_b=SPANNED_MODULE,
+        test_c=PLANNING_MODULE
+        + """
+def test_c1():
+    assert ("done", "test_a1") not in LOG  # not drained at test_a's or test_b's end
+    assert [e for e in LOG if e[0] == "plan"] == [("plan", "test_a1"), ("plan", "test_c1")]
+""",
+        test_d="""
+from conftest import LOG
+
+def test_d_measures():
+    assert sorted(n for kind, n in LOG if kind == "done") == ["test_a1", "test_c1"]
+""",
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "--spark-history=off")
+    result.assert_outcomes(passed=4)
+
+
+def test_a_run_that_ends_on_a_spanned_module_drains_there(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest(RUN_CONFTEST)
+    pytester.makepyfile(
+        test_a=PLANNING_MODULE + "\ndef test_a1():\n    pass\n",
+        test_b=SPANNED_MODULE,
+        test_c="""
+from conftest import LOG
+
+def test_c_measures():
+    assert ("done", "test_a1") in LOG
+""",
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "--spark-history=off")
+    result.assert_outcomes(passed=3)

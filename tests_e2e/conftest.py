@@ -281,6 +281,9 @@ def _sweep(
     spec = load_spec(spark_settings.profile, spark_api)
 
     def sweep() -> Any:
+        # Alone: nothing the functional checks sent ahead is still in flight (a run of
+        # functional modules spans test_throughput.py: serving.client.prefetch.SPANS).
+        request.getfixturevalue("serving_prefetch").drain()
         return measure_sweep(spark_api, spec, progress_line_writer(request.config))
 
     compute: Callable[[], Any] = sweep

@@ -34,6 +34,9 @@ from pytest_spark.serving.validate.causes import (
 )
 
 pytestmark = pytest.mark.throughput
+# The checks read the one sweep (``_sweep``: measured alone, after draining what was sent
+# ahead): the functional modules around this one share one plan (serving.client.prefetch).
+plan_spans = True
 
 SWEEP_PROP = "sweep"
 SPEC_VERDICT = "test_spec_decode_acceptance"

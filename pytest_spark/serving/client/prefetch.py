@@ -95,11 +95,21 @@ class Planned:
 
 
 PLANNER = "plan_ahead"  # a functional module's ``plan_ahead(request, item)``
+# A module whose checks send nothing that must stay alone except through a session
+# measurement that drains first (the throughput checks read the sweep, measured once and
+# alone: tests_e2e/conftest.py's ``_sweep`` drains before it measures): a run of functional
+# modules goes on across it, so one plan covers the functional modules on either side.
+SPANS = "plan_spans"
 
 
 def _planner(item: pytest.Item) -> Callable[[pytest.FixtureRequest, pytest.Item], None] | None:
     planner = getattr(getattr(item, "module", None), PLANNER, None)
     return planner if callable(planner) else None
+
+
+def _in_run(item: pytest.Item) -> bool:
+    """Whether ``item`` may run while planned requests are in flight."""
+    return _planner(item) is not None or getattr(getattr(item, "module", None), SPANS, False)
 
 
 def ask_ahead(request: pytest.FixtureRequest) -> Iterator[None]:
@@ -110,23 +120,26 @@ def ask_ahead(request: pytest.FixtureRequest) -> Iterator[None]:
     first of a run of such modules, consecutive in the session's order, plans every check
     of the run: their requests go out together, and a module waits on its own slowest
     answer while the next modules' answers arrive (four modules one after the other waited
-    on four slowest answers). At the run's end nothing it sent is left in flight: what
-    comes next may measure."""
+    on four slowest answers). The run goes on across a module that declares ``plan_spans``
+    (:data:`SPANS`). At the run's end nothing it sent is left in flight: what comes next
+    may measure."""
     module = request.module
     items = request.session.items
     at = [i for i, item in enumerate(items) if getattr(item, "module", None) is module]
-    if not at or _planner(items[at[0]]) is None:
+    if not at or not _in_run(items[at[0]]):
         yield
         return
     prefetch: Prefetch = request.getfixturevalue("serving_prefetch")
-    if prefetch.concurrent and module not in prefetch.planned:
+    first = _planner(items[at[0]]) is not None
+    if prefetch.concurrent and first and module not in prefetch.planned:
         end = at[0]
-        while end < len(items) and _planner(items[end]) is not None:
+        while end < len(items) and _in_run(items[end]):
             end += 1
         for item in items[at[0] : end]:
-            prefetch.planned.add(getattr(item, "module", None))
             planner = _planner(item)
-            assert planner is not None
+            if planner is None:  # a module the run spans (SPANS): it plans nothing
+                continue
+            prefetch.planned.add(getattr(item, "module", None))
             try:
                 planner(request, item)
             except (Exception, pytest.skip.Exception, pytest.fail.Exception):
@@ -138,7 +151,7 @@ def ask_ahead(request: pytest.FixtureRequest) -> Iterator[None]:
         yield
     finally:
         after = at[-1] + 1
-        if after >= len(items) or _planner(items[after]) is None:
+        if after >= len(items) or not _in_run(items[after]):
             prefetch.drain()
 
 
