@@ -452,34 +452,78 @@ def _remove_cgroups(engine: Engine) -> None:
 def stop_engines(engines: list[Engine]) -> list[str]:
     """Remove every container, stop the engines, delete their cgroups and files."""
     done: list[str] = []
-    pids = {}
+    running: list[tuple[Engine, int]] = []
     for engine in engines:  # containers first, while the engines still answer
         pid = engine.host_pid()
         if pid is None:
             continue
-        pids[engine.node_dir.name] = pid
+        running.append((engine, pid))
         try:
             n = remove_all_containers(engine)
         except (OSError, SimError):
             continue  # a wedged engine: it is killed below
         if n:
             done.append(f"{n} containers on {engine.node_dir.name}")
-    for pid in pids.values():
+    # Each engine's containerd, and where its log stood, before the SIGTERM.
+    stopping = [(e, pid, _children(pid), _size(e.log)) for e, pid in running]
+    for _, pid, _, _ in stopping:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + STOP_TIMEOUT
-    for name, pid in pids.items():
+    for engine, pid, containerd, log_from in stopping:
         while pid_alive(pid) and time.monotonic() < deadline:
+            if _shut_down(engine, containerd, log_from):
+                break
             time.sleep(0.02)
         if pid_alive(pid):
             kill_pids([pid])
-        done.append(f"dockerd on {name}")
+        done.append(f"dockerd on {engine.node_dir.name}")
     for engine in engines:
         _remove_cgroups(engine)
         shutil.rmtree(engine.dir, ignore_errors=True)
         engine.socket.unlink(missing_ok=True)
     _remove_run_dirs()
     return done
+
+
+SHUTDOWN_DONE = b'msg="Daemon shutdown complete"'
+
+
+def _children(pid: int) -> set[int]:
+    """Child PIDs of ``pid``, whichever of its threads forked them (Go's exec)."""
+    kids: set[int] = set()
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return kids
+    for tid in tasks:
+        with contextlib.suppress(OSError, ValueError):
+            kids.update(
+                int(k) for k in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()
+            )
+    return kids
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _shut_down(engine: Engine, containerd: set[int], log_from: int) -> bool:
+    """A SIGTERMed dockerd is done: it logged the end of its shutdown (after ``log_from``)
+    and the containerd it supervises has exited, which it stops only after that line.
+    dockerd 20.10 then sits out the rest of its supervisor's 1 s poll (libcontainerd
+    ``stopDaemon``) before it exits: nothing is left for it to do, the caller kills it."""
+    if not containerd or any(pid_alive(p) for p in containerd):
+        return False
+    try:
+        with open(engine.log, "rb") as fh:
+            fh.seek(log_from)
+            return SHUTDOWN_DONE in fh.read()
+    except OSError:
+        return False
 
 
 def _remove_run_dirs() -> None:
