@@ -311,13 +311,62 @@ def test_teardown_commands_wait_for_the_launchers_cleanup(tmp_path: Path) -> Non
         time.sleep(0.3)  # the trap is set
         spec = LaunchSpec(str(script), ("198.19.0.1",), None, "vllm_node", ())
         subprocess.run(["sh", "-c", spec.signal_command(proc.pid)], check=True, timeout=20)
-        assert not (tmp_path / "mark").exists()  # its foreground command still runs
         (tmp_path / "stopped").touch()  # what `stop` does to the head's docker exec
         subprocess.run(["sh", "-c", spec.wait_command(proc.pid, 10)], check=True, timeout=20)
         # the cleanup had finished when the wait returned (not merely been signalled)
         assert (tmp_path / "mark").read_text() == "stopped\n"
         proc.wait(timeout=5)
     finally:
+        proc.kill()
+        proc.wait()
+
+
+# Stands in for launch-cluster.sh's no-Ray head since 2026-09-15: it polls the head's
+# sentinel with a plain `sleep $HEAD_EXEC_POLL_INTERVAL` (5 s upstream; 30 here), during
+# which bash defers a TERM trap.
+DETACHED_LAUNCHER = """#!/bin/bash
+cleanup() { trap - EXIT TERM; echo stopped > "$1/mark"; exit 0; }
+trap 'cleanup "$1"' EXIT TERM
+while [ ! -e "$1/sentinel" ]; do sleep 30; done
+"""
+
+
+def test_teardown_does_not_sit_out_the_launchers_poll(tmp_path: Path) -> None:
+    """The TERM reaches the launcher's process group: its poll's ``sleep`` ends, the trap
+    runs at once, and the wait finds the cleanup done (a TERM to the launcher alone ran
+    the trap only after the sleep: here 30 s, past the wait)."""
+    script = tmp_path / "launch-cluster.sh"
+    script.write_text(DETACHED_LAUNCHER)
+    script.chmod(0o755)
+    proc = subprocess.Popen([str(script), str(tmp_path)], start_new_session=True)
+    try:
+        time.sleep(0.3)  # the trap is set, the poll sleeps
+        spec = LaunchSpec(str(script), ("198.19.0.1",), None, "vllm_node", ())
+        subprocess.run(["sh", "-c", spec.signal_command(proc.pid)], check=True, timeout=20)
+        subprocess.run(["sh", "-c", spec.wait_command(proc.pid, 10)], check=True, timeout=20)
+        assert proc.poll() == 0
+        assert (tmp_path / "mark").read_text() == "stopped\n"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_launcher_that_leads_no_group_gets_the_term_alone(tmp_path: Path) -> None:
+    """Not a group leader (started without setsid): the TERM goes to the launcher only,
+    never to a group it shares with others (here: pytest's own)."""
+    script = tmp_path / "launch-cluster.sh"
+    script.write_text(DETACHED_LAUNCHER)
+    script.chmod(0o755)
+    proc = subprocess.Popen([str(script), str(tmp_path)])
+    try:
+        time.sleep(0.3)
+        spec = LaunchSpec(str(script), ("198.19.0.1",), None, "vllm_node", ())
+        subprocess.run(["sh", "-c", spec.signal_command(proc.pid)], check=True, timeout=20)
+        time.sleep(0.3)
+        assert proc.poll() is None  # bash defers the trap while its sleep runs
+        assert not (tmp_path / "mark").exists()
+    finally:
+        subprocess.run(["pkill", "-KILL", "-P", str(proc.pid)], check=False)  # its sleep
         proc.kill()
         proc.wait()
 

@@ -141,8 +141,19 @@ class LaunchSpec:
         teardown signals first, stops, then waits (:meth:`wait_command`): the cleanup is
         over before anyone launches again. Killed after ``stop`` and not waited for, it
         ran late and stopped the *next* launch's containers (CI: a second run's ``docker
-        exec`` found "No such container" on both nodes)."""
-        return f"if {self._is_launcher(pid)}; then kill {pid} 2>/dev/null; fi; true"
+        exec`` found "No such container" on both nodes).
+
+        The TERM goes to the launcher's process group (``setsid`` made it the leader) when
+        it leads one: its foreground child gets it too, so the trap runs now, not when
+        that child returns. Since 2026-09-15 that child is ``sleep
+        $HEAD_EXEC_POLL_INTERVAL`` (5 s) in the no-Ray head's wait loop, and teardown sat
+        out up to 5 s of it; in Ray mode it is the head's ``docker exec``. The trap's
+        ``docker stop`` and the ``stop`` after it both tolerate a stopped container."""
+        pg = f"$(sed 's/.*) //' /proc/{pid}/stat 2>/dev/null | cut -d' ' -f3)"
+        return (
+            f'if {self._is_launcher(pid)}; then if [ "{pg}" = {pid} ]; then '
+            f"kill -s TERM -- -{pid} 2>/dev/null; else kill {pid} 2>/dev/null; fi; fi; true"
+        )
 
     def wait_command(self, pid: int, wait_s: float = LAUNCHER_EXIT_WAIT_S) -> str:
         """Wait up to ``wait_s`` until the launcher ``pid`` has exited (its cleanup done)."""
