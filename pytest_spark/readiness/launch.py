@@ -753,7 +753,7 @@ def stop_if_launched(
         # the next launch (this suite's or an operator's) finds the name free.
         container = state.get("container")
         left = wait_gone(cluster, container, sleep=sleep, now=now) if container else {}
-        if "running" in left.values():
+        if container and "running" in left.values():
             # Started after the stop: the TERM reached the launcher's group while it was
             # still starting the cluster (an interrupt during readiness), and a `docker
             # run` it had sent went through after ours stopped the rest. The launcher is
