@@ -1,5 +1,5 @@
 """The serving image ``vllm-node:latest``: a minimal root filesystem built from this
-machine's files, imported into each node's Docker engine.
+machine's files, loaded into each node's Docker engine.
 
 Nothing can be pulled here, so the image is a tarball made with :mod:`tarfile` from the
 host: the system Python (interpreter, standard library, the shared libraries ``ldd``
@@ -10,7 +10,9 @@ interpreter's site directory, so that
 
 The tarball is built once per machine and cached under ``/var/cache/sparksim/images``
 (``SPARKSIM_CACHE_DIR`` overrides the cache root), keyed by a hash of everything that goes
-into it; ``spark-sim up`` runs ``docker import`` of it on every node.
+into it. Beside it, once, the same image as ``docker save`` writes it (:func:`archive`);
+``spark-sim up`` runs ``docker load`` of that on every node, so every node holds one image
+ID, as on real Sparks.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import hashlib
 import io
 import json
 import os
+import platform
 import shutil
 import struct
 import subprocess
@@ -27,8 +30,10 @@ import tarfile
 import tempfile
 import time
 import zipfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from .netns import SimError
 from .registry import flock
@@ -40,6 +45,7 @@ FORMAT = 10  # bump when the layout changes (7: NCCL lib, package metadata; 8: v
 CACHE_ENV = "SPARKSIM_CACHE_DIR"
 DEFAULT_CACHE = "/var/cache/sparksim"
 KEEP_TARBALLS = 3
+ARCHIVE_SUFFIX = ".save"  # vllm-node-KEY.tar.save: not matched by _prune's glob
 PYTHON_CANDIDATES = ("/usr/bin/python3",)
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -581,15 +587,21 @@ def tarball() -> tuple[Path, bool]:
         if path.exists():
             os.utime(path)
             return path, False
-        tmp = cdir / f".{path.name}.{os.getpid()}.tmp"
-        try:
-            with open(tmp, "wb") as fh:
-                _write_tarball(fh, key)
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        _write_atomic(path, lambda fh: _write_tarball(fh, key))
         _prune(cdir, keep=path)
     return path, True
+
+
+def _write_atomic(path: Path, write: Callable[[io.BufferedWriter], None]) -> None:
+    """``path`` written through a temporary file beside it: the sims sharing the cache
+    never see half a file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as fh:
+            write(fh)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _prune(cdir: Path, keep: Path) -> None:
@@ -600,21 +612,98 @@ def _prune(cdir: Path, keep: Path) -> None:
     )
     for p in old[KEEP_TARBALLS - 1 :]:
         p.unlink(missing_ok=True)
+    # An archive goes with its tarball (also one pruned by a checkout that makes none).
+    for p in cdir.glob(f"vllm-node-*.tar{ARCHIVE_SUFFIX}"):
+        if not p.with_suffix("").exists():
+            p.unlink(missing_ok=True)
+
+
+# The image config, as `docker import --change` set it and `docker commit --change` keeps it.
+CONFIG: dict[str, Any] = {
+    "Env": [f"PATH={PATH}", "PYTHONUNBUFFERED=1"],
+    "Cmd": ["/bin/bash"],
+    "WorkingDir": "/workspace",
+    "Labels": {"org.opencontainers.image.title": "vllm-node"},
+}
+GO_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
 
 
 def import_changes() -> list[str]:
-    """Image config given to ``docker import --change``."""
+    """:data:`CONFIG` as ``--change`` instructions (``docker commit`` of a fault's rebuild)."""
     return [
-        f"ENV PATH={PATH}",
-        "ENV PYTHONUNBUFFERED=1",
-        "WORKDIR /workspace",
-        'CMD ["/bin/bash"]',
-        "LABEL org.opencontainers.image.title=vllm-node",
+        *(f"ENV {env}" for env in CONFIG["Env"]),
+        f"WORKDIR {CONFIG['WorkingDir']}",
+        f"CMD {json.dumps(CONFIG['Cmd'])}",
+        *(f"LABEL {k}={v}" for k, v in CONFIG["Labels"].items()),
     ]
 
 
-def import_argv(docker_host: str, path: Path) -> list[str]:
-    argv = ["docker", "-H", docker_host, "import"]
-    for change in import_changes():
-        argv += ["--change", change]
-    return [*argv, "--message", f"sparksim serving image {path.name}", str(path), IMAGE]
+def archive_path(tarball: Path) -> Path:
+    return tarball.with_name(tarball.name + ARCHIVE_SUFFIX)
+
+
+def archive(tarball: Path) -> Path:
+    """``tarball`` as the archive ``docker save`` writes, built once beside it.
+
+    On real Sparks the image is built once and copied to the workers (build-and-copy.sh
+    ``--copy-to``: ``docker save | docker load``), so every node holds the same image ID,
+    and the upstream launcher (``verify_cluster_image_consistency``) aborts a launch where
+    they differ. ``docker import`` of the tarball on each node stamped each import with
+    its own time: one ID per node. ``docker load`` of this archive, whose config has a
+    fixed creation time, gives every node (and every sim of this tarball) the same ID.
+    Nothing is copied at ``spark-sim up``; the load costs a little more than the import
+    did (the daemon unpacks the archive before the layer: ~0.1 s of a 57 MB image here)."""
+    path = archive_path(tarball)
+    if path.exists():
+        return path
+    with flock(tarball.parent / ".lock"):
+        if not path.exists():
+            _write_atomic(path, lambda fh: write_archive(tarball, fh))
+    return path
+
+
+def write_archive(tarball: Path, fileobj: io.BufferedWriter) -> None:
+    """One layer (``tarball`` itself), its config and the manifest, as Docker 20.10's
+    ``docker save`` lays them out (``docker load`` reads manifest.json)."""
+    h = hashlib.sha256()
+    with open(tarball, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            h.update(chunk)
+    diff_id = f"sha256:{h.hexdigest()}"
+    mtime = int(tarball.stat().st_mtime)
+    created = datetime.fromtimestamp(mtime, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    config = json.dumps(
+        {
+            "architecture": GO_ARCH.get(platform.machine(), platform.machine()),
+            "config": CONFIG,
+            "created": created,
+            "history": [{"created": created, "comment": f"sparksim serving image {tarball.name}"}],
+            "os": "linux",
+            "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+        },
+        separators=(",", ":"),
+    ).encode()
+    image_id = hashlib.sha256(config).hexdigest()
+    layer = f"{diff_id.removeprefix('sha256:')}/layer.tar"
+    repo, tag = IMAGE.split(":")
+    manifest = [{"Config": f"{image_id}.json", "RepoTags": [IMAGE], "Layers": [layer]}]
+    files = {
+        f"{image_id}.json": config,
+        "manifest.json": json.dumps(manifest).encode(),
+        "repositories": json.dumps({repo: {tag: layer.split("/")[0]}}).encode(),
+    }
+
+    def member(name: str, size: int) -> tarfile.TarInfo:
+        info = tarfile.TarInfo(name)
+        info.size, info.mtime, info.mode = size, mtime, 0o644
+        return info
+
+    with tarfile.TarFile(fileobj=fileobj, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        with open(tarball, "rb") as fh:
+            tar.addfile(member(layer, os.fstat(fh.fileno()).st_size), fh)
+        for name, data in files.items():
+            tar.addfile(member(name, len(data)), io.BytesIO(data))
+
+
+def load_argv(docker_host: str, path: Path) -> list[str]:
+    return ["docker", "-H", docker_host, "load", "--quiet", "--input", str(path)]

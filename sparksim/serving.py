@@ -4,7 +4,7 @@ Per node: a private home (``DIR/nodes/<name>/home`` mounted on /root) holding th
 checkpoint (``~/models``), the sim's engine settings (``~/.sparksim``, mounted read-only
 at /etc/sparksim in serving containers) and, on the head, the launcher
 (``~/spark-vllm-docker/launch-cluster.sh``); a Docker engine (:mod:`.docker`) with the
-serving image (:mod:`.image`) imported. The node's sshd exports ``DOCKER_HOST`` (its
+serving image (:mod:`.image`) loaded. The node's sshd exports ``DOCKER_HOST`` (its
 engine) and ``VLLM_SPARK_EXTRA_DOCKER_ARGS`` (the launcher's documented hook for extra
 ``docker run`` arguments: the model and settings mounts, as an operator would set it).
 
@@ -31,7 +31,7 @@ from .topology import NodeSpec, Topology
 HOME = "home"  # DIR/nodes/<name>/home is the node's /root
 SIM_ETC = ".sparksim"  # ~/.sparksim on the node, /etc/sparksim in serving containers
 ENGINE_ENV = "engine.env"
-KEPT_TARBALL = "image.tar"  # the sim's own link to its image tarball (_keep_tarball)
+KEPT_TARBALL = "image.tar"  # the sim's own link to its image archive (_keep_tarball)
 CONTROL = "control.json"
 LAUNCHER_DIR = "spark-vllm-docker"
 LAUNCHER = Path(__file__).resolve().parent / "launcher" / "launch-cluster.sh"
@@ -205,7 +205,8 @@ def start(
     def build() -> None:
         t = time.monotonic()
         try:
-            built["path"], built["built"] = image.tarball()
+            tarball, built["built"] = image.tarball()
+            built["path"] = image.archive(tarball)
         except BaseException as exc:  # reported below
             built["error"] = exc
         built["seconds"] = time.monotonic() - t
@@ -246,12 +247,14 @@ def _driver(e: docker.Engine) -> str:
     return str(info.get("Driver", "?")) if status == 200 and isinstance(info, dict) else "?"
 
 
-def _import_image(engines: list[docker.Engine], tarball: Path) -> None:
+def _import_image(engines: list[docker.Engine], archive: Path) -> None:
+    """``docker load`` of the image archive on every node at once (:func:`image.archive`:
+    one image ID on every node, as after build-and-copy.sh's ``docker save | docker load``)."""
     procs = [
         (
             e,
             subprocess.Popen(
-                image.import_argv(e.host, tarball),
+                image.load_argv(e.host, archive),
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
                 text=True,
@@ -262,11 +265,11 @@ def _import_image(engines: list[docker.Engine], tarball: Path) -> None:
     for e, proc in procs:
         _, err = proc.communicate()
         if proc.returncode != 0:
-            raise SimError(f"{e.node_dir.name}: docker import {tarball} failed: {err.strip()}")
+            raise SimError(f"{e.node_dir.name}: docker load {archive} failed: {err.strip()}")
 
 
 def _keep_tarball(state_dir: Path, path: Path) -> Path:
-    """The image tarball this sim re-imports from (``fault clear`` after ``docker
+    """The image archive this sim re-loads (``fault clear`` after ``docker
     no-image``), hard-linked into its state dir: another checkout's sim building a newer
     image prunes the cache (image.KEEP_TARBALLS), and the file must outlive that. The
     cache's own path where a link cannot be made (another file system)."""

@@ -211,9 +211,9 @@ def _restore_docker(state_dir: Path, topo: Topology) -> list[str]:
             text=True,
         )
         if have.returncode != 0:
-            tarball = Path(str(rep.get("tarball") or image.tarball()[0]))
-            run(image.import_argv(e.host, tarball))
-            msgs.append(f"{node.name}: image {image.IMAGE} imported")
+            saved = Path(str(rep.get("tarball") or image.archive(image.tarball()[0])))
+            run(image.load_argv(e.host, saved))  # the other nodes' image ID, as at up
+            msgs.append(f"{node.name}: image {image.IMAGE} loaded")
     return msgs
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -96,3 +97,32 @@ def test_private_tmp_binds_back_sources_that_lie_under_it(sparksim: Any, tmp_pat
     assert steps.index(f"mount --bind {site} {inner}") < steps.index(
         f"mount --rbind {own_tmp} /tmp"
     )
+
+
+def test_serving_image_has_one_id_on_every_node(sim: Any) -> None:
+    """The upstream launcher (verify_cluster_image_consistency) aborts a launch where
+    ``vllm-node:latest`` has another ID on a worker. Real Sparks get the image by
+    ``docker save | docker load`` (build-and-copy.sh --copy-to): one ID. So does the sim,
+    with the config ``docker import --change`` gave it, also after ``fault clear`` puts a
+    removed image back."""
+    inspect = "docker image inspect -f '{{json .}}' vllm-node:latest"
+
+    def images() -> list[dict[str, Any]]:
+        return [json.loads(sim.out(n["name"], inspect)) for n in sim.cluster["nodes"]]
+
+    found = images()
+    assert len({i["Id"] for i in found}) == 1, [i["Id"] for i in found]
+    config = found[0]["Config"]
+    assert config["Env"] == [
+        "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "PYTHONUNBUFFERED=1",
+    ]
+    assert config["WorkingDir"] == "/workspace" and config["Cmd"] == ["/bin/bash"]
+    assert config["Labels"] == {"org.opencontainers.image.title": "vllm-node"}
+    assert found[0]["RepoTags"] == ["vllm-node:latest"] and found[0]["Os"] == "linux"
+    sim.cli("fault", "docker", "spark-2", "no-image")
+    try:
+        assert sim.ssh("spark-2", inspect).returncode != 0
+    finally:
+        sim.cli("fault", "clear")
+    assert [i["Id"] for i in images()] == [found[0]["Id"]] * 2
