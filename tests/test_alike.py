@@ -139,7 +139,8 @@ def test_image_and_container_parsers_refuse_garbage() -> None:
 def test_probe_command_is_one_shell_command() -> None:
     cmd = alike_probe_command(container="vllm_node", image="vllm-node:latest")
     assert cmd.startswith("sh -c ")
-    assert "docker run --rm --network none --entrypoint python3" in cmd
+    assert 'docker run --rm --name "pytest-spark-probe-$$" --network none' in cmd
+    assert '--entrypoint python3 "$img"' in cmd
     compile(CONTAINER_SCRIPT, "container-script", "exec")  # the image's python3 runs it
 
 

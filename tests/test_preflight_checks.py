@@ -34,6 +34,7 @@ from pytest_spark.infra.preflight.probe import (
     parse_preflight_probe,
     parse_ssh_probe,
 )
+from pytest_spark.infra.probe import PROBE_CONTAINER_PREFIX
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "preflight"
 MODEL = "/root/models/Qwen3.5-122B-A10B-FP8"
@@ -143,6 +144,29 @@ def test_other_gpu_container_without_process_is_stale_too() -> None:
     f = failed(check_gpu_holders(W, stale.docker, gpu, "vllm_node", stale.now))
     assert "container vllm_stale (image vllm-node:latest" in f.message
     assert "has GPU access" in f.message
+
+
+def test_the_suites_own_probe_container_is_not_a_holder() -> None:
+    """Under xdist, one worker's nodes-alike probe runs the serving image (``docker run --rm
+    --name pytest-spark-probe-PID``, no GPU access) while another lists the containers: it
+    is the suite's own, not an earlier run's. Given GPU access, or holding a GPU process,
+    it is a holder all the same; an unnamed container of the image still is."""
+    stale = worker("stale_container")
+    base = next(c for c in stale.docker.containers if c.name == "vllm_stale")
+    probe = replace(base, name=PROBE_CONTAINER_PREFIX + "4242", gpu_access=False, pids=frozenset())
+    docker = replace(stale.docker, containers=(probe,))
+    gpu = replace(stale.gpu, processes=())
+    passed(check_gpu_holders(W, docker, gpu, "vllm_node", stale.now))
+    armed = replace(docker, containers=(replace(probe, gpu_access=True),))
+    f = failed(check_gpu_holders(W, armed, gpu, "vllm_node", stale.now))
+    assert f"container {PROBE_CONTAINER_PREFIX}4242 (image vllm-node:latest" in f.message
+    unnamed = replace(docker, containers=(replace(probe, name="romantic_lamport"),))
+    f = failed(check_gpu_holders(W, unnamed, gpu, "vllm_node", stale.now))
+    assert "container romantic_lamport (image vllm-node:latest" in f.message
+    holding = replace(docker, containers=(replace(probe, pids=frozenset({1041})),))
+    gpu_held = replace(stale.gpu, processes=(GpuProcess(1041, "python3"),))
+    f = failed(check_gpu_holders(W, holding, gpu_held, "vllm_node", stale.now))
+    assert f"pid 1041 python3 in container {PROBE_CONTAINER_PREFIX}4242" in f.message
 
 
 def test_holders_skip_when_nothing_can_be_listed() -> None:

@@ -23,7 +23,13 @@ from dataclasses import dataclass
 
 from pytest_spark.infra.errors import ParseError
 
-__all__ = ["ProbeSection", "joint_probe", "probe_script", "split_probe"]
+__all__ = ["PROBE_CONTAINER_PREFIX", "ProbeSection", "joint_probe", "probe_script", "split_probe"]
+
+# The name of a throwaway container a probe runs (``docker run --rm --name PREFIX$$``: the
+# nodes-alike probe reads the image's versions in one). Another check that lists the
+# node's containers (the GPU holders) knows it as the suite's own: under xdist one worker's
+# probe runs while another worker's lists containers.
+PROBE_CONTAINER_PREFIX = "pytest-spark-probe-"
 
 _FRAME = r"""
 export LC_ALL=C

@@ -43,7 +43,12 @@ from pytest_spark.infra.alike.parse import (
     parse_timedatectl_show,
 )
 from pytest_spark.infra.errors import ParseError
-from pytest_spark.infra.probe import ProbeSection, probe_script, split_probe
+from pytest_spark.infra.probe import (
+    PROBE_CONTAINER_PREFIX,
+    ProbeSection,
+    probe_script,
+    split_probe,
+)
 
 MARKER = "@@pytest-spark-alike@@"
 
@@ -121,8 +126,8 @@ case $img in
   *[!A-Za-z0-9_.:/@-]*|'') ;;
   *) s "image:$img" docker image inspect "$img"
      if $T docker image inspect -f . "$img" >/dev/null 2>&1; then
-       s "container:$img" docker run --rm --network none --entrypoint python3 "$img" \
-         -c "$PY"
+       s "container:$img" docker run --rm --name "@PREFIX@$$" --network none \
+         --entrypoint python3 "$img" -c "$PY"
      fi ;;
 esac
 rm -f "$t"
@@ -133,6 +138,7 @@ def alike_probe_command(*, container: str, image: str | None = None, timeout_s: 
     """The probe as one ``sh -c`` command (run it once per node)."""
     body = (
         _BODY.replace("@IMAGE@", shlex.quote(image or ""))
+        .replace("@PREFIX@", PROBE_CONTAINER_PREFIX)
         .replace("@CONTAINER@", shlex.quote(container))
         .replace("@PY@", shlex.quote(CONTAINER_SCRIPT.strip()))
     )

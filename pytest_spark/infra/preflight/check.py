@@ -24,6 +24,7 @@ from pytest_spark.infra.preflight.probe import (
     ModelListing,
     SshAttempt,
 )
+from pytest_spark.infra.probe import PROBE_CONTAINER_PREFIX
 
 DAY_S = 86400.0
 
@@ -118,7 +119,10 @@ def check_gpu_holders(
     node: str, docker: DockerFacts, gpu: GpuFacts, container: str, now: float | None = None
 ) -> Finding | Skip:
     """Nothing but the serving container holds the GPU: no compute process outside it, no
-    other running container with GPU access or the serving image (an earlier run's)."""
+    other running container with GPU access or the serving image (an earlier run's). The
+    suite's own probe containers (:data:`PROBE_CONTAINER_PREFIX`, no GPU access: the
+    nodes-alike probe reading the serving image's versions, another xdist worker's) are
+    not holders; a GPU process inside one still is."""
     serving = docker.serving if docker.serving and docker.serving.running else None
     own = serving.pids if serving else frozenset()
     by_pid = {pid: c for c in docker.containers for pid in c.pids}
@@ -142,6 +146,7 @@ def check_gpu_holders(
             and c.name != container
             and c.id not in stale
             and (c.gpu_access or (image and c.image == image))
+            and not (c.name.startswith(PROBE_CONTAINER_PREFIX) and not c.gpu_access)
         ):
             stale[c.id] = c
             holders.append(f"{_describe(c, now)} has GPU access")
