@@ -264,19 +264,25 @@ def test_teardown_waits_until_the_stopped_containers_are_removed(tmp_path: Path)
     assert "docker rm -f vllm_node" in problem
 
 
+def recording_head(commands: list[str]) -> Callable[[str], tuple[int, str, str]]:
+    """A head with no serving container on it that records every other command it runs."""
+
+    def head(command: str) -> tuple[int, str, str]:
+        if command.startswith("docker inspect"):
+            return 1, "", "Error: No such object: vllm_node"
+        commands.append(command)
+        return 0, "", ""
+
+    return head
+
+
 def test_teardown_stops_again_what_a_starting_launcher_left_running(tmp_path: Path) -> None:
     """Signalled while it was still starting the cluster, the launcher's last ``docker
     run`` went through after the first stop: once the launcher is gone, a second stop
     removes that container and teardown reports nothing."""
     stops: list[str] = []
     worker = states("running", "")
-
-    def head(command: str) -> tuple[int, str, str]:
-        if command.startswith("docker inspect"):
-            return 1, "", "Error: No such object: vllm_node"
-        stops.append(command)
-        return 0, "Cluster stopped.\n", ""
-
+    head = recording_head(stops)
     write_json(
         tmp_path / STATE, {"launched": True, "container": "vllm_node", "stop_command": "stop-it"}
     )
@@ -291,13 +297,7 @@ def test_teardown_signals_the_launcher_stops_then_waits_for_it(tmp_path: Path) -
     stops the containers by name: signalled, then `stop`, then waited for, so that it
     cannot stop a later launch's containers."""
     commands: list[str] = []
-
-    def head(command: str) -> tuple[int, str, str]:
-        if command.startswith("docker inspect"):
-            return 1, "", "Error: No such object: vllm_node"
-        commands.append(command)
-        return 0, "", ""
-
+    head = recording_head(commands)
     write_json(
         tmp_path / STATE,
         {
