@@ -146,8 +146,11 @@ class Job:
             return
         finally:
             gen.close()
+        # Counted before the last chunks go out, as vLLM's engine counts a request when it
+        # finishes, before its API server streams the end: a client that read [DONE] and
+        # then /metrics finds the request there (counted after, a quick reader missed it).
+        self.finish(finish, len(steps))
         if usage_chunk is not None:
             out.sse_send(dumps(usage_chunk))
         out.sse_send("[DONE]")
         out.sse_end()
-        self.finish(finish, len(steps))

@@ -41,7 +41,7 @@ def container_events(sim: SimCluster, name: str, since: int) -> list[list[str]]:
     stops, and a node's /tmp is its own)."""
     fmt = "{{.Action}}"
     cmd = (
-        f"docker events --since {since} --until $(date +%s) --filter container={name} "
+        f"docker events --since {since} --until $(date +%s.%N) --filter container={name} "
         f"--filter event=start --filter event=die --format '{fmt}'"
     )
     return [ssh(sim, n["mgmt"], cmd).split() for n in sim.info["nodes"]]
