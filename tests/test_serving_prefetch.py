@@ -15,7 +15,7 @@ import pytest
 from pytest_spark.infra.finding import Finding
 from pytest_spark.serving.client.chat import TurnCache
 from pytest_spark.serving.client.evidence import Exchange
-from pytest_spark.serving.client.prefetch import Prefetch, confirmed_alone
+from pytest_spark.serving.client.prefetch import Prefetch, confirmed_alone, plan_workers
 from pytest_spark.serving.client.stream import ServingError
 from pytest_spark.serving.client.turn import Turn
 
@@ -309,3 +309,103 @@ def test_c_measures():
     )
     result = pytester.runpytest("-p", "no:cacheprovider", "--spark-history=off")
     result.assert_outcomes(passed=3)
+
+
+class CrowdedClient(FakeClient):
+    """A server that runs out of time only under load: a request answers within its
+    ``timeout`` kind while it is alone in flight, and raises ``kind`` when another request
+    was in flight beside it; ``slow_alone`` makes it run out of time alone too."""
+
+    def __init__(self, kind: str = "timeout", slow_alone: bool = False) -> None:
+        super().__init__(hold_s=0.15)
+        self.kind = kind
+        self.slow_alone = slow_alone
+        self.alone: list[str] = []
+
+    def turn(self, body: dict[str, Any], streamed: bool) -> Turn:
+        with self.lock:
+            crowded = self.inflight > 0 or self.slow_alone
+            if not crowded:
+                self.alone.append(body["q"])
+        if not crowded:
+            return super().turn(body, streamed)
+        super().turn(body, streamed)  # holds its place in flight a while
+        raise ServingError(
+            self.kind,
+            "POST /x: no complete answer within the 1 s request timeout",
+            Exchange("POST", "/x"),
+        )
+
+
+def test_a_planned_request_out_of_time_beside_others_is_judged_on_its_answer_alone() -> None:
+    """Our own load must not fail a check: a planned request that ran out of time with
+    others in flight is asked again once nothing is in flight, and that answer is the
+    check's, with a warning that names the setting."""
+    client = CrowdedClient()
+    prefetch = Prefetch(4)
+    cache = TurnCache(client, prefetch)
+    for q in ("a", "b", "c"):
+        cache.plan(q, _body(q), False)
+    with pytest.warns(
+        UserWarning, match=r"asked again alone it answered in .* --spark-serving-concurrency"
+    ):
+        turn = cache.turn("c", _body("c"), False)  # c went out beside a
+    assert turn.content == "answer to c"
+    assert client.alone == ["a", "c"]  # sent again only after the plan drained: alone
+    assert prefetch.asked_alone == 1
+    prefetch.close()
+
+
+def test_a_stall_beside_others_is_asked_alone_too_but_not_an_error_of_the_server() -> None:
+    client = CrowdedClient(kind="stall")
+    prefetch = Prefetch(4)
+    cache = TurnCache(client, prefetch)
+    for q in ("a", "b"):
+        cache.plan(q, _body(q), True)
+    with pytest.warns(UserWarning):
+        assert cache.turn("b", _body("b"), True).content == "answer to b"
+    prefetch.close()
+    other = FakeClient(hold_s=0.01)  # an HTTP 500 is the server's answer: never asked again
+    prefetch = Prefetch(4)
+    cache = TurnCache(other, prefetch)
+    cache.plan("fail-x", _body("fail-x"), False)
+    with pytest.raises(ServingError, match="HTTP 500"):
+        cache.turn("fail-x", _body("fail-x"), False)
+    assert other.sent == ["fail-x"] and prefetch.asked_alone == 0
+    prefetch.close()
+
+
+def test_a_server_too_slow_alone_fails_once_and_later_checks_wait_no_more() -> None:
+    """Out of time alone too: that answer (its error) is the check's, and the later planned
+    requests that ran out of time keep their own errors without another wait each (a hung
+    server would otherwise cost one more timeout per check)."""
+    client = CrowdedClient(slow_alone=True)
+    prefetch = Prefetch(4)
+    cache = TurnCache(client, prefetch)
+    for q in ("a", "b", "c"):
+        cache.plan(q, _body(q), False)
+    for q in ("a", "b", "c"):
+        with pytest.raises(ServingError, match="request timeout"):
+            cache.turn(q, _body(q), False)
+    assert client.sent.count("a") == 2  # asked again once, alone
+    assert client.sent.count("b") == client.sent.count("c") == 1
+    assert prefetch.asked_alone == 0
+    prefetch.close()
+
+
+@pytest.mark.parametrize(
+    ("concurrency", "seqs", "xdist", "workers"),
+    [
+        (16, None, False, 16),
+        (16, 4, False, 4),
+        (16, 256, False, 16),
+        (16, 4, True, 1),
+        (1, 8, False, 1),
+    ],
+)
+def test_plan_workers_are_capped_by_the_servers_max_num_seqs(
+    concurrency: int, seqs: int | None, xdist: bool, workers: int
+) -> None:
+    """More in flight than the server admits only queues there, and a queued stream says
+    nothing until a sequence frees (an idle timeout where alone it answers)."""
+    assert plan_workers(concurrency, seqs, xdist) == workers

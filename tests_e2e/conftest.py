@@ -22,7 +22,7 @@ from pytest_spark.infra.server.probe import ServerCommand
 from pytest_spark.measure.once import measure_dir, measure_once
 from pytest_spark.report.history import resolve_history_dir
 from pytest_spark.serving import ServingClient, TurnCache
-from pytest_spark.serving.client.prefetch import Prefetch, ask_ahead
+from pytest_spark.serving.client.prefetch import Prefetch, ask_ahead, plan_workers
 from pytest_spark.serving.client.sdk import SdkClient
 from pytest_spark.serving.load.closedloop import Sweep, decode_sweep, encode_sweep, measure_sweep
 from pytest_spark.serving.load.specs import load_spec
@@ -68,13 +68,14 @@ def serving_prefetch(
 ) -> Iterator[Prefetch]:
     """The pool on which the functional modules (tool calls, reasoning, structured output,
     the SDK's) send their selected checks' requests ahead together, at most
-    ``--spark-serving-concurrency`` at once (pytest_spark.serving.client.prefetch). Under
-    xdist the workers are the concurrency: a worker lets go of the cluster lock between its
-    tests, and requests still in flight then would overlap another worker's measurement."""
-    workers = spark_settings.serving_concurrency
-    if hasattr(request.config, "workerinput"):
-        workers = 1
-    prefetch = Prefetch(workers)
+    ``--spark-serving-concurrency`` at once, at most the serve args' ``--max-num-seqs``,
+    one under xdist (pytest_spark.serving.client.prefetch.plan_workers)."""
+    under_xdist = hasattr(request.config, "workerinput")
+    seqs = None
+    if not under_xdist and spark_settings.serving_concurrency > 1:
+        command: ServerCommand | None = request.getfixturevalue("spark_server_command")
+        seqs = command.args.max_num_seqs if command is not None else None
+    prefetch = Prefetch(plan_workers(spark_settings.serving_concurrency, seqs, under_xdist))
     try:
         yield prefetch
     finally:

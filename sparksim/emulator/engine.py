@@ -13,7 +13,7 @@ import secrets
 import threading
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -174,14 +174,21 @@ class Engine:
         if self.faults.active("http-5xx"):
             raise err.internal()
 
-    def admit(self, prompt_tokens: int) -> float:
+    def admit(self, prompt_tokens: int, gone: Callable[[], bool] | None = None) -> float:
+        """A sequence slot (``--max-num-seqs``), waited for in the queue; a client that
+        leaves while queued (``gone()``) leaves the queue (BrokenPipeError), as vLLM
+        aborts a waiting request whose client disconnected."""
         start = time.monotonic()
         if not self._slots.acquire(blocking=False):
             with self._lock:
                 self.metrics.waiting += 1
-            self._slots.acquire()
-            with self._lock:
-                self.metrics.waiting -= 1
+            try:
+                while not self._slots.acquire(timeout=0.05):
+                    if gone is not None and gone():
+                        raise BrokenPipeError("the client left while queued")
+            finally:
+                with self._lock:
+                    self.metrics.waiting -= 1
         self.metrics.admit(prompt_tokens)
         if self.faults.active("preempt-under-load") and self.metrics.running > 1:
             self.metrics.preempted()  # KV cache short under a batch: vLLM recomputes it

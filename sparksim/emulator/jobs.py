@@ -24,6 +24,7 @@ class Responder(Protocol):
     def sse_send(self, data: str) -> bool: ...
     def sse_end(self) -> None: ...
     def abort(self) -> None: ...
+    def gone(self) -> bool: ...
 
 
 def dumps(obj: Any) -> str:
@@ -63,10 +64,11 @@ class Job:
         self.prompt_ids = prompt_ids or []
         self.cached_tokens = 0  # served from the prefix cache: not prefilled again
 
-    def _tokens(self, n: int) -> Generator[int, None, None]:
-        """Yield token indexes at their pacing times; raise EngineDead if the engine dies."""
+    def _tokens(self, n: int, gone: Callable[[], bool] | None = None) -> Generator[int, None, None]:
+        """Yield token indexes at their pacing times; raise EngineDead if the engine dies,
+        and BrokenPipeError when ``gone()`` says the client left (queued or running)."""
         engine = self.engine
-        self.queue_s = engine.admit(self.prompt_tokens)
+        self.queue_s = engine.admit(self.prompt_tokens, gone)
         self.cached_tokens = engine.prefix_cache.lookup_and_store(self.prompt_ids)
         engine.metrics.prefix(self.prompt_tokens, self.cached_tokens)
         try:
@@ -77,6 +79,8 @@ class Job:
                     self.clock.next()
                 if engine.dead:
                     raise err.engine_dead()
+                if gone is not None and gone():
+                    raise BrokenPipeError("the client left")
                 engine.metrics.token()
                 self.done = i + 1
                 yield i
@@ -86,8 +90,11 @@ class Job:
             raise
         self.clock.done()
 
-    def run_silent(self, steps: list[Step]) -> None:
-        gen = self._tokens(len(steps))
+    def run_silent(self, steps: list[Step], gone: Callable[[], bool] | None = None) -> None:
+        """A non-streamed answer's tokens, paced. A client that leaves aborts it, queued or
+        running, as vLLM's API server does (``with_cancellation`` on its completion routes
+        listens for the disconnect and aborts the request in the engine)."""
+        gen = self._tokens(len(steps), gone)
         try:
             for _ in gen:
                 pass

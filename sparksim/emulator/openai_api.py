@@ -207,7 +207,7 @@ def chat_completions(engine: Engine, raw: bytes, headers: dict[str, str], out: R
         tok.ids(rendered),
     )
     if not stream:
-        job.run_silent(plan.steps)
+        job.run_silent(plan.steps, out.gone)
         reasoning, content, calls = plan.message_parts()
         if auto_parser:
             engine.metrics.tool_parser_call("non_streaming", bool(calls))
@@ -365,7 +365,7 @@ def completions(engine: Engine, raw: bytes, headers: dict[str, str], out: Respon
         tok.ids(str(prompt)),
     )
     if not stream:
-        job.run_silent(plan.steps)
+        job.run_silent(plan.steps, out.gone)
         response = {
             "id": job.rid,
             "object": "text_completion",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import secrets
+import select
 import socket
 import socketserver
 import threading
@@ -177,6 +178,16 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.write(b"0\r\n\r\n")
         except OSError:
             self.close_connection = True
+
+    def gone(self) -> bool:
+        """Whether the client closed its connection while its answer was being made (an
+        HTTP/1.1 client sends nothing while it waits, so a readable socket with nothing
+        to read is a close)."""
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+        except (OSError, ValueError):
+            return True
 
     def abort(self) -> None:
         """Drop the connection mid-response (no terminating chunk)."""

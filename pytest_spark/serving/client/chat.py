@@ -119,8 +119,15 @@ class TurnCache:
             got = self._turns.get(key)
         if got is None:
             future = self._planned.take(key)
-            answer = future.result() if future is not None else self._ask(body(), streamed)
-            assert isinstance(answer, (Turn, ServingError))
+            planned = future.result() if future is not None else None
+            assert planned is None or isinstance(planned, (Turn, ServingError))
+            if planned is None:
+                answer = self._ask(body(), streamed)
+            elif isinstance(planned, ServingError) and self.prefetch is not None:
+                # out of time beside the others: judged on its answer alone
+                answer = self.prefetch.alone_again(planned, lambda: self._ask(body(), streamed))
+            else:
+                answer = planned
             with self._lock:
                 got = self._turns.setdefault(key, answer)
         if isinstance(got, ServingError):
