@@ -13,6 +13,8 @@ import time
 import warnings
 from typing import Any
 
+import pytest
+
 from conftest import Emu
 from pytest_spark.access.api import ApiEndpoint
 from pytest_spark.serving.client.chat import ServingClient, TurnCache
@@ -101,3 +103,28 @@ def test_a_client_that_leaves_is_aborted_running_or_queued(emu_factory: Any) -> 
     assert time.monotonic() - t0 < 3  # not behind the 10 s answers that were left
     quick.close()
     patient.close()
+
+
+def test_a_stream_queued_past_the_idle_timeout_is_named_as_possibly_queued(
+    emu_factory: Any,
+) -> None:
+    """vLLM sends a stream's headers before it schedules the request: a stream that waits
+    for a sequence is silent from its first chunk on, and the stall says it may be queued."""
+    emu = emu_factory(["--served-model-name", "qwen", "--max-num-seqs", "1"], PACED)
+    api = ApiEndpoint(f"http://127.0.0.1:{emu.port}", "qwen", timeout=10.0)
+    busy = ServingClient(api, timeout=10.0, idle_timeout=10.0)
+    waiting = ServingClient(api, timeout=10.0, idle_timeout=0.6)
+    holder = threading.Thread(
+        target=busy.chat, args=(busy.body("Count.", max_tokens=80, ignore_eos=True),)
+    )
+    holder.start()
+    time.sleep(0.3)  # the sequence is taken
+    try:
+        with pytest.raises(ServingError) as failed:
+            waiting.chat_stream(waiting.body("Say 1.", max_tokens=4))
+        assert failed.value.kind == "stall" and failed.value.chunks == 0
+        assert "a request still queued behind --max-num-seqs running ones" in failed.value.message
+    finally:
+        holder.join()
+        busy.close()
+        waiting.close()

@@ -352,10 +352,13 @@ def _transport_error(
                 chunks=chunks,
             )
         if state is not None:
+            # vLLM answers a stream's headers before the engine schedules it: silence from
+            # the first chunk on may be a request still waiting for a sequence.
+            queued = "a request still queued behind --max-num-seqs running ones, " * (not chunks)
             return ServingError(
                 "stall",
                 f"{where}: no data for {min(idle, timeout):g} s after "
-                f"{chunks} chunks: the stream stalled (engine hang or a "
+                f"{chunks} chunks: the stream stalled (engine hang, {queued}or a "
                 "proxy buffering SSE)",
                 evidence,
                 chunks=chunks,
