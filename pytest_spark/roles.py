@@ -56,6 +56,9 @@ class Active:
 
         config = self.config
         config.addinivalue_line("filterwarnings", "default::pytest_spark.verdict.SparkCheckWarning")
+        config.addinivalue_line(
+            "filterwarnings", "default::pytest_spark.serving.client.prefetch.AskedAloneWarning"
+        )
         config.pluginmanager.register(fixtures, "spark.fixtures")
         # NodeUnreachable out of a check: one failure per lost node, later checks skip citing it
         config.pluginmanager.register(

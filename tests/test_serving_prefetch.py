@@ -15,7 +15,12 @@ import pytest
 from pytest_spark.infra.finding import Finding
 from pytest_spark.serving.client.chat import TurnCache
 from pytest_spark.serving.client.evidence import Exchange
-from pytest_spark.serving.client.prefetch import Prefetch, confirmed_alone, plan_workers
+from pytest_spark.serving.client.prefetch import (
+    AskedAloneWarning,
+    Prefetch,
+    confirmed_alone,
+    plan_workers,
+)
 from pytest_spark.serving.client.stream import ServingError
 from pytest_spark.serving.client.turn import Turn
 
@@ -347,7 +352,7 @@ def test_a_planned_request_out_of_time_beside_others_is_judged_on_its_answer_alo
     for q in ("a", "b", "c"):
         cache.plan(q, _body(q), False)
     with pytest.warns(
-        UserWarning, match=r"asked again alone it answered in .* --spark-serving-concurrency"
+        AskedAloneWarning, match=r"asked again alone it answered in .* --spark-serving-concurrency"
     ):
         turn = cache.turn("c", _body("c"), False)  # c went out beside a
     assert turn.content == "answer to c"
@@ -362,7 +367,7 @@ def test_a_stall_beside_others_is_asked_alone_too_but_not_an_error_of_the_server
     cache = TurnCache(client, prefetch)
     for q in ("a", "b"):
         cache.plan(q, _body(q), True)
-    with pytest.warns(UserWarning):
+    with pytest.warns(AskedAloneWarning):
         assert cache.turn("b", _body("b"), True).content == "answer to b"
     prefetch.close()
     other = FakeClient(hold_s=0.01)  # an HTTP 500 is the server's answer: never asked again

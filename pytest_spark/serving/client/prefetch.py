@@ -27,7 +27,6 @@ from typing import Any, TypeVar
 import pytest
 
 from pytest_spark.serving.client.stream import ServingError
-from pytest_spark.verdict import SparkCheckWarning
 
 T = TypeVar("T")
 # The ways a request runs out of time (pytest_spark.serving.client.stream): beside the
@@ -35,6 +34,11 @@ T = TypeVar("T")
 # server that admits fewer sequences (--max-num-seqs) may hold a queued stream silent past
 # the idle timeout, where the same request alone answers in time.
 OUT_OF_TIME = frozenset({"timeout", "stall"})
+
+
+class AskedAloneWarning(UserWarning):
+    """A planned request ran out of time beside the others and was judged on its answer
+    alone (:meth:`Prefetch.alone_again`): the check passed, the cluster was slow under load."""
 
 
 def plan_workers(concurrency: int, max_num_seqs: int | None, under_xdist: bool) -> int:
@@ -117,7 +121,7 @@ class Prefetch:
             return answer
         self.asked_alone += 1
         warnings.warn(
-            SparkCheckWarning(
+            AskedAloneWarning(
                 f"{error.message}, with up to {self.workers} of the functional checks' "
                 f"requests in flight (--spark-serving-concurrency); asked again alone it "
                 f"answered in {took:.1f} s, and that answer was judged. A cluster this slow "
