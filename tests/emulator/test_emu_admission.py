@@ -21,9 +21,10 @@ from pytest_spark.serving.client.chat import ServingClient, TurnCache
 from pytest_spark.serving.client.prefetch import Prefetch, plan_workers
 from pytest_spark.serving.client.stream import ServingError
 
-# 16 tokens at 40 tok/s: ~0.4 s a request alone; five queued one at a time take ~2 s.
+# 16 tokens at 40 tok/s: ~0.4 s a request alone.
 PACED = {"SPARKSIM_EMU_DECODE_TOK_S": "40"}
-TIMEOUT_S = 1.2
+TIMEOUT_S = 2.0  # five times one request alone: eight queued one at a time take 3.2 s
+PLANNED = 8
 
 
 def _answers(emu: Emu, workers: int) -> tuple[list[str | None], int, list[str]]:
@@ -36,11 +37,11 @@ def _answers(emu: Emu, workers: int) -> tuple[list[str | None], int, list[str]]:
         return lambda: client.body(f"Say {i}.", max_tokens=16, ignore_eos=True, temperature=0)
 
     try:
-        for i in range(5):
+        for i in range(PLANNED):
             cache.plan(i, body(i), False)
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")
-            got = [cache.turn(i, body(i), False).finish_reason for i in range(5)]
+            got = [cache.turn(i, body(i), False).finish_reason for i in range(PLANNED)]
     finally:
         prefetch.close()
         client.close()
@@ -51,12 +52,12 @@ def test_a_plan_wider_than_max_num_seqs_is_judged_alone_and_capped_runs_in_time(
     emu_factory: Any,
 ) -> None:
     emu = emu_factory(["--served-model-name", "qwen", "--max-num-seqs", "1"], PACED)
-    got, alone, said = _answers(emu, 5)
-    assert got == ["length"] * 5  # every check judged an answer, none its own timeout
-    assert alone >= 2  # the queued ones ran out of the 1.2 s beside the others
-    assert all("with up to 5 of the functional checks' requests in flight" in s for s in said)
-    got, alone, said = _answers(emu, plan_workers(5, 1, under_xdist=False))
-    assert got == ["length"] * 5 and alone == 0 and said == []
+    got, alone, said = _answers(emu, PLANNED)
+    assert got == ["length"] * PLANNED  # every check judged an answer, none its own timeout
+    assert alone >= 2  # the last queued ones ran out of the 2 s beside the others
+    assert all("with up to 8 of the functional checks' requests in flight" in s for s in said)
+    got, alone, said = _answers(emu, plan_workers(PLANNED, 1, under_xdist=False))
+    assert got == ["length"] * PLANNED and alone == 0 and said == []
 
 
 def _gauge(emu: Emu, name: str) -> float:
@@ -118,7 +119,10 @@ def test_a_stream_queued_past_the_idle_timeout_is_named_as_possibly_queued(
         target=busy.chat, args=(busy.body("Count.", max_tokens=80, ignore_eos=True),)
     )
     holder.start()
-    time.sleep(0.3)  # the sequence is taken
+    deadline = time.monotonic() + 10
+    while _gauge(emu, "num_requests_running") < 1:  # the sequence is taken
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
     try:
         with pytest.raises(ServingError) as failed:
             waiting.chat_stream(waiting.body("Say 1.", max_tokens=4))

@@ -107,6 +107,13 @@ def _gauge(api: ApiEndpoint, name: str) -> float:
     return float(m.group(1))
 
 
+def _until(ok: Any, within_s: float = 10.0) -> None:
+    deadline = time.monotonic() + within_s
+    while not ok():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+
+
 def _one_request_s(api: ApiEndpoint, tokens: int) -> float:
     client = ServingClient(api, timeout=60, idle_timeout=60)
     try:
@@ -118,7 +125,7 @@ def _one_request_s(api: ApiEndpoint, tokens: int) -> float:
 
 
 def test_a_client_that_leaves_is_aborted_running_or_queued(api: ApiEndpoint) -> None:
-    quick = ServingClient(api, timeout=1.0, idle_timeout=1.0)
+    quick = ServingClient(api, timeout=2.0, idle_timeout=2.0)
     errors: list[str] = []
 
     def leave() -> None:
@@ -130,8 +137,9 @@ def test_a_client_that_leaves_is_aborted_running_or_queued(api: ApiEndpoint) -> 
     left = [threading.Thread(target=leave) for _ in range(2)]  # one running, one queued
     for t in left:
         t.start()
-    time.sleep(0.5)
-    assert (_gauge(api, "num_requests_running"), _gauge(api, "num_requests_waiting")) == (1, 1)
+    _until(
+        lambda: (_gauge(api, "num_requests_running"), _gauge(api, "num_requests_waiting")) == (1, 1)
+    )
     for t in left:
         t.join()
     quick.close()
@@ -153,7 +161,7 @@ def test_a_queued_stream_has_its_headers_then_silence(api: ApiEndpoint) -> None:
         args=(busy.body("Count.", max_tokens=int(3 / per_token), ignore_eos=True),),  # ~3 s
     )
     holder.start()
-    time.sleep(0.3)
+    _until(lambda: _gauge(api, "num_requests_running") == 1)  # the sequence is taken
     waiting = ServingClient(api, timeout=10, idle_timeout=0.6)
     try:
         with pytest.raises(ServingError) as failed:
