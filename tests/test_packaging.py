@@ -162,3 +162,24 @@ def test_checkout_collects_the_suite_once_and_selects_as_before() -> None:
     # -m link: the reachability verdicts come back and run first (issue #25 part 3)
     verdicts = [f"tests_infra/test_preflight.py::test_node_reachable[{n}]" for n in ("spark-head",)]
     assert _collected("-m", "link") == verdicts + link
+
+
+@pytest.mark.slow
+def test_infra_checks_come_before_the_serving_checks_and_accuracy_leads_those() -> None:
+    """The serving checks are reordered among themselves only: the accuracy checks lead
+    them and the soak ends them, while every infra check that needs no served model (links,
+    GPU health and load, kernel, open files, nodes alike) keeps its place before the first
+    serving check. With --spark-launch the first serving check starts the model's load:
+    ranking the accuracy checks before everything put the link verdicts behind the load."""
+    ids = _collected("--spark-workers=198.18.250.2")
+    files = [i.split("::")[0] for i in ids]
+    e2e = [n for n, f in enumerate(files) if f.startswith("tests_e2e/")]
+    accuracy = [n for n, f in enumerate(files) if f == "tests_e2e/test_accuracy.py"]
+    soak = [n for n, f in enumerate(files) if f == "tests_e2e/test_soak.py"]
+    assert accuracy and soak and e2e[: len(accuracy)] == accuracy and e2e[-len(soak) :] == soak
+    needs_no_model = {
+        f"tests_infra/test_{m}.py" for m in ("links", "gpuhealth", "gpuload", "kernel", "fdlimit")
+    } | {"tests_infra/test_alike.py"}
+    before = [f for f in files[: e2e[0]] if f in needs_no_model]
+    assert set(before) == needs_no_model
+    assert all(files.index(f) < e2e[0] for f in needs_no_model)

@@ -52,14 +52,19 @@ RUNS_FIRST = "test_accuracy.py"
 
 @pytest.hookimpl(trylast=True)  # after the plugin's own ordering of named checks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Reorders the serving checks among themselves, in the places they hold: every other
+    check keeps its place. The infra checks still come first (testpaths order), so with
+    --spark-launch the link, GPU and preflight verdicts come before the model's load, not
+    after it (ranking the accuracy checks before every check put them behind the load)."""
     here = Path(__file__).parent
+    slots = [i for i, item in enumerate(items) if item.path.parent == here]
 
     def rank(item: pytest.Item) -> int:
-        if item.path.parent != here:
-            return 1
         return {RUNS_FIRST: 0, RUNS_LAST: 2}.get(item.path.name, 1)
 
-    items.sort(key=rank)
+    ours = sorted((items[i] for i in slots), key=rank)
+    for slot, item in zip(slots, ours, strict=True):
+        items[slot] = item
 
 
 @pytest.fixture(scope="session")
