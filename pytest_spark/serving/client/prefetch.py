@@ -67,7 +67,7 @@ class Prefetch:
         self.sent = 0  # requests sent ahead this session (the terminal's summary, tests)
         self.planned: set[object] = set()  # the modules whose checks' requests went out
         self.asked_alone = 0  # planned requests that ran out of time, asked again alone
-        self._alone_failed: ServingError | None = None
+        self._alone_failed = False  # a request ran out of time alone too: ask no more
 
     @property
     def concurrent(self) -> bool:
@@ -106,10 +106,10 @@ class Prefetch:
         what the server answers. A server too slow alone too fails that one check, and
         later checks keep their own errors, not asked again (one more wait at most, not
         one per check on a hung server)."""
-        if error.kind not in OUT_OF_TIME or not self.concurrent:
+        if error.kind not in OUT_OF_TIME:  # a planned request: the pool is concurrent
             return error
         with self._lock:
-            if self._alone_failed is not None:
+            if self._alone_failed:
                 return error
         self.drain()
         t0 = time.monotonic()
@@ -117,7 +117,7 @@ class Prefetch:
         took = time.monotonic() - t0
         if isinstance(answer, ServingError):
             with self._lock:
-                self._alone_failed = answer
+                self._alone_failed = True
             return answer
         self.asked_alone += 1
         warnings.warn(
