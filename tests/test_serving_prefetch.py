@@ -5,9 +5,12 @@ request raised) unchanged; nothing planned is left in flight when the module end
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -23,6 +26,8 @@ from pytest_spark.serving.client.prefetch import (
 )
 from pytest_spark.serving.client.stream import ServingError
 from pytest_spark.serving.client.turn import Turn
+from pytest_spark.serving.validate.reasoningturns import ReasoningTurns
+from pytest_spark.settings.profiles import load_profile
 
 pytestmark = pytest.mark.unit
 
@@ -414,3 +419,71 @@ def test_plan_workers_are_capped_by_the_servers_max_num_seqs(
     """More in flight than the server admits only queues there, and a queued stream says
     nothing until a sequence frees (an idle timeout where alone it answers)."""
     assert plan_workers(concurrency, seqs, xdist) == workers
+
+
+def _suite_module(name: str) -> Any:
+    """A tests_e2e module, loaded from its file (its plan_ahead, not its checks)."""
+    path = Path(__file__).resolve().parents[1] / "tests_e2e" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"suite_{name}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class RecordingRaw:
+    """The raw client as a turn cache calls it: every (body, streaming) it was asked."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.asked: list[tuple[str, bool]] = []
+
+    def body(self, messages: Any, **params: Any) -> dict[str, Any]:
+        if isinstance(messages, str):
+            messages = [{"role": "user", "content": messages}]
+        return {"model": "m", "messages": messages, **params}
+
+    def turn(self, body: dict[str, Any], streamed: bool) -> Turn:
+        with self.lock:
+            self.asked.append((json.dumps(body, sort_keys=True), streamed))
+        return Turn(
+            streamed=streamed,
+            content="42",
+            reasoning="17 + 25 = 42",
+            reasoning_fields=("reasoning",),
+            tool_calls=[],
+            finish_reason="stop",
+            usage=None,
+            exchange=Exchange("POST", "/x"),
+        )
+
+
+def test_the_sdk_reasoning_twin_is_the_raw_checks_own_request() -> None:
+    """The raw twin an SDK reasoning check compares with is the raw reasoning check's own
+    request, asked once a session: the plan of both modules and the checks' reads send no
+    request twice (a second cache asked it again: two more thinking answers to decode)."""
+    reasoning = _suite_module("test_reasoning")
+    via_sdk = _suite_module("test_via_sdk")
+    raw, sdk = RecordingRaw(), RecordingRaw()
+    prefetch = Prefetch(4)
+    settings = SimpleNamespace(profile=load_profile("dgx-spark-2node"))
+    turns = ReasoningTurns(raw, settings, None, prefetch)  # type: ignore[arg-type]
+    fixtures = {"reasoning_turns": turns, "sdk_turns": TurnCache(sdk, prefetch)}
+    request = SimpleNamespace(getfixturevalue=fixtures.__getitem__)
+
+    def item(name: str, streamed: bool) -> Any:
+        callspec = SimpleNamespace(params={"streamed": streamed})
+        return SimpleNamespace(originalname=name, name=name, callspec=callspec)
+
+    try:
+        for streamed in (False, True):
+            reasoning.plan_ahead(request, item("test_reasoning_separated", streamed))
+            via_sdk.plan_ahead(request, item("test_sdk_reasoning", streamed))
+        prefetch.drain()
+        for streamed in (False, True):  # what the SDK check reads as its twins
+            turns.turn("thinking", streamed)
+    finally:
+        prefetch.close()
+    assert len(raw.asked) == len(set(raw.asked)) == 2, raw.asked  # thinking, plain and streamed
+    assert sorted(s for _, s in sdk.asked) == [False, True]
+    assert {body for body, _ in sdk.asked} == {body for body, _ in raw.asked}  # the same question

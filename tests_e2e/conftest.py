@@ -209,19 +209,6 @@ def reasoning_turns(
 
 
 @pytest.fixture(scope="session")
-def reasoning_raw(
-    spark_api: ApiEndpoint, spark_settings: Settings, serving_prefetch: Prefetch
-) -> Iterator[TurnCache]:
-    """The raw twins of the SDK's reasoning requests (tests_e2e/test_via_sdk.py)."""
-    timeout = spark_settings.profile.reasoning.request_timeout_s
-    client = ServingClient(spark_api, timeout=timeout, idle_timeout=spark_api.timeout)
-    try:
-        yield TurnCache(client, serving_prefetch)
-    finally:
-        client.close()
-
-
-@pytest.fixture(scope="session")
 def sdk(spark_api: ApiEndpoint, spark_settings: Settings) -> Iterator[SdkClient]:
     """The openai SDK client on the suite's endpoint, key and timeout; closed at the end."""
     timeout = max(

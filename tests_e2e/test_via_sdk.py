@@ -49,8 +49,7 @@ from pytest_spark.serving.validate.formatturns import (
     cited_ignored,
     cited_reasoning_leak,
 )
-from pytest_spark.serving.validate.reasoningturns import QUESTION as REASONING_QUESTION
-from pytest_spark.serving.validate.reasoningturns import SEED
+from pytest_spark.serving.validate.reasoningturns import ReasoningTurns
 from pytest_spark.serving.validate.sdkchecks import check_stream_helper, compare_sdk
 from pytest_spark.serving.validate.structured import FORMATS, FormatKind, check_structured
 from pytest_spark.serving.validate.tools import Mode
@@ -61,16 +60,6 @@ from pytest_spark.serving.validate.toolturns import (
 )
 
 STREAMED = pytest.mark.parametrize("streamed", [False, True], ids=["plain", "stream"])
-
-
-def _reasoning_body(client: ServingClient, settings: Settings) -> dict[str, Any]:
-    """The raw reasoning check's question, as the SDK and its raw twin ask it."""
-    return client.body(
-        REASONING_QUESTION,
-        temperature=0,
-        seed=SEED,
-        max_tokens=settings.profile.reasoning.max_tokens,
-    )
 
 
 def plan_ahead(request: pytest.FixtureRequest, item: pytest.Item) -> None:
@@ -87,11 +76,11 @@ def plan_ahead(request: pytest.FixtureRequest, item: pytest.Item) -> None:
         body = tool_turns.body(mode, False)
         sdk_turns.plan(("tool", mode, streamed), lambda: body, streamed)
     elif name == "test_sdk_reasoning":
-        raw: TurnCache = request.getfixturevalue("reasoning_raw")
-        settings: Settings = request.getfixturevalue("spark_settings")
-        body = _reasoning_body(raw.client, settings)
-        raw.plan(("thinking", streamed), lambda: body, streamed)
-        raw.plan(("thinking", False), lambda: body, False)
+        # The raw twins are the raw reasoning checks' own turns (asked once a session).
+        turns: ReasoningTurns = request.getfixturevalue("reasoning_turns")
+        turns.plan("thinking", streamed)
+        turns.plan("thinking", False)
+        body = turns.body("thinking")
         sdk_turns.plan(("reasoning", streamed), lambda: body, streamed)
     elif name == "test_sdk_structured_output":
         format_turns: FormatTurns = request.getfixturevalue("format_turns")
@@ -259,7 +248,7 @@ def test_sdk_tool_call(
 @STREAMED
 def test_sdk_reasoning(
     request: pytest.FixtureRequest,
-    reasoning_raw: TurnCache,
+    reasoning_turns: ReasoningTurns,
     sdk: SdkClient,
     sdk_turns: TurnCache,
     spark_settings: Settings,
@@ -277,10 +266,11 @@ def test_sdk_reasoning(
         if missing is not None:
             pytest.skip(missing)
     label = f"openai SDK, reasoning ({'streaming' if streamed else 'non-streaming'})"
-    body = _reasoning_body(reasoning_raw.client, spark_settings)
-    # the raw twin of this request (a wire break is its failure) and the verdict's answer
-    twin = _raw(lambda: reasoning_raw.turn(("thinking", streamed), lambda: body, streamed))
-    raw = _raw(lambda: reasoning_raw.turn(("thinking", False), lambda: body, False))
+    body = reasoning_turns.body("thinking")
+    # the raw twin of this request (a wire break is its failure) and the verdict's answer:
+    # the raw reasoning checks' own turns, the same request
+    twin = _raw(lambda: reasoning_turns.turn("thinking", streamed))
+    raw = _raw(lambda: reasoning_turns.turn("thinking", False))
     twin_name = f"test_reasoning_separated[{_suffix(streamed)}]"
     asked = (sdk_turns, ("reasoning", streamed))
     turn = _sdk_turn(request, sdk, spark_check, asked, body, streamed, label, twin, twin_name)
