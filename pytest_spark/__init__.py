@@ -24,6 +24,7 @@ _EXPORTS = {
     "NodeUnreachable": "pytest_spark.access.base",
     "RemoteError": "pytest_spark.access.base",
     "Finding": "pytest_spark.infra.finding",
+    "CheckNote": "pytest_spark.infra.finding",
     "SparkCheck": "pytest_spark.verdict",
     "SparkCheckWarning": "pytest_spark.verdict",
     "require_unless_twin_down": "pytest_spark.verdict",
@@ -35,6 +36,7 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "CheckNote",
     "Cluster",
     "CommandFailed",
     "CommandResult",
@@ -65,7 +67,7 @@ if TYPE_CHECKING:
         RemoteError,
     )
     from pytest_spark.access.cluster import Cluster, Node
-    from pytest_spark.infra.finding import Finding
+    from pytest_spark.infra.finding import CheckNote, Finding
     from pytest_spark.report.live import progress_line_writer
     from pytest_spark.settings.profiles import Profile, load_profile
     from pytest_spark.settings.resolve import Settings

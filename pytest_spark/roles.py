@@ -11,6 +11,7 @@ import shutil
 import signal
 import tempfile
 import threading
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -56,9 +57,8 @@ class Active:
 
         config = self.config
         config.addinivalue_line("filterwarnings", "default::pytest_spark.verdict.SparkCheckWarning")
-        config.addinivalue_line(
-            "filterwarnings", "default::pytest_spark.serving.client.prefetch.AskedAloneWarning"
-        )
+        # a check's notes (AskedAloneWarning among them) say how it came to its verdict
+        config.addinivalue_line("filterwarnings", "default::pytest_spark.infra.finding.CheckNote")
         config.pluginmanager.register(fixtures, "spark.fixtures")
         # NodeUnreachable out of a check: one failure per lost node, later checks skip citing it
         config.pluginmanager.register(
@@ -112,6 +112,25 @@ class Active:
             count = len(ifs) or settings.profile.link.fabric_twins
             twin_ids = list(ifs) if ifs else [f"twin{i}" for i in range(count)]
             metafunc.parametrize("spark_twin", list(range(count)), ids=twin_ids, scope="session")
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> Any:
+        """A check's notes (``CheckNote`` warnings: how it came to its verdict) kept with it,
+        for the results and the report; every warning goes on to pytest's summary as
+        before (warned again, as it was, once the check returns)."""
+        from pytest_spark.infra.finding import CheckNote
+        from pytest_spark.report.results import NOTES_PROP
+
+        log: list[warnings.WarningMessage] = []
+        try:
+            with warnings.catch_warnings(record=True) as log:
+                return (yield)
+        finally:
+            notes = [str(w.message) for w in log if issubclass(w.category, CheckNote)]
+            if notes:
+                item.user_properties.append((NOTES_PROP, notes))
+            for w in log:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
 
     def pytest_itemcollected(self, item: pytest.Item) -> None:
         """The check's category is its closest category marker (a test's own mark wins over

@@ -25,6 +25,7 @@ def test_all_names_resolve() -> None:
 
 def test_public_surface_is_stable() -> None:
     assert set(pytest_spark.__all__) == {
+        "CheckNote",
         "Cluster",
         "CommandFailed",
         "CommandResult",

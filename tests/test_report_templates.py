@@ -13,7 +13,7 @@ from types import SimpleNamespace
 from report_fakes import Tags, assert_no_injected_markup
 
 from pytest_spark.report import html as report_html
-from pytest_spark.report.results import FINDING_PROP, NODE_PROP
+from pytest_spark.report.results import FINDING_PROP, NODE_PROP, NOTES_PROP
 from pytest_spark.report.templating import environment, fragment
 
 REPO = Path(__file__).resolve().parents[1]
@@ -98,3 +98,21 @@ def test_markup_and_ampersands_are_text_escaped_once() -> None:
 class _NoRedaction:
     def text(self, value: str) -> str:
         return value
+
+
+def test_a_checks_notes_are_shown_under_its_row() -> None:
+    """A passing check's notes (CheckNote: a request asked again alone) show in its block,
+    escaped; a check with none shows no note."""
+    note = "asked again alone it answered in 2.1 s <b>"
+    report = _report(level="pass", node=NODE, message="the call assembled", measured=1)
+    plain = report_html.check_html(report)  # type: ignore[arg-type]
+    assert plain is not None and "Note:" not in _shown(plain)
+    report.user_properties.append((NOTES_PROP, [note]))
+    block = report_html.check_html(report)  # type: ignore[arg-type]
+    assert block is not None
+    text = _shown(block)
+    assert "PASS" in text and f"Note: {note}" in text
+    # a check with no finding of its own (a plain pass) but a note still gets its block
+    bare = SimpleNamespace(**{**vars(report), "user_properties": [(NOTES_PROP, [note])]})
+    shown = report_html.check_html(bare)  # type: ignore[arg-type]
+    assert shown is not None and f"Note: {note}" in _shown(shown)

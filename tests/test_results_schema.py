@@ -33,6 +33,12 @@ def broken():
 def test_setup_crash(broken):
     pass
 
+def test_noted(spark_check):
+    import warnings
+    from pytest_spark import CheckNote
+    warnings.warn(CheckNote("asked again alone: answered in 2.0 s"))
+    spark_check.require(Finding.passed(200.0, 200.0, "Gb/s", node="spark-head"))
+
 @pytest.mark.nccl
 def test_series(spark_check):
     spark_check.attach("busbw_series", [{"bytes": 1048576, "busbw_gbps": 0.24}])
@@ -48,6 +54,7 @@ CHECK_KEYS = {
     "unit",
     "message",
     "crashed",
+    "notes",
 }
 
 
@@ -55,7 +62,7 @@ def test_results_match_schema(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_suite=SUITE, test_plain="def test_not_a_suite_check():\n    pass\n")
     path = pytester.path / "out" / "results.json"
     result = pytester.runpytest(f"--spark-results={path}", "--spark-history=off")
-    result.assert_outcomes(passed=3, failed=2, skipped=1, errors=1)
+    result.assert_outcomes(passed=4, failed=2, skipped=1, errors=1)
     doc = json.loads(path.read_text())
     assert doc["version"] == 1
     datetime.fromisoformat(doc["started"])
@@ -69,6 +76,7 @@ def test_results_match_schema(pytester: pytest.Pytester) -> None:
         "test_skip",
         "test_crash",
         "test_setup_crash",
+        "test_noted",
         "test_series",
     }
     for check in checks.values():
@@ -98,5 +106,9 @@ def test_results_match_schema(pytester: pytest.Pytester) -> None:
     assert checks["test_crash"]["crashed"] == "KeyError"
     assert checks["test_setup_crash"]["crashed"] == "ConnectionResetError"
     assert checks["test_setup_crash"]["outcome"] == "error"
+    # a CheckNote is kept with its check, and still in pytest's warnings summary
+    assert checks["test_noted"]["notes"] == ["asked again alone: answered in 2.0 s"]
+    assert checks["test_noted"]["outcome"] == "passed" and checks["test_ok"]["notes"] == []
+    result.stdout.fnmatch_lines(["*CheckNote: asked again alone: answered in 2.0 s*"])
     assert checks["test_series"]["category"] == "nccl"
     assert checks["test_series"]["extra"]["busbw_series"][0]["busbw_gbps"] == 0.24

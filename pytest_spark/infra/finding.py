@@ -8,6 +8,13 @@ from typing import Any, Literal
 Level = Literal["pass", "warn", "fail"]
 
 
+class CheckNote(UserWarning):
+    """How a check came to its verdict, when the way matters to whoever reads it (a request
+    asked again alone after it ran out of time beside others): not a finding about the
+    cluster. Warned from inside a check, it stays in pytest's warnings summary and is kept
+    with the check (``notes`` in the results, under the check's row in the report)."""
+
+
 @dataclass(frozen=True)
 class Finding:
     """What one check concluded about one node (or the cluster).

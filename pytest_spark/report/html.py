@@ -16,7 +16,13 @@ from markupsafe import Markup
 from pytest_spark.report.accuracy import accuracy_html
 from pytest_spark.report.depth import depth_html
 from pytest_spark.report.figures import key_figures
-from pytest_spark.report.results import CATEGORY_PROP, FINDING_PROP, NODE_PROP, category_of
+from pytest_spark.report.results import (
+    CATEGORY_PROP,
+    FINDING_PROP,
+    NODE_PROP,
+    NOTES_PROP,
+    category_of,
+)
 from pytest_spark.report.summary import measured_expected, outcome_counts, remediation
 from pytest_spark.report.templating import fragment, render
 
@@ -86,10 +92,12 @@ def _clip(text: str) -> str:
 
 def check_html(report: pytest.TestReport) -> str | None:
     """The block shown under a check's row: verdict, figures, message (each node's log
-    tail of a readiness failure in its own block), fix, evidence."""
+    tail of a readiness failure in its own block), notes, fix, evidence."""
     finding = _finding(report)
     failed = report.failed
-    if not finding and not failed:
+    kept = dict(report.user_properties).get(NOTES_PROP)
+    notes = [str(n) for n in kept] if isinstance(kept, list) else []
+    if not finding and not failed and not notes:
         return None
     level = "fail" if failed else str(finding.get("level") or "pass")
     message = _message(report) if failed else str(finding.get("message") or "")
@@ -114,6 +122,7 @@ def check_html(report: pytest.TestReport) -> str | None:
             for name, text in (evidence.items() if isinstance(evidence, dict) else ())
         ],
         plotted=sorted(extras & set(FIGURE_KEYS)),
+        notes=notes,
     )
 
 

@@ -24,6 +24,7 @@ FINDING_PROP = "spark_finding"
 NODE_PROP = "spark_node"
 CATEGORY_PROP = "spark_category"
 DATA_PREFIX = "spark_data:"
+NOTES_PROP = "spark_notes"  # what a check warned as a CheckNote (roles.Active keeps them)
 CRASH_PROP = "spark_crashed"  # the exception type when a test died of an exception, not a verdict
 # How a check says its verdict; any other exception is a crash (a bug in the check or suite).
 VERDICT_EXCEPTIONS: tuple[type[BaseException], ...] = (
@@ -117,6 +118,7 @@ class ResultsRecorder:
                 "crashed": props.get(CRASH_PROP),
                 "duration_s": round(report.duration, 4),
                 "evidence": finding.get("evidence") or {},
+                "notes": list(props.get(NOTES_PROP) or ()),
                 "extra": {
                     k.removeprefix(DATA_PREFIX): v
                     for k, v in props.items()

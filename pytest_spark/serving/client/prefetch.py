@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from pytest_spark.infra.finding import CheckNote
 from pytest_spark.serving.client.stream import ServingError
 
 T = TypeVar("T")
@@ -36,7 +37,7 @@ T = TypeVar("T")
 OUT_OF_TIME = frozenset({"timeout", "stall"})
 
 
-class AskedAloneWarning(UserWarning):
+class AskedAloneWarning(CheckNote):
     """A planned request ran out of time beside the others and was judged on its answer
     alone (:meth:`Prefetch.alone_again`): the check passed, the cluster was slow under load."""
 
