@@ -118,16 +118,23 @@ def run_suite(
     return SuiteRun(proc.returncode, output, data)
 
 
-def node_ssh(sim: SimCluster, node: str, command: str, timeout: float = 60) -> str:
-    """``command``'s stdout on a sim node (its mgmt address), over the sim's ssh_config."""
-    proc = subprocess.run(
+def node_run(
+    sim: SimCluster, node: str, command: str, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """``command`` on a sim node (its mgmt address), over the sim's ssh_config: exit status
+    (255: ssh itself failed), stdout and stderr."""
+    return subprocess.run(
         ["ssh", "-F", str(sim.ssh_config), "-o", "ConnectTimeout=5", node, command],
         capture_output=True,
         text=True,
         timeout=timeout,
         env=spawn_env(),  # the matrix's lanes call this off the main thread
     )
-    return proc.stdout
+
+
+def node_ssh(sim: SimCluster, node: str, command: str, timeout: float = 60) -> str:
+    """``command``'s stdout on a sim node (its mgmt address), over the sim's ssh_config."""
+    return node_run(sim, node, command, timeout).stdout
 
 
 def serving_containers(sim: SimCluster, name: str = "vllm_node") -> dict[str, str]:

@@ -20,6 +20,7 @@ from conftest import (  # type: ignore[import-not-found]
     SuiteRun,
     assert_one_failure_the_rest_point_at_it,
     launch_args,
+    node_run,
     node_ssh,
     run_suite,
     serving_containers,
@@ -132,6 +133,18 @@ def operator_container(sim: SimCluster, serve: str) -> str:
     return shlex.join([*argv, "--entrypoint=", image, *shlex.split(serve)])
 
 
+def _not_healthy(sim: SimCluster, probe: subprocess.CompletedProcess[str]) -> str:
+    """Why the operator's container is not healthy after 120 s: the last probe (exit 255:
+    ssh itself failed), the container's state and its last log lines."""
+    state = node_run(
+        sim,
+        sim.head,
+        "docker ps -a --filter name=^vllm_node$ --format '{{.Status}}'; "
+        "docker logs vllm_node 2>&1 | tail -20",
+    )
+    return f"/health probe: {probe}\ncontainer: {state}"
+
+
 def test_attach_while_loading_after_a_restart(sim: SimCluster, tmp_path: Path) -> None:
     """Issue #13 part 3: a `docker start`ed container loads again with its previous run's
     "Application startup complete." still in `docker logs`. Attached at once, the watch
@@ -145,16 +158,15 @@ def test_attach_while_loading_after_a_restart(sim: SimCluster, tmp_path: Path) -
     )
     health = "curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8000/health"
     try:
-        node_ssh(
+        started = node_run(
             sim,
             sim.head,
             f"docker rm -f vllm_node >/dev/null 2>&1; {operator_container(sim, serve)}",
         )
+        assert started.returncode == 0, f"docker run on {sim.head}: {started}"
         deadline = time.monotonic() + 120
-        while node_ssh(sim, sim.head, health).strip() != "200":
-            assert time.monotonic() < deadline, node_ssh(
-                sim, sim.head, "docker logs vllm_node 2>&1 | tail"
-            )
+        while (probe := node_run(sim, sim.head, health)).stdout.strip() != "200":
+            assert time.monotonic() < deadline, _not_healthy(sim, probe)
             time.sleep(1)
         node_ssh(sim, sim.head, "docker stop vllm_node >/dev/null && docker start vllm_node")
         assert "startup complete" in node_ssh(sim, sim.head, "docker logs vllm_node 2>&1")
