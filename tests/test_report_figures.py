@@ -133,6 +133,8 @@ def test_verdicts_per_category_and_node() -> None:
             check("nccl"),
             check("preflight", "skipped", node="spark-head"),
             {**check("link", node="spark-head"), "level": "warn"},
+            {**check("tool_calls"), "notes": ["asked again alone: answered in 2.5 s"]},
+            {**check("tool_calls"), "notes": []},
         ],
     }
     table = verdict_table(doc)
@@ -141,6 +143,9 @@ def test_verdicts_per_category_and_node() -> None:
     assert table.cell("link", "spark-head").text() == "2 passed, 1 warned"
     assert table.cell("link", "spark-worker-1").verdict == "fail"
     assert table.cell("nccl", "cluster").verdict == "pass"
+    # a note says how a check came to its verdict: counted, the verdict unchanged
+    assert table.cell("tool_calls", "cluster").text() == "2 passed, 1 noted"
+    assert table.cell("tool_calls", "cluster").verdict == "pass"
     assert table.cell("preflight", "spark-head").verdict == "skip"
     assert table.cell("reasoning", "spark-head").verdict == "none"
     assert table.overall == "fail" and table.category("link").verdict == "fail"

@@ -15,7 +15,9 @@ RANK = {"fail": 4, "warn": 3, "pass": 2, "skip": 1, "none": 0}
 
 @dataclass
 class Cell:
-    counts: Counter[str] = field(default_factory=Counter)  # passed/failed/error/skipped/warn
+    # passed/failed/error/skipped/warn, and noted: checks with notes (how they came to their
+    # verdict: a request asked again alone), which do not change the verdict
+    counts: Counter[str] = field(default_factory=Counter)
 
     @property
     def verdict(self) -> str:
@@ -44,6 +46,8 @@ class Cell:
         ]
         if c["warn"]:
             parts.append(f"{c['warn']} warned")
+        if c["noted"]:
+            parts.append(f"{c['noted']} noted")
         return ", ".join(parts) or "-"
 
 
@@ -88,6 +92,8 @@ def verdict_table(doc: dict[str, Any]) -> VerdictTable:
         cell.counts[outcome] += 1
         if outcome == "passed" and check.get("level") == "warn":
             cell.counts["warn"] += 1
+        if check.get("notes"):
+            cell.counts["noted"] += 1
     if any(node == CLUSTER for _, node in cells):
         nodes.append(CLUSTER)
     return VerdictTable(nodes, cells)
