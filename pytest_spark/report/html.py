@@ -20,8 +20,8 @@ from pytest_spark.report.results import (
     CATEGORY_PROP,
     FINDING_PROP,
     NODE_PROP,
-    NOTES_PROP,
     category_of,
+    notes_of,
 )
 from pytest_spark.report.summary import measured_expected, outcome_counts, remediation
 from pytest_spark.report.templating import fragment, render
@@ -95,8 +95,7 @@ def check_html(report: pytest.TestReport) -> str | None:
     tail of a readiness failure in its own block), notes, fix, evidence."""
     finding = _finding(report)
     failed = report.failed
-    kept = dict(report.user_properties).get(NOTES_PROP)
-    notes = [str(n) for n in kept] if isinstance(kept, list) else []
+    notes = notes_of(dict(report.user_properties))
     if not finding and not failed and not notes:
         return None
     level = "fail" if failed else str(finding.get("level") or "pass")

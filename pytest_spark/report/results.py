@@ -118,7 +118,7 @@ class ResultsRecorder:
                 "crashed": props.get(CRASH_PROP),
                 "duration_s": round(report.duration, 4),
                 "evidence": finding.get("evidence") or {},
-                "notes": list(props.get(NOTES_PROP) or ()),
+                "notes": notes_of(props),
                 "extra": {
                     k.removeprefix(DATA_PREFIX): v
                     for k, v in props.items()
@@ -186,6 +186,12 @@ class ResultsRecorder:
 
 # The controller's ResultsRecorder (set by the plugin at configure; read by the report).
 RESULTS_KEY: pytest.StashKey[ResultsRecorder] = pytest.StashKey()
+
+
+def notes_of(props: dict[str, Any]) -> list[str]:
+    """A check's notes, from its report's user properties (``dict(user_properties)``)."""
+    kept = props.get(NOTES_PROP)
+    return [str(note) for note in kept] if isinstance(kept, list | tuple) else []
 
 
 def _longrepr_message(report: pytest.TestReport) -> str:
