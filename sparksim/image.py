@@ -70,6 +70,7 @@ BINARIES = (
     "xargs", "grep", "sed", "awk", "ps", "pgrep", "pkill", "kill", "hostname", "find",
     "sha256sum", "du", "df", "timeout", "sync",
     "lscpu",  # real vLLM on CPU (`--engine vllm-cpu`) reads the core layout with it
+    "base64",  # sparkrun decodes its PID 1 and its serve script with it (REFERENCE.md 6a)
 )  # fmt: skip
 # Standard library parts a server never imports.
 STDLIB_SKIP = {

@@ -1,4 +1,6 @@
-"""The fake checkpoint each node holds: ``/root/models/Qwen3.5-122B-A10B-FP8``.
+"""The fake checkpoint each node holds: ``/root/models/Qwen3.5-122B-A10B-FP8``, and the
+same files as repo ``Qwen/Qwen3.5-122B-A10B-FP8`` in the node's Hugging Face cache
+(``~/.cache/huggingface/hub``: where sparkrun finds a recipe's model on each node).
 
 The layout of a Hugging Face FP8 checkpoint (config, generation config, tokenizer files,
 ``model.safetensors.index.json`` and 39 ``model-000NN-of-00039.safetensors`` shards), each
@@ -18,6 +20,8 @@ from pathlib import Path
 
 MODEL_NAME = "Qwen3.5-122B-A10B-FP8"
 MODELS_DIR = "models"  # under the node's home: /root/models
+HF_REPO = f"Qwen/{MODEL_NAME}"  # the checkpoint's repo id in the node's Hugging Face cache
+HF_HUB = ".cache/huggingface/hub"  # under the node's home: huggingface_hub's default cache
 SHARDS = 39
 FAULT_SHARD = 17
 FAULT_KINDS = ("corrupt", "missing", "truncated")
@@ -164,13 +168,53 @@ def model_dir(home: Path) -> Path:
 
 
 def install(home: Path) -> Path:
-    """Write the checkpoint under ``home`` (a node's /root); replace any older copy."""
+    """Write the checkpoint under ``home`` (a node's /root); replace any older copy. The
+    same checkpoint is in the node's Hugging Face cache too (:func:`install_hf_cache`)."""
     dest = model_dir(home)
     tmp = dest.with_name(f".{dest.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    for name, data in files().items():
+    content = files()
+    for name, data in content.items():
         (tmp / name).write_bytes(data)
+    if dest.exists():
+        shutil.rmtree(dest)
+    os.replace(tmp, dest)
+    install_hf_cache(home, content)
+    return dest
+
+
+def hf_cache_dir(home: Path) -> Path:
+    """``~/.cache/huggingface/hub/models--Qwen--Qwen3.5-122B-A10B-FP8`` under ``home``."""
+    return home / HF_HUB / ("models--" + HF_REPO.replace("/", "--"))
+
+
+def hf_revision(content: dict[str, bytes]) -> str:
+    """The snapshot's commit: 40 hex digits derived from the files, as stable as they are."""
+    h = hashlib.sha1()
+    for name in sorted(content):
+        h.update(name.encode() + b"\0" + hashlib.sha256(content[name]).digest())
+    return h.hexdigest()
+
+
+def install_hf_cache(home: Path, content: dict[str, bytes] | None = None) -> Path:
+    """The checkpoint as ``huggingface_hub`` caches repo ``HF_REPO`` (blobs, a snapshot of
+    relative links to them, ``refs/main``), where sparkrun looks for a recipe's ``model:``
+    repo id on each node (its remote cache ``~/.cache/huggingface``, mounted at
+    /cache/huggingface in its containers; ``--offline`` needs the snapshot there)."""
+    content = files() if content is None else content
+    dest = hf_cache_dir(home)
+    tmp = dest.with_name(f".{dest.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    rev = hf_revision(content)
+    snapshot = tmp / "snapshots" / rev
+    for d in (tmp / "blobs", tmp / "refs", snapshot):
+        d.mkdir(parents=True)
+    for name, data in content.items():
+        blob = hashlib.sha256(data).hexdigest()
+        (tmp / "blobs" / blob).write_bytes(data)
+        (snapshot / name).symlink_to(f"../../blobs/{blob}")
+    (tmp / "refs" / "main").write_text(rev)  # no newline, as huggingface_hub writes it
     if dest.exists():
         shutil.rmtree(dest)
     os.replace(tmp, dest)
