@@ -223,24 +223,38 @@ def test_math_floor_is_expected_less_tolerance_and_the_baseline() -> None:
     assert not check_math(score, 0.5, 0.08, SERVER, baseline=0.96).ok
 
 
+def key_of(**changes: str) -> BaselineKey:
+    facts = {
+        "head": "10.1.230.180",
+        "model": "qwen",
+        "serve_args": "vllm serve /m --tp 2",
+        "version": "0.32.0",
+        "engine": "vllm (uvicorn)",
+    }
+    return BaselineKey(**{**facts, **changes})
+
+
 def test_baseline_store_history_and_pinned(tmp_path: Path) -> None:
-    key = BaselineKey("qwen", "vllm serve /m --tp 2", "0.32.0")
-    other = BaselineKey("qwen", "vllm serve /m --tp 1", "0.32.0")
+    key = key_of()
+    other = key_of(serve_args="vllm serve /m --tp 1")
     fp = Fingerprint(-2.0, 0.7, 150, "prompt_logprobs")
     history = BaselineStore(None, tmp_path / "hist")
     assert history.load(key) is None
     assert history.save(key, fp) == tmp_path / "hist" / "accuracy-baselines.json"
     loaded = history.load(key)
     assert loaded is not None and loaded.fingerprint == fp and "the history" in loaded.origin
+    assert loaded.canaries is None  # a fingerprint alone: no answers recorded
     assert history.load(other) is None  # another serve line: another baseline
     pinned = BaselineStore(tmp_path / "tp1.json", tmp_path / "hist")
     assert pinned.load(other) is None
     pinned.save(other, fp)
     assert pinned.load(key) is not None  # a pinned file is compared whatever the key
+    said = pinned.passed_over(key)
+    assert len(said) == 1 and "serve args vllm serve /m --tp 1 (this run: " in said[0], said
     assert BaselineStore(None, None).save(key, fp) is None  # --spark-history=off
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"nothing": 1}))
-    with pytest.raises(ValueError, match="not a fingerprint baseline"):
+    with pytest.raises(ValueError, match="not an accuracy baseline"):
         BaselineStore(bad, None).load(key)
 
 

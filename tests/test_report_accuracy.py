@@ -80,3 +80,27 @@ def test_the_report_and_the_json_read_the_same_document(tmp_path) -> None:  # ty
 
     recorder.started, recorder._t0 = datetime.now(UTC), time.monotonic()
     assert recorder.document()["accuracy"]["concurrency"] == 8
+
+
+def test_a_recorded_wrong_answer_is_shown_and_judged_against_the_baseline() -> None:
+    """--spark-accuracy=record: a canary the baseline answered wrong passes when it reads
+    the recorded answer again, alone and under load; the table shows the baseline column."""
+    held = {
+        "kind": "add",
+        "prompt": "What is 19 + 13?",
+        "expected": "32",
+        "answer": "19 + 13 = 22",
+        "read": "22",
+        "right": False,
+        "baseline": {"read": "22", "right": False},
+        "accepted": True,
+    }
+    drift = {**held, "kind": "sort", "read": "23", "answer": "23", "accepted": False}
+    loaded = {"concurrency": 4, "answers": [[{"read": "22", "right": False}], []]}
+    attached = [{"extra": {"accuracy_canaries": [held, drift], "accuracy_under_load": loaded}}]
+    block = accuracy_block(attached)
+    assert block is not None and block["canaries"][0]["under_load_right"] is True
+    html = accuracy_html(block)
+    assert "<th>baseline</th>" in html and "&#39;22&#39; (wrong, recorded)" in html
+    assert 'class="spark-pass">19 + 13 = 22<' in html and 'class="spark-fail">23<' in html
+    assert "<th>baseline</th>" not in accuracy_html(accuracy_block(checks()))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -31,7 +32,7 @@ from pytest_spark.serving.validate.accuracyprobe import (
     AccuracyProbe,
     BaselineKey,
     BaselineStore,
-    computing_args,
+    baseline_key,
 )
 from pytest_spark.serving.validate.canary import WireProbe
 from pytest_spark.serving.validate.causes import STREAM_VERDICT, wire_cause, wire_verdict
@@ -97,15 +98,25 @@ def _ask_ahead(request: pytest.FixtureRequest) -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def accuracy_probe(
-    spark_api: ApiEndpoint, spark_settings: Settings, spark_server_command: ServerCommand | None
+    request: pytest.FixtureRequest,
+    spark_api: ApiEndpoint,
+    spark_settings: Settings,
+    spark_server_command: ServerCommand | None,
 ) -> AccuracyProbe:
-    """The accuracy requests (tests_e2e/test_accuracy.py), each sent once per session."""
+    """The accuracy requests (tests_e2e/test_accuracy.py), each sent once per session, and
+    the baseline their answers are judged against (none while --spark-accuracy=record
+    records one; a file that is not one is test_canaries_alone's failure)."""
     section = spark_settings.profile.accuracy
     seqs = spark_server_command.args.max_num_seqs if spark_server_command else None
     try:
-        return AccuracyProbe(spark_api, section, max_num_seqs=seqs)
+        probe = AccuracyProbe(spark_api, section, max_num_seqs=seqs)
     except ValueError as exc:  # a canary name the profile got wrong
         raise pytest.UsageError(f"profile {spark_settings.profile.name}: {exc}") from None
+    if spark_settings.accuracy != "record":
+        store: BaselineStore = request.getfixturevalue("accuracy_baselines")
+        with contextlib.suppress(ValueError):
+            probe.baseline = store.load(request.getfixturevalue("accuracy_key"))
+    return probe
 
 
 @pytest.fixture(scope="session")
@@ -123,10 +134,13 @@ def accuracy_baselines(pytestconfig: pytest.Config, spark_settings: Settings) ->
 
 
 @pytest.fixture(scope="session")
-def accuracy_key(spark_api: ApiEndpoint, spark_server_command: ServerCommand | None) -> BaselineKey:
-    """What the fingerprint baseline is kept for: model, serve args, vLLM version."""
-    line = computing_args(spark_server_command.line) if spark_server_command else ""
-    return BaselineKey(spark_api.model, line, spark_api.version or "")
+def accuracy_key(
+    spark_api: ApiEndpoint, spark_settings: Settings, spark_server_command: ServerCommand | None
+) -> BaselineKey:
+    """What the accuracy baseline is kept for: the head (or the API's host and port), the
+    model, the serve args, the vLLM version and the engine the server reports."""
+    line = spark_server_command.line if spark_server_command else None
+    return baseline_key(spark_api, spark_settings.head, line)
 
 
 @pytest.fixture

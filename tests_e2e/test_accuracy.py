@@ -1,6 +1,12 @@
 """Does the cluster answer correctly? Greedy canaries graded exactly, alone and under load,
 a logprob fingerprint against a baseline, and (``--spark-accuracy=math``) a seeded math set.
 
+``--spark-accuracy=record``, against a server the operator trusts, keeps its canary answers
+and fingerprint as the baseline of this head, model, serve args, vLLM and engine; later
+runs hold each canary to the truth where the recorded answer was right and to the recorded
+answer where it was wrong (a model weaker than the canaries passes as it was; a changed
+answer is drift).
+
 A cluster can be up, linked, fast and parse-clean and still compute garbage; guided
 decoding keeps tool-call and structured-output JSON valid whatever the weights say. These
 checks run before every other serving check that reads content: a wrong model is one
@@ -10,6 +16,7 @@ needle checks whose answers break because of it skip citing ``test_canaries_alon
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -19,13 +26,21 @@ from pytest_spark import Finding, Settings, SparkCheck, verdict_in_session
 from pytest_spark.serving import ServingError
 from pytest_spark.serving.validate.accuracy import (
     ALONE_VERDICT,
+    Baseline,
     FingerprintError,
     check_alone,
     check_fingerprint,
     check_math,
     check_under_load,
+    no_baseline_hint,
 )
-from pytest_spark.serving.validate.accuracyprobe import AccuracyProbe, BaselineKey, BaselineStore
+from pytest_spark.serving.validate.accuracyprobe import (
+    AccuracyProbe,
+    BaselineKey,
+    BaselineNote,
+    BaselineStore,
+    recorded_answers,
+)
 
 pytestmark = pytest.mark.accuracy
 
@@ -58,33 +73,101 @@ def _skip_if_wrong_alone(request: pytest.FixtureRequest, probe: AccuracyProbe, w
         pytest.skip(f"{what}: " + "; ".join(cited))
 
 
+def _load_baseline(store: BaselineStore, key: BaselineKey, check: SparkCheck) -> Baseline | None:
+    """The baseline of this key (a note for one of another key left out); a file that is
+    not one is this check's failure."""
+    try:
+        baseline = store.load(key)
+    except ValueError as exc:
+        check.require(
+            Finding.failed(
+                None,
+                "an accuracy baseline",
+                message=f"{exc}: fix or remove the file (--spark-accuracy-baseline), or give "
+                "another path; --spark-accuracy=record writes a new one",
+            )
+        )
+        return None
+    for line in store.passed_over(key):
+        warnings.warn(BaselineNote(line), stacklevel=2)
+    return baseline
+
+
 def test_canaries_alone(
     request: pytest.FixtureRequest,
     accuracy_probe: AccuracyProbe,
+    accuracy_baselines: BaselineStore,
+    accuracy_key: BaselineKey,
     spark_settings: Settings,
     spark_check: SparkCheck,
 ) -> None:
     """Every canary the profile expects, one request at a time, greedy: the answer read
     from the content equals the one right answer (arithmetic, counting, copying,
-    reversing, sorting, a computed sum in JSON under guided decoding)."""
+    reversing, sorting, a computed sum in JSON under guided decoding); where this cluster's
+    baseline (--spark-accuracy=record) answered wrong, the answer it recorded."""
     if not accuracy_probe.canaries:
         pytest.skip(
             "the profile expects no canary of this model ([accuracy] canaries = []): "
             "the fingerprint alone reads its numbers"
         )
+    recording = spark_settings.accuracy == "record"
+    baseline = None if recording else _load_baseline(accuracy_baselines, accuracy_key, spark_check)
     answers = accuracy_probe.alone()
     spark_check.attach("accuracy_canaries", [a.row() for a in answers])
     spark_check.attach("accuracy_tokens", accuracy_probe.tokens)
     _require_requests(request, accuracy_probe, spark_check)
+    if recording:
+        _record_canaries(accuracy_probe, accuracy_baselines, accuracy_key, spark_check)
+        return
     own, cited = accuracy_probe.judged(_in_session(request))
     if not own:
         pytest.skip("; ".join(cited))  # every answer is another behaviour's failure
-    finding = check_alone(own, accuracy_probe.server, api_only=spark_settings.api_only)
+    hint = None
+    if baseline is None or baseline.canaries is None:
+        where = accuracy_baselines.where
+        hint = no_baseline_hint(
+            spark_settings.profile.name,
+            tuple(c.kind for c in accuracy_probe.canaries),
+            accuracy_key.describe(),
+            None if where is None else str(where),
+            tuple(a.canary.kind for a in own if a.right),
+        )
+    finding = check_alone(
+        own,
+        accuracy_probe.server,
+        api_only=spark_settings.api_only,
+        origin=None if baseline is None else baseline.origin,
+        hint=hint,
+    )
     if cited and finding.ok:
         finding = replace(
             finding, message=f"{finding.message}; judged elsewhere: {'; '.join(cited)}"
         )
     spark_check.require(finding)
+
+
+def _record_canaries(
+    probe: AccuracyProbe, store: BaselineStore, key: BaselineKey, check: SparkCheck
+) -> None:
+    """--spark-accuracy=record: keep the answers as this key's baseline (the fingerprint
+    test keeps its fingerprint beside them) and pass, saying what was kept."""
+    answers = probe.alone()
+    where = store.save(key, canaries=recorded_answers(answers), how="record")
+    probe.adopt_own()
+    right = [a.canary.kind for a in answers if a.right]
+    wrong = [f"{a.canary.kind} ({a.read!r})" for a in answers if not a.right]
+    kept = (
+        f"recorded as the baseline in {where}"
+        if where
+        else "not recorded: --spark-history=off and no --spark-accuracy-baseline"
+    )
+    said = (
+        f"{probe.server}: {len(answers)} canary answers {kept} for {key.describe()}: right "
+        f"{', '.join(right) or 'none'}; wrong {', '.join(wrong) or 'none'} (later runs expect "
+        "these answers again)"
+    )
+    warnings.warn(BaselineNote(said), stacklevel=2)
+    check.require(Finding.passed(len(right), None, "canaries", message=said))
 
 
 def test_canaries_under_load(
@@ -95,6 +178,8 @@ def test_canaries_under_load(
 ) -> None:
     """The canaries right alone, sent again with ``concurrency`` requests in flight (at
     least the serve args' --max-num-seqs): every answer equals its single-stream one."""
+    if spark_settings.accuracy == "record":
+        accuracy_probe.adopt_own()  # the answers alone are what is recorded: held to them
     _skip_if_wrong_alone(request, accuracy_probe, "under load")
     alone = accuracy_probe.alone()
     _require_requests(request, accuracy_probe, spark_check)  # a broken request, not an answer
@@ -129,12 +214,14 @@ def test_logprob_fingerprint(
     spark_check: SparkCheck,
 ) -> None:
     """The teacher-forced logprobs of a fixed passage against the baseline of the same
-    model, serve args and vLLM version: the mean token logprob and the top-1 agreement
-    within the profile's tolerance. The first accepted run (every expected canary right)
-    records the baseline."""
+    head, model, serve args, vLLM version and engine: the mean token logprob and the top-1
+    agreement within the profile's tolerance. --spark-accuracy=record, or the first
+    accepted run (every expected canary right), records the baseline."""
     section = spark_settings.profile.accuracy
     if not section.fingerprint:
         pytest.skip("the profile reads no fingerprint ([accuracy] fingerprint = false)")
+    if spark_settings.accuracy == "record":
+        accuracy_probe.adopt_own()  # a weak model's wrong answers are what is recorded
     _skip_if_wrong_alone(request, accuracy_probe, "fingerprint")
     try:
         now = accuracy_probe.fingerprint()
@@ -149,27 +236,38 @@ def test_logprob_fingerprint(
             pytest.skip(cited)
         spark_check.require(exc.finding(f"{accuracy_probe.server}: fingerprint completion"))
         return
-    try:
-        baseline = accuracy_baselines.load(accuracy_key)
-    except ValueError as exc:
-        spark_check.require(
-            Finding.failed(
-                None,
-                "a fingerprint baseline",
-                message=f"{exc}: fix or remove the file (--spark-accuracy-baseline), or give "
-                "another path: this run then records its own",
-            )
-        )
-        return
+    recording = spark_settings.accuracy == "record"
+    baseline = None if recording else _load_baseline(accuracy_baselines, accuracy_key, spark_check)
     spark_check.attach(
         "accuracy_fingerprint",
         {
             **now.row(),
-            "baseline": None if baseline is None else baseline.fingerprint.row(),
+            "baseline": (
+                None
+                if baseline is None or baseline.fingerprint is None
+                else baseline.fingerprint.row()
+            ),
             "baseline_origin": None if baseline is None else baseline.origin,
             "key": accuracy_key.describe(),
         },
     )
+    if recording:
+        where = accuracy_baselines.save(accuracy_key, now, how="record")
+        said = (
+            f"{accuracy_probe.server}: fingerprint mean logprob {now.mean_logprob:.4f}, top-1 "
+            f"{now.top1_agreement:.3f} over {now.tokens} tokens "
+            + (
+                f"recorded as the baseline in {where}"
+                if where
+                else "not recorded: --spark-history=off and no --spark-accuracy-baseline"
+            )
+            + f" for {accuracy_key.describe()}"
+        )
+        warnings.warn(BaselineNote(said), stacklevel=2)
+        spark_check.require(
+            Finding.passed(round(now.mean_logprob, 4), None, "nats/token", message=said)
+        )
+        return
     finding = check_fingerprint(
         now,
         baseline,
@@ -178,9 +276,16 @@ def test_logprob_fingerprint(
         server=accuracy_probe.server,
         api_only=spark_settings.api_only,
     )
-    if baseline is None:
-        accepted = accuracy_probe.error is None and all(a.right for a in accuracy_probe.alone())
-        where = accuracy_baselines.save(accuracy_key, now) if accepted else None
+    if baseline is None or baseline.fingerprint is None:
+        alone = accuracy_probe.alone()
+        accepted = accuracy_probe.error is None and all(a.accepted for a in alone)
+        where = None
+        if accepted:
+            where = accuracy_baselines.save(
+                accuracy_key,
+                now,
+                canaries=recorded_answers(alone) if baseline is None and alone else None,
+            )
         note = (
             f"recorded as the baseline in {where}"
             if where

@@ -1,7 +1,9 @@
 """The accuracy block of the JSON results and the report's "Accuracy" section: the canary
-table (prompt, expected, the answer alone, the answers under load), the fingerprint
-against its baseline, the math score against the expected score. Built from what the
-accuracy checks attached (tests_e2e/test_accuracy.py)."""
+table (prompt, expected, the baseline's answer where one was recorded, the answer alone,
+the answers under load), the fingerprint against its baseline, the math score against the
+expected score. Built from what the accuracy checks attached (tests_e2e/test_accuracy.py).
+A canary the baseline answered wrong is judged against that answer (--spark-accuracy=record):
+its cell passes when the answer is the recorded one."""
 
 from __future__ import annotations
 
@@ -30,11 +32,17 @@ def accuracy_block(checks: list[dict[str, Any]]) -> dict[str, Any] | None:
         rows = []
         for i, row in enumerate(canaries):
             under = copies[i] if i < len(copies) else []
+            base = row.get("baseline")
+            if isinstance(base, dict) and not base.get("right"):
+                # held to a recorded wrong answer: the same read under load is the pass
+                same = all(a.get("read") == row.get("read") for a in under)
+            else:
+                same = all(a.get("right") for a in under)
             rows.append(
                 {
                     **row,
                     "under_load": [a.get("read") for a in under],
-                    "under_load_right": all(a.get("right") for a in under) if under else None,
+                    "under_load_right": same if under else None,
                 }
             )
         block["canaries"] = rows
@@ -57,17 +65,24 @@ def accuracy_html(block: dict[str, Any] | None) -> str:
     for row in block.get("canaries") or []:
         under = row.get("under_load") or []
         under_ok = row.get("under_load_right")
+        base = row.get("baseline")
+        if isinstance(base, dict):
+            shown = "right" if base.get("right") else f"{base.get('read')!r} (wrong, recorded)"
+        else:
+            shown = "-"
         canaries.append(
             {
                 "kind": row.get("kind"),
                 "prompt": row.get("prompt"),
                 "expected": row.get("expected"),
+                "baseline": shown,
                 "answer": row.get("answer") or row.get("error"),
-                "verdict": "pass" if row.get("right") else "fail",
+                "verdict": "pass" if row.get("accepted", row.get("right")) else "fail",
                 "under": ", ".join(sorted({str(u) for u in under})) if under else "-",
                 "under_verdict": "none" if under_ok is None else "pass" if under_ok else "fail",
             }
         )
+    recorded = any(isinstance(row.get("baseline"), dict) for row in block.get("canaries") or [])
     fp = block.get("fingerprint")
     if fp:
         base = fp.get("baseline")
@@ -86,6 +101,7 @@ def accuracy_html(block: dict[str, Any] | None) -> str:
     return render(
         "accuracy.html",
         canaries=canaries,
+        recorded=recorded,
         concurrency=block.get("concurrency"),
         fingerprint=fp,
         math=math,

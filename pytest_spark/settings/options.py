@@ -116,8 +116,8 @@ RayMode = Literal["auto", "on", "off"]
 RAY_MODES: tuple[RayMode, ...] = ("auto", "on", "off")
 ModelHash = Literal["sampled", "full"]
 MODEL_HASHES: tuple[ModelHash, ...] = ("sampled", "full")
-AccuracyMode = Literal["quick", "math"]
-ACCURACY_MODES: tuple[AccuracyMode, ...] = ("quick", "math")
+AccuracyMode = Literal["quick", "math", "record"]
+ACCURACY_MODES: tuple[AccuracyMode, ...] = ("quick", "math", "record")
 
 
 def _sim_engine(raw: str) -> SimEngine:
@@ -148,7 +148,9 @@ def _accuracy_mode(raw: str) -> AccuracyMode:
             return mode
     raise ValueError(
         "must be quick (the canaries alone and under load, and the logprob fingerprint: "
-        "the default) or math (those, and the seeded math set of [accuracy] math_problems)"
+        "the default), math (those, and the seeded math set of [accuracy] math_problems) "
+        "or record (keep this trusted server's canary answers and fingerprint as the "
+        "baseline later runs are judged against)"
     )
 
 
@@ -633,16 +635,20 @@ OPTIONS: tuple[Option, ...] = (
         _accuracy_mode,
         "quick",
         "the accuracy checks (tests_e2e/test_accuracy.py): quick, the exact canaries alone and "
-        "under load and the logprob fingerprint; math adds the seeded math word problems",
-        "quick|math",
+        "under load and the logprob fingerprint; math adds the seeded math word problems; "
+        "record, against a server you trust, keeps its canary answers and fingerprint as the "
+        "baseline of this head, model, serve args, vLLM and engine (later runs hold a "
+        "canary it got wrong to its recorded answer, one it got right to the truth)",
+        "quick|math|record",
     ),
     Option(
         "accuracy-baseline",
         _path,
         None,
-        "a fingerprint baseline file (JSON): compared with when it exists, written by this "
-        "run when it does not (carry a TP=1 or another cluster's fingerprint over); without "
-        "it the run history keeps one per model, serve args and vLLM version",
+        "an accuracy baseline file (JSON: canary answers and fingerprint): compared with "
+        "when it exists, written by this run when it does not or with --spark-accuracy=record "
+        "(carry a TP=1 or another cluster's baseline over); without it the run history keeps "
+        "one per head, model, serve args, vLLM version and engine",
         "PATH",
     ),
     Option(

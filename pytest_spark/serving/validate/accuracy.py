@@ -121,9 +121,28 @@ class Canary:
             numbers = _integers(text)
             joined = " ".join(map(str, numbers)) if numbers else None
             return joined == self.expected, joined
+        if self.kind == "copy":
+            # "Repeat this string exactly, nothing else": the answer is the string alone
+            # (quotes, backticks and a closing full stop aside). Its last word is not enough:
+            # a model that echoes the prompt ends with the string too.
+            bare = _bare(text)
+            return bare == self.expected, _clip(bare, 60) if bare else None
         words = re.findall(r"[A-Za-z0-9]+", text)
         last = words[-1] if words else None
         return last == self.expected, last
+
+
+def _bare(text: str) -> str:
+    """``text`` without a code fence, the quotes or backticks around it, and a closing
+    full stop: what a model that answers with one string alone says, whatever its markup."""
+    text = text.strip()
+    fence = re.fullmatch(r"```[\w-]*\s*(.*?)\s*```", text, re.S)
+    if fence:
+        text = fence.group(1)
+    text = text.strip().rstrip(".").strip()
+    while len(text) >= 2 and text[0] == text[-1] and text[0] in "\"'`":
+        text = text[1:-1].strip()
+    return text.rstrip(".").strip()
 
 
 def _integers(text: str) -> list[int]:
@@ -206,9 +225,36 @@ def canaries(kinds: tuple[str, ...] = CANARY_KINDS, seed: int = SEED) -> list[Ca
     return [canary for canary in built if canary.kind in kinds]
 
 
+@dataclass(frozen=True)
+class Recorded:
+    """A canary's answer in the baseline (``--spark-accuracy=record`` on a trusted server,
+    or an accepted run): what was read from it and whether that was right."""
+
+    kind: str
+    prompt: str
+    read: str | None
+    right: bool
+
+    def row(self) -> dict[str, Any]:
+        return {"kind": self.kind, "prompt": self.prompt, "read": self.read, "right": self.right}
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Recorded:
+        read = row.get("read")
+        return cls(
+            str(row["kind"]),
+            str(row["prompt"]),
+            None if read is None else str(read),
+            bool(row["right"]),
+        )
+
+
 @dataclass
 class Answer:
-    """One canary's answer: what came back and how it graded."""
+    """One canary's answer: what came back and how it graded. ``recorded``: the baseline's
+    answer to the same question, when there is one. Where the baseline was right the answer
+    is judged against the truth; where it was wrong, against the recorded answer (a weak
+    model's own wrong answer is accepted, a changed one is drift)."""
 
     canary: Canary
     content: str | None
@@ -217,13 +263,32 @@ class Answer:
     tokens: int = 0  # completion tokens (usage)
     error: str | None = None  # the request failed (a ServingError's message)
     reasoning: str | None = None  # what the server separated as reasoning
+    recorded: Recorded | None = None
+
+    @property
+    def held_to_record(self) -> bool:
+        """Judged against the baseline's (wrong) answer, not the truth."""
+        return self.recorded is not None and not self.recorded.right
+
+    @property
+    def accepted(self) -> bool:
+        """Right, or (where the baseline was wrong) the same answer as the baseline's."""
+        if self.held_to_record:
+            assert self.recorded is not None
+            return self.error is None and self.read == self.recorded.read
+        return self.right
+
+    @property
+    def drift(self) -> bool:
+        """Held to a recorded wrong answer and answered otherwise (right or not)."""
+        return self.held_to_record and not self.accepted
 
     def elsewhere(self) -> str | None:
         """Why a wrong answer is another behaviour's failure, not the model's: the answer
         landed in reasoning (thinking was off: the reasoning parser), or the JSON canary
         came back as plain text (response_format ignored: structured output). None when the
         answer is the model's own."""
-        if self.right or self.error:
+        if self.accepted or self.error or self.held_to_record:
             return None
         if not (self.content or "").strip() and self.canary.grade(self.reasoning)[0]:
             return "reasoning"
@@ -235,10 +300,25 @@ class Answer:
         got = "no answer" if self.error else repr(_clip(self.content or ""))
         if self.error:
             got += f" ({self.error})"
-        return f"{self.canary.prompt!r} -> {got}; expected {self.canary.expected!r}"
+        if self.held_to_record:
+            assert self.recorded is not None
+            now = "now right" if self.right else f"read {self.read!r}"
+            return (
+                f"{self.canary.prompt!r} -> {got} ({now}); expected {self.recorded.read!r}, "
+                f"the baseline's own answer (wrong: the truth is {self.canary.expected!r}): "
+                "a changed answer is drift"
+            )
+        base = ""
+        if self.recorded is not None:
+            base = " (the baseline answered it right)"
+        return f"{self.canary.prompt!r} -> {got}; expected {self.canary.expected!r}{base}"
+
+    def recording(self) -> Recorded:
+        """This answer as the baseline keeps it."""
+        return Recorded(self.canary.kind, self.canary.prompt, self.read, self.right)
 
     def row(self) -> dict[str, Any]:
-        return {
+        row: dict[str, Any] = {
             "kind": self.canary.kind,
             "prompt": self.canary.prompt,
             "expected": self.canary.expected,
@@ -248,6 +328,10 @@ class Answer:
             "tokens": self.tokens,
             "error": self.error,
         }
+        if self.recorded is not None:
+            row["baseline"] = {"read": self.recorded.read, "right": self.recorded.right}
+            row["accepted"] = self.accepted
+        return row
 
 
 def _clip(text: str, n: int = 160) -> str:
@@ -255,29 +339,102 @@ def _clip(text: str, n: int = 160) -> str:
     return text if len(text) <= n else text[: n - 3] + "..."
 
 
-def check_alone(answers: list[Answer], server: str, *, api_only: bool = False) -> Finding:
-    """Every expected canary answered right, one request at a time. ``api_only``: the
-    advice is the server's (--spark-api-url alone), not the cluster's."""
-    wrong = [a for a in answers if not a.right]
-    right = len(answers) - len(wrong)
+RECORD_OPTION = "--spark-accuracy=record"
+
+
+def no_baseline_hint(
+    profile: str,
+    kinds: tuple[str, ...],
+    key: str,
+    where: str | None,
+    answered: tuple[str, ...] = (),
+) -> str:
+    """What a wrong answer without a baseline may mean, and the two ways to tell a weak
+    model from a broken one: record the answers of a server you trust, or expect fewer
+    canaries. ``key``: what a baseline is kept for (the cluster, model, serve args, vLLM
+    version and engine); ``where``: the file it would be in (None: nowhere, history off);
+    ``answered``: the canaries this model answered right."""
+    kept = (
+        f"no baseline of this model's answers for {key} in {where}"
+        if where
+        else f"no baseline of this model's answers ({key}): --spark-history=off and no "
+        "--spark-accuracy-baseline, so none is kept"
+    )
+    return (
+        f"{kept}. A model weaker than the canaries is expected to fail some of them (a small "
+        "model gets arithmetic or sorting wrong): that is the model, not a broken cluster. "
+        f"To tell them apart, run once with {RECORD_OPTION} against this server when you "
+        "trust it: later runs judge each canary against the truth where the recorded answer "
+        "was right and against the recorded answer where it was wrong, so only a changed "
+        "answer fails. Or expect only the canaries this model answers: the profile's "
+        f"[accuracy] canaries (profile {profile}: {', '.join(kinds) or 'none'}; "
+        + (
+            f"this model answered {', '.join(answered)} right: "
+            f"--spark-threshold=accuracy.canaries={','.join(answered)})"
+            if answered
+            else "this model answered none right: canaries = [] in a profile file that "
+            f'extends = "{profile}" (--spark-profile=PATH) leaves the fingerprint alone to '
+            "read its numbers)"
+        )
+    )
+
+
+def check_alone(
+    answers: list[Answer],
+    server: str,
+    *,
+    api_only: bool = False,
+    origin: str | None = None,
+    hint: str | None = None,
+) -> Finding:
+    """Every expected canary answered right, one request at a time; where the baseline
+    (``origin``: where it was recorded) was wrong, the recorded answer again. ``hint``:
+    said on a failure without a baseline (``no_baseline_hint``). ``api_only``: the advice is
+    the server's (--spark-api-url alone), not the cluster's."""
+    wrong = [a for a in answers if not a.accepted]
+    right = sum(a.right for a in answers)
+    held = [a for a in answers if a.held_to_record and a.accepted]
     if not wrong:
-        return Finding.passed(
-            right,
+        message = f"{server}: {right}/{len(answers)} canaries answered right (greedy, alone)"
+        if held:
+            message += (
+                f"; {len(held)} answered wrong as the baseline recorded ({origin}): "
+                f"{', '.join(a.canary.kind for a in held)}"
+            )
+        return Finding.passed(len(answers) - len(wrong), len(answers), "canaries", message=message)
+    lines = "\n".join(f"  - {a.canary.kind}: {a.quoted()}" for a in wrong)
+    evidence = {"answers": json.dumps([a.row() for a in answers], indent=1)}
+    if any(a.recorded is not None for a in answers):
+        changed = sum(a.drift for a in wrong)
+        return Finding.failed(
+            len(answers) - len(wrong),
             len(answers),
             "canaries",
-            message=f"{server}: {right}/{len(answers)} canaries answered right (greedy, alone)",
+            message=(
+                f"{server} answers {len(wrong)} of {len(answers)} canaries otherwise than its "
+                f"baseline ({origin}) ({changed} changed from a recorded wrong answer, "
+                f"{len(wrong) - changed} wrong where the baseline was right; greedy, "
+                f"temperature 0, one request at a time):\n{lines}\nThe same cluster, model, "
+                "serve args, vLLM and engine gave other answers: its numbers changed. Likely "
+                f"layer: {advice('alone', api_only)}. If the change is meant (new weights "
+                f"under the same name, a new driver), record again with {RECORD_OPTION}"
+            ),
+            evidence=evidence,
         )
-    lines = "\n".join(f"  - {a.canary.kind}: {a.quoted()}" for a in wrong)
+    said = (
+        f"\n{hint}.\nIf this model should answer them, likely layer: "
+        if hint
+        else ("\nLikely layer: ")
+    )
     return Finding.failed(
         right,
         len(answers),
         "canaries",
         message=(
             f"{server} answers wrong: {len(wrong)} of {len(answers)} canaries (greedy, "
-            f"temperature 0, one request at a time):\n{lines}\nLikely layer: "
-            f"{advice('alone', api_only)}"
+            f"temperature 0, one request at a time):\n{lines}{said}{advice('alone', api_only)}"
         ),
-        evidence={"answers": json.dumps([a.row() for a in answers], indent=1)},
+        evidence=evidence,
     )
 
 
@@ -289,14 +446,15 @@ def check_under_load(
     *,
     api_only: bool = False,
 ) -> Finding:
-    """The canaries right alone stay right, and read the same, with ``concurrency``
-    requests in flight (``loaded[i]``: every copy of canary i sent under load)."""
+    """The canaries accepted alone (right, or as the baseline recorded) read the same with
+    ``concurrency`` requests in flight (``loaded[i]``: every copy of canary i sent under
+    load)."""
     broken: list[str] = []
     sent = sum(len(copies) for copies in loaded)
     for single, copies in zip(alone, loaded, strict=True):
-        if not single.right:
+        if not single.accepted:
             continue
-        bad = [a for a in copies if not a.right or a.read != single.read]
+        bad = [a for a in copies if a.error or a.right != single.right or a.read != single.read]
         if bad:
             broken.append(
                 f"  - {single.canary.kind}: alone {single.read!r}, under load "
@@ -446,10 +604,20 @@ def _from_echo(logprobs: dict[str, Any], prompt_tokens: int) -> Fingerprint:
 
 @dataclass(frozen=True)
 class Baseline:
-    """A fingerprint to compare with, and where it came from."""
+    """What a run is compared with, and where it came from: a fingerprint and the canaries'
+    recorded answers (either may be missing: a record run with the fingerprint off, or a
+    baseline from before answers were recorded)."""
 
-    fingerprint: Fingerprint
-    origin: str  # "the history (run ...)" or a path
+    fingerprint: Fingerprint | None
+    origin: str  # "the history, recorded ..." or a path
+    canaries: tuple[Recorded, ...] | None = None
+
+    def recorded(self, canary: Canary) -> Recorded | None:
+        """The recorded answer to the same question (kind and prompt), if any."""
+        for entry in self.canaries or ():
+            if entry.kind == canary.kind and entry.prompt == canary.prompt:
+                return entry
+        return None
 
 
 def check_fingerprint(
@@ -467,7 +635,7 @@ def check_fingerprint(
         f"mean logprob {now.mean_logprob:.4f}, top-1 agreement {now.top1_agreement:.3f} "
         f"over {now.tokens} tokens"
     )
-    if baseline is None:
+    if baseline is None or baseline.fingerprint is None:
         return Finding.passed(
             round(now.mean_logprob, 4),
             None,
