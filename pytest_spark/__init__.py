@@ -27,6 +27,7 @@ _EXPORTS = {
     "CheckNote": "pytest_spark.infra.finding",
     "SparkCheck": "pytest_spark.verdict",
     "SparkCheckWarning": "pytest_spark.verdict",
+    "require_once_across_nodes": "pytest_spark.verdict",
     "require_unless_twin_down": "pytest_spark.verdict",
     "verdict_in_session": "pytest_spark.verdict",
     "progress_line_writer": "pytest_spark.report.live",
@@ -53,6 +54,7 @@ __all__ = [
     "__version__",
     "load_profile",
     "progress_line_writer",
+    "require_once_across_nodes",
     "require_unless_twin_down",
     "verdict_in_session",
 ]
@@ -74,6 +76,7 @@ if TYPE_CHECKING:
     from pytest_spark.verdict import (
         SparkCheck,
         SparkCheckWarning,
+        require_once_across_nodes,
         require_unless_twin_down,
         verdict_in_session,
     )

@@ -23,6 +23,7 @@ from pytest_spark.suitedir import (
     CATEGORY_MARKERS,
     CLUSTER_FIXTURES,
     NODE_FIXTURES,
+    SERVER_FIXTURES,
     cluster_usage_error,
     item_fixtures,
     nothing_collected,
@@ -54,6 +55,7 @@ class Active:
         from pytest_spark.measure.once import MEASURE_KEY
         from pytest_spark.readiness.reachability import LostNodes, VerdictFirst
         from pytest_spark.settings.resolve import resolve
+        from pytest_spark.verdict import RepeatedSetupFailure
 
         config = self.config
         config.addinivalue_line("filterwarnings", "default::pytest_spark.verdict.SparkCheckWarning")
@@ -64,9 +66,14 @@ class Active:
         config.pluginmanager.register(
             LostNodes(lambda: config.stash.get(CLUSTER_KEY, None)), "spark.lost"
         )
-        # test_node_reachable runs first and whatever the selection (-m link, -k, -x)
-        first = VerdictFirst(lambda item: bool(item_fixtures(item) & CLUSTER_FIXTURES))
+        # test_node_reachable runs first and whatever the selection (-m link, -k, -x);
+        # test_cluster_serving whenever a selected check needs the server (-m tool_calls)
+        first = VerdictFirst(
+            self.needs_nodes, lambda item: bool(item_fixtures(item) & SERVER_FIXTURES)
+        )
         config.pluginmanager.register(first, "spark.reachability")
+        # no verdict collected: a session fixture's failure is one error, not one per check
+        config.pluginmanager.register(RepeatedSetupFailure(), "spark.repeated")
         settings = resolve(config)
         if settings.sim:
             config.stash[SIM_KEY] = self.sim(settings)
@@ -74,6 +81,17 @@ class Active:
         config.stash[SETTINGS_KEY] = settings
         config.stash[RUN_DIR_KEY] = self.run_dir()
         config.stash[MEASURE_KEY] = self.measurements(config.stash[RUN_DIR_KEY])
+
+    def needs_nodes(self, item: pytest.Item) -> bool:
+        """Whether the check reaches the nodes: through the cluster's fixtures, or through
+        the server on the head (attached or launched; not --spark-api-url alone), whose
+        reachability verdict then says an unreachable head with its fix."""
+        fixtures = item_fixtures(item)
+        if fixtures & CLUSTER_FIXTURES:
+            return True
+        settings = self.config.stash.get(SETTINGS_KEY, None)
+        on_head = settings is not None and settings.head and not settings.api_url
+        return bool(on_head and fixtures & SERVER_FIXTURES)
 
     def sim(self, settings: Settings) -> SimCluster:
         raise NotImplementedError
@@ -162,12 +180,16 @@ class Active:
             raise cluster_usage_error(cluster_tests + api_tests)
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
-        from pytest_spark.readiness.reachability import REACHABILITY_VERDICT_KEY
+        from pytest_spark.readiness.reachability import (
+            MARK,
+            REACHABILITY_VERDICT_KEY,
+            SERVING_MARK,
+        )
         from pytest_spark.readiness.serving import SERVING_VERDICT_KEY
 
         for key, marker in (
-            (SERVING_VERDICT_KEY, "spark_serving_verdict"),
-            (REACHABILITY_VERDICT_KEY, "spark_reachability_verdict"),
+            (SERVING_VERDICT_KEY, SERVING_MARK),
+            (REACHABILITY_VERDICT_KEY, MARK),
         ):
             session.config.stash[key] = any(i.get_closest_marker(marker) for i in session.items)
         if self.collected == 0 and not session.testsfailed:

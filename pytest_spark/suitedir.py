@@ -298,6 +298,9 @@ CLUSTER_FIXTURES = NODE_FIXTURES | {
     "spark_serving",
     "spark_serving_state",
 }
+# The checks that need the server: the serving verdict (test_cluster_serving) is put back
+# for them whatever the selection (readiness.reachability.VerdictFirst).
+SERVER_FIXTURES = API_FIXTURES | {"spark_serving", "spark_serving_state"}
 # The fixtures the plugin provides (testinfra's ``host`` is not ours when inactive).
 SPARK_FIXTURES = (CLUSTER_FIXTURES - {"host"}) | API_FIXTURES | {"spark_settings", "spark_check"}
 

@@ -42,6 +42,7 @@ def test_public_surface_is_stable() -> None:
         "__version__",
         "load_profile",
         "progress_line_writer",
+        "require_once_across_nodes",
         "require_unless_twin_down",
         "verdict_in_session",
     }

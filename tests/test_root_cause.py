@@ -146,7 +146,9 @@ def test_without_the_verdict_the_checks_fail_themselves(
     pytester: pytest.Pytester, closed_port: int
 ) -> None:
     """No reachability check collected at all (a suite without one, or a path that leaves
-    its file out): nothing else reports the node, so they fail."""
+    its file out): nothing else reports the node, so the first check that needs it fails
+    with the whole error; issue #36 part 4: the others skip citing it (they gave one
+    identical error each)."""
     pytester.makepyfile(
         test_suite="def test_needs_node(spark_node):\n    pass\n\n"
         "def test_needs_head(spark_head):\n    pass\n"
@@ -154,8 +156,147 @@ def test_without_the_verdict_the_checks_fail_themselves(
     config = pytester.path / "ssh_config"
     config.write_text(f"Host 127.0.0.1\n  Port {closed_port}\n  User root\n")
     result = pytester.runpytest("-rs", "--spark-head=127.0.0.1", f"--spark-ssh-config={config}")
-    result.assert_outcomes(errors=2)
-    result.stdout.fnmatch_lines(["*node unreachable: spark-head: SSH connection*refused*"])
+    result.assert_outcomes(errors=1, skipped=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*node unreachable: spark-head: SSH connection*refused*",
+            "SKIPPED*node unreachable: spark-head: SSH connection*refused*"
+            "(test_needs_node[[]spark-head[]] failed on it at setup: one cause, that failure)",
+        ]
+    )
+
+
+# A suite with the serving verdict and checks that need the server, in two categories.
+SERVING_SUITE = """
+import pytest
+
+@pytest.mark.readiness
+@pytest.mark.spark_serving_verdict
+def test_cluster_serving(spark_api_state):
+    if spark_api_state.cited is not None:
+        pytest.skip(spark_api_state.cited)
+    if spark_api_state.problem is not None:
+        pytest.fail(spark_api_state.problem, pytrace=False)
+
+@pytest.mark.tool_calls
+@pytest.mark.parametrize("mode", ["auto", "required", "named"])
+def test_tool_call(spark_api, mode):
+    pass
+
+@pytest.mark.tool_calls
+def test_parallel_tool_calls(spark_api):
+    pass
+
+@pytest.mark.reasoning
+@pytest.mark.parametrize("stream", ["plain", "stream"])
+def test_reasoning_separated(spark_api, stream):
+    pass
+
+@pytest.mark.link
+def test_link_up(spark_node):
+    pass
+"""
+
+
+# These run in a subprocess: an in-process run drops the modules it imported (httpx, the
+# plugin's stash keys), so a second one in the same test met other copies of them.
+def _outcomes(result: pytest.RunResult) -> dict[str, int]:
+    counts = result.parseoutcomes()
+    return {k: counts.get(k, 0) for k in ("passed", "failed", "errors", "skipped")}
+
+
+def _skips(result: pytest.RunResult) -> list[str]:
+    """The -rs lines' reasons (one line per location, "SKIPPED [N] file:line: reason")."""
+    lines = [line for line in result.outlines if line.startswith("SKIPPED [")]
+    return [line.split(": ", 1)[1] for line in lines]
+
+
+@pytest.mark.parametrize(
+    ("select", "skipped"),
+    [(("-m", "tool_calls"), 4), (("-k", "reasoning"), 2), (("-m", "tool_calls or reasoning"), 6)],
+)
+def test_a_refused_api_is_one_failure_whatever_the_selection(
+    pytester: pytest.Pytester, closed_port: int, select: tuple[str, ...], skipped: int
+) -> None:
+    """Issue #36 part 4: -m tool_calls against a refused API gave 16 identical setup errors
+    (-k reasoning 11): the serving verdict was deselected, so spark_api failed, and pytest
+    raised that session fixture's error again for every check. It is put back: its one
+    failure says "refused", every selected check skips citing it."""
+    pytester.makepyfile(test_suite=SERVING_SUITE)
+    result = pytester.runpytest_subprocess(
+        "-rfEs", f"--spark-api-url=http://127.0.0.1:{closed_port}", *select
+    )
+    assert _outcomes(result) == {"passed": 0, "failed": 1, "errors": 0, "skipped": skipped}
+    result.stdout.fnmatch_lines(["*_ test_cluster_serving _*", "API at *refused*"])
+    reasons = _skips(result)
+    assert reasons, result.outlines
+    for reason in reasons:
+        assert reason.startswith("the cluster is not serving: API at "), reason
+        assert "refused" in reason and reason.endswith("(test_cluster_serving has the evidence)")
+
+
+def test_an_unreachable_head_is_one_failure_for_the_serving_checks(
+    pytester: pytest.Pytester, closed_port: int
+) -> None:
+    """Issue #36 part 4: -m tool_calls against an unreachable head gave 16 setup errors
+    ("head unreachable"). The serving verdict and the head's reachability verdict are put
+    back: the reachability check fails with its fix, the rest skip citing it."""
+    verdict = SUITE.split("def test_needs_node")[0]  # test_node_reachable, in preflight
+    pytester.makepyfile(test_suite=verdict + SERVING_SUITE.replace("import pytest\n", ""))
+    config = pytester.path / "ssh_config"
+    config.write_text(f"Host 127.0.0.1\n  Port {closed_port}\n  User root\n")
+    args = ("-rfEs", "--spark-head=127.0.0.1", f"--spark-ssh-config={config}")
+    for select, skipped in ((("-m", "tool_calls"), 5), (("-k", "reasoning"), 3)):
+        # the serving verdict skips citing the reachability verdict, as the checks do
+        result = pytester.runpytest_subprocess(*args, *select)
+        assert _outcomes(result) == {"passed": 0, "failed": 1, "errors": 0, "skipped": skipped}
+        result.stdout.fnmatch_lines(["FAILED*test_node_reachable[[]spark-head[]]*"])
+        for reason in _skips(result):
+            assert reason.startswith("spark-head unreachable: SSH connection"), reason
+            assert reason.endswith("(test_node_reachable has the evidence)"), reason
+    # -m link: the link checks and the reachability verdict, never the serving verdict
+    result = pytester.runpytest_subprocess(*args, "-m", "link")
+    assert _outcomes(result) == {"passed": 0, "failed": 1, "errors": 0, "skipped": 1}
+    result.stdout.no_fnmatch_line("*test_cluster_serving*")
+
+
+def test_without_the_serving_verdict_a_refused_api_is_one_error(
+    pytester: pytest.Pytester, closed_port: int
+) -> None:
+    """A path that leaves the serving verdict out (tests_e2e/test_tool_calls.py alone):
+    the first check fails at setup with the whole error, the others skip citing it, not
+    the session fixture's error again for each."""
+    pytester.makepyfile(
+        test_suite="import pytest\n\n"
+        '@pytest.mark.parametrize("mode", ["auto", "required", "named"])\n'
+        "def test_tool_call(spark_api, mode):\n    pass\n"
+    )
+    result = pytester.runpytest_subprocess(
+        "-rfEs", f"--spark-api-url=http://127.0.0.1:{closed_port}"
+    )
+    assert _outcomes(result) == {"passed": 0, "failed": 0, "errors": 1, "skipped": 2}
+    result.stdout.fnmatch_lines(["ERROR*test_tool_call[[]auto[]]*"])
+    assert _skips(result) == [
+        f"API at http://127.0.0.1:{closed_port} not reachable: ConnectError: [Errno 111] "
+        "Connection refused: nothing listens there, or the URL's host or port is wrong "
+        "(--spark-api-url) (test_tool_call[auto] failed on it at setup: one cause, that failure)"
+    ]
+
+
+def test_a_crash_in_a_session_fixture_still_errors_every_time(pytester: pytest.Pytester) -> None:
+    """Only verdicts (pytest.fail) are folded: a session fixture that dies of an exception
+    errors every check that uses it, as before (a crash stays visible)."""
+    pytester.makepyfile(
+        test_suite="import pytest\n\n"
+        '@pytest.fixture(scope="session")\n'
+        "def broken():\n    raise RuntimeError('boom')\n\n"
+        "def test_a(broken):\n    pass\n\n"
+        "def test_b(broken):\n    pass\n"
+    )
+    from pytest_spark.verdict import RepeatedSetupFailure
+
+    result = pytester.runpytest_inprocess(plugins=[RepeatedSetupFailure()])
+    assert _outcomes(result) == {"passed": 0, "failed": 0, "errors": 2, "skipped": 0}
 
 
 LOST_CONFTEST = """
@@ -477,3 +618,113 @@ def test_a_verdict_put_back_is_not_counted_as_deselected() -> None:
     hooks.pytest_collection_modifyitems(config, items)  # type: ignore[arg-type]
     assert items == [head, *link]
     assert reporter.stats["deselected"] == [other]
+
+
+# --- one cause on several nodes ----------------------------------------------------------
+
+ACROSS = """
+import pytest
+from pytest_spark.infra.finding import Finding
+from pytest_spark.verdict import SparkCheck, require_once_across_nodes
+
+NAMES = ["spark-head", "spark-worker-1", "spark-worker-2"]
+LIMITS = {LIMITS}
+UNREACHABLE = {UNREACHABLE}
+
+
+class Node:
+    def __init__(self, name):
+        self.name = name
+
+
+class Cluster:
+    nodes = [Node(n) for n in NAMES]
+
+    def unreachable(self, node):
+        return "down" if node.name in UNREACHABLE else None
+
+
+def judge(node):
+    hard = LIMITS[node.name]
+    pid = 80 + NAMES.index(node.name)  # a dockerd's pid differs on every node
+    measured = {"dockerd_pid": pid, "dockerd_nofile_hard": hard}
+    if hard >= 65535:
+        return Finding.passed(measured, 65535, node=node.name, message=f"{node.name}: ok")
+    return Finding.failed(
+        measured,
+        {"dockerd_nofile_hard_min": 65535},
+        node=node.name,
+        message=f"{node.name}: dockerd (pid {pid}) runs with hard {hard}: expected 65535. "
+        "Fix: LimitNOFILE=1048576",
+    )
+
+
+@pytest.mark.parametrize("_spark_node", NAMES)
+@pytest.mark.parametrize("twin", ["twin0"])
+def test_fd(request, _spark_node, twin):
+    node = next(n for n in Cluster.nodes if n.name == _spark_node)
+    require_once_across_nodes(request, SparkCheck(request.node), Cluster(), node, judge)
+"""
+
+
+def _across(
+    pytester: pytest.Pytester, limits: dict[str, int], *args: str, unreachable: tuple = ()
+) -> tuple[dict[str, int], dict[str, str], list[str]]:
+    pytester.makepyfile(
+        test_across=ACROSS.replace("{LIMITS}", repr(limits)).replace(
+            "{UNREACHABLE}", repr(list(unreachable))
+        )
+    )
+    result = pytester.runpytest_subprocess("-p", "no:spark", "-rfs", *args)
+    failed = {}
+    for line in result.outlines:
+        if line.startswith("spark-") and ": dockerd" in line:
+            failed[line.split(" ", 1)[0].split(":", 1)[0]] = line
+    return _outcomes(result), failed, _skips(result)
+
+
+def test_the_same_failure_on_several_nodes_is_one_failure(pytester: pytest.Pytester) -> None:
+    """Issue #36 part 4: the same dockerd open-files limit on both nodes gave 2 identical
+    failures. The first node fails naming the others (the pid differs, the cause does
+    not), the others skip citing it; a node with another value fails on its own."""
+    limits = {"spark-head": 4096, "spark-worker-1": 4096, "spark-worker-2": 8192}
+    outcomes, failed, skips = _across(pytester, limits)
+    assert outcomes == {"passed": 0, "failed": 2, "errors": 0, "skipped": 1}
+    assert failed["spark-head"].startswith(
+        "spark-head (and spark-worker-1, the same: one cause, this failure; fix it there "
+        "too): dockerd (pid 80) runs with hard 4096"
+    )
+    assert failed["spark-worker-2"].startswith("spark-worker-2: dockerd (pid 82)")
+    assert skips == [
+        "spark-worker-1: the same failure as on spark-head (dockerd (pid 81) runs with hard "
+        "4096: expected 65535. Fix: LimitNOFILE=1048576): one cause, "
+        "test_fd[twin0-spark-head] has the evidence"
+    ]
+    # all three alike: one failure naming both others
+    every = dict.fromkeys(limits, 4096)
+    outcomes, failed, skips = _across(pytester, every)
+    assert outcomes == {"passed": 0, "failed": 1, "errors": 0, "skipped": 2}
+    assert "spark-head (and spark-worker-1, spark-worker-2, the same" in failed["spark-head"]
+
+
+def test_the_first_node_in_the_session_owns_the_cause(pytester: pytest.Pytester) -> None:
+    """-k leaves the head's check out: the first node whose check runs fails naming the
+    others (nothing else reports it); an unreachable node is not the same cause (its
+    reachability check has it) and a passing one is no cause at all."""
+    limits = {"spark-head": 4096, "spark-worker-1": 4096, "spark-worker-2": 4096}
+    outcomes, failed, skips = _across(pytester, limits, "-k", "worker")
+    assert outcomes == {"passed": 0, "failed": 1, "errors": 0, "skipped": 1}
+    assert failed["spark-worker-1"].startswith(
+        "spark-worker-1 (and spark-head, spark-worker-2, the same: one cause"
+    )
+    assert skips[0].endswith("one cause, test_fd[twin0-spark-worker-1] has the evidence")
+    outcomes, failed, _ = _across(pytester, limits, unreachable=("spark-worker-2",))
+    # worker-2 is left out of the head's failure; its own check fails alone here (in a
+    # real run the spark_node fixture skips it first, citing test_node_reachable)
+    assert outcomes == {"passed": 0, "failed": 2, "errors": 0, "skipped": 1}
+    assert "spark-head (and spark-worker-1, the same" in failed["spark-head"]
+    assert failed["spark-worker-2"].startswith("spark-worker-2: dockerd")
+    healthy = {"spark-head": 65535, "spark-worker-1": 4096, "spark-worker-2": 65535}
+    outcomes, failed, _ = _across(pytester, healthy)
+    assert outcomes == {"passed": 2, "failed": 1, "errors": 0, "skipped": 0}
+    assert failed["spark-worker-1"].startswith("spark-worker-1: dockerd (pid 81)")

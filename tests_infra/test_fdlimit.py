@@ -12,7 +12,14 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_spark import Cluster, Node, SparkCheck, verdict_in_session
+from pytest_spark import (
+    Cluster,
+    Finding,
+    Node,
+    SparkCheck,
+    require_once_across_nodes,
+    verdict_in_session,
+)
 from pytest_spark.infra.fdlimit.check import check_fd_limits
 from pytest_spark.infra.fdlimit.gather import node_fdlimits
 from pytest_spark.infra.preflight.check import Skip
@@ -30,18 +37,19 @@ def test_dockerd_open_files_limit(
 ) -> None:
     """The Docker engine's hard open-files limit lets the serving container raise its own
     to vLLM's 65535; the kernel's file table is no smaller."""
-    facts = node_fdlimits(spark_cluster, spark_node)
-    docker = (
-        f"{DOCKER_VERDICT}[{spark_node.name}]"
-        if verdict_in_session(request.session, DOCKER_VERDICT)
-        else None
-    )
-    result = check_fd_limits(
-        spark_node.name,
-        facts,
-        spark_cluster.profile.fdlimit.min_open_files,
-        docker_verdict=docker,
-    )
-    if isinstance(result, Skip):
-        pytest.skip(result.reason)
-    spark_check.require(result)
+
+    def judge(node: Node) -> Finding | Skip:
+        docker = (
+            f"{DOCKER_VERDICT}[{node.name}]"
+            if verdict_in_session(request.session, DOCKER_VERDICT)
+            else None
+        )
+        return check_fd_limits(
+            node.name,
+            node_fdlimits(spark_cluster, node),
+            spark_cluster.profile.fdlimit.min_open_files,
+            docker_verdict=docker,
+        )
+
+    # the same limit on several nodes (one install, one drop-in missing): one failure
+    require_once_across_nodes(request, spark_check, spark_cluster, spark_node, judge)

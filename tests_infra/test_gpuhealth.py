@@ -11,7 +11,15 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_spark import Cluster, Node, RemoteError, SparkCheck, verdict_in_session
+from pytest_spark import (
+    Cluster,
+    Finding,
+    Node,
+    RemoteError,
+    SparkCheck,
+    require_once_across_nodes,
+    verdict_in_session,
+)
 from pytest_spark.infra.gpuhealth.check import (
     KERNEL_VERDICT,
     TEMPERATURE_VERDICT,
@@ -98,10 +106,23 @@ def test_gpu_clocks_not_throttled(
 
 
 def test_gpu_persistence_mode(
-    spark_node: Node, gpu_health: GpuHealth, spark_cluster: Cluster, spark_check: SparkCheck
+    request: pytest.FixtureRequest,
+    spark_node: Node,
+    gpu_health: GpuHealth,
+    spark_cluster: Cluster,
+    spark_check: SparkCheck,
 ) -> None:
+    """Persistence mode on; off on several nodes (one setup left it off) is one failure,
+    on the first of them, naming the others (verdict.require_once_across_nodes)."""
     section = spark_cluster.profile.gpu_health
-    spark_check.require(check_gpu_persistence(spark_node.name, gpu_health, section))
+
+    def judge(node: Node) -> Finding | Skip:
+        facts = _facts(spark_cluster, node)
+        if not facts.gpu.gpus or facts.gpu_health is None:  # its gpu_health fixture skips
+            return Skip(f"{node.name}: nvidia-smi sees no GPU")
+        return check_gpu_persistence(node.name, facts.gpu_health, section)
+
+    require_once_across_nodes(request, spark_check, spark_cluster, spark_node, judge)
 
 
 def test_gpu_kernel_errors(

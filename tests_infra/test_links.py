@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from pytest_spark import Cluster, Finding, Node, RemoteError, SparkCheck
+from pytest_spark import (
+    Cluster,
+    Finding,
+    Node,
+    RemoteError,
+    SparkCheck,
+    require_once_across_nodes,
+)
 from pytest_spark.infra.errors import ParseError
 from pytest_spark.infra.links.check import (
     check_fabric_twins,
@@ -36,6 +44,7 @@ from pytest_spark.infra.links.probe import (
     parse_ping_matrix,
     ping_matrix_command,
 )
+from pytest_spark.infra.preflight.check import Skip
 from pytest_spark.readiness.reachability import require_reachable, unreachable_reason
 
 pytestmark = pytest.mark.link
@@ -117,9 +126,37 @@ def test_link_up(
     spark_check.require(finding)
 
 
-def test_roce_active(spark_node: Node, port: PortFacts, spark_check: SparkCheck) -> None:
-    require_usable(spark_node, port)
-    spark_check.require(check_roce_active(spark_node.name, port))
+def _twin_judge(
+    cluster: Cluster,
+    ifname: str,
+    judge: Callable[[Node, PortFacts], Finding],
+    *,
+    usable_only: bool,
+) -> Callable[[Node], Finding | Skip]:
+    """A per-port check on each node's end of twin ``ifname`` (``usable_only``: a port
+    that cannot be used skips, as ``require_usable``), for
+    verdict.require_once_across_nodes: the same failure on both ends of a twin (RoCE off,
+    MTU 1500 on both) is one failure."""
+
+    def on(node: Node) -> Finding | Skip:
+        port = port_of(node_link_facts(cluster, node), ifname)
+        usable, reason = link_is_usable(port, node.name)
+        return judge(node, port) if usable or not usable_only else Skip(reason)
+
+    return on
+
+
+def test_roce_active(
+    request: pytest.FixtureRequest,
+    spark_node: Node,
+    fabric_if: str,
+    spark_check: SparkCheck,
+    spark_cluster: Cluster,
+) -> None:
+    judge = _twin_judge(
+        spark_cluster, fabric_if, lambda n, p: check_roce_active(n.name, p), usable_only=True
+    )
+    require_once_across_nodes(request, spark_check, spark_cluster, spark_node, judge)
 
 
 def _slow_ends(cluster: Cluster) -> list[tuple[str, str, float]]:
@@ -175,12 +212,19 @@ def test_link_rate(
 
 
 def test_mtu(
-    spark_node: Node, port: PortFacts, spark_check: SparkCheck, spark_cluster: Cluster
+    request: pytest.FixtureRequest,
+    spark_node: Node,
+    fabric_if: str,
+    spark_check: SparkCheck,
+    spark_cluster: Cluster,
 ) -> None:
-    profile = spark_cluster.profile
-    spark_check.require(
-        check_mtu(spark_node.name, port, profile.link.min_mtu, profile.link.hard_min_mtu)
-    )
+    link = spark_cluster.profile.link
+
+    def mtu(node: Node, port: PortFacts) -> Finding:
+        return check_mtu(node.name, port, link.min_mtu, link.hard_min_mtu)
+
+    judge = _twin_judge(spark_cluster, fabric_if, mtu, usable_only=False)
+    require_once_across_nodes(request, spark_check, spark_cluster, spark_node, judge)
 
 
 def _twin_ports(config: pytest.Config, cluster: Cluster, ifname: str) -> dict[str, PortFacts]:

@@ -8,9 +8,13 @@ that check.
 
 The reachability verdict runs first and whatever the selection (:class:`VerdictFirst`):
 ``-m link``, ``-k`` or ``-x`` still reach it, so a dead node is its one failure, never a
-cable error. When no reachability check is collected at all (a path that leaves its file
-out), a check that needs an unreachable node fails with the whole error instead: a
-missing verdict must not turn a dead node into a green run.
+cable error. The serving verdict (``test_cluster_serving``) is put back the same way when a
+selected check needs the server (``-m tool_calls``, ``-k reasoning`` against a dead head or a
+refused API: its one failure, the rest skip citing it), just before the first of them. When
+no verdict is collected at all (a path that leaves its file out), the first check that
+meets the cause fails with the whole error and the rest skip citing that check
+(:class:`verdict.RepeatedSetupFailure`): a missing verdict must not turn a dead node into a
+green run, nor into one error per check.
 """
 
 from __future__ import annotations
@@ -135,40 +139,63 @@ class LostNodes:
 
 
 MARK = "spark_reachability_verdict"
+# The serving verdict's marker (test_cluster_serving; SERVING_VERDICT_KEY says it runs).
+SERVING_MARK = "spark_serving_verdict"
 
 
 def verdicts_first(
     items: list[pytest.Item],
     deselected: list[pytest.Item],
     needs_nodes: Callable[[pytest.Item], bool],
+    needs_server: Callable[[pytest.Item], bool] | None = None,
 ) -> list[pytest.Item]:
     """The session's items with the reachability verdicts first, the deselected ones put
     back when a selected check needs the nodes: ``-m link`` or ``-k`` must not leave a
-    dead node to 15 errors, and ``-x`` stops on the verdict, not on a consequence."""
+    dead node to 15 errors, and ``-x`` stops on the verdict, not on a consequence. The
+    serving verdicts deselected are put back when a selected check needs the server and
+    none is selected, just before the first such check (``-m tool_calls`` against a dead
+    head: one failure, not 16 setup errors; with ``-m "link or tool_calls"`` the link
+    checks still run before a launch)."""
     verdicts = [item for item in items if item.get_closest_marker(MARK)]
     if any(needs_nodes(item) for item in items):
         chosen = set(map(id, verdicts))
         verdicts += [i for i in deselected if i.get_closest_marker(MARK) and id(i) not in chosen]
     chosen = set(map(id, verdicts))
-    return verdicts + [item for item in items if id(item) not in chosen]
+    rest = [item for item in items if id(item) not in chosen]
+    if needs_server is not None and not any(i.get_closest_marker(SERVING_MARK) for i in rest):
+        serving = [i for i in deselected if i.get_closest_marker(SERVING_MARK)]
+        first = next((n for n, item in enumerate(rest) if needs_server(item)), None)
+        if serving and first is not None:
+            rest[first:first] = serving
+    return verdicts + rest
 
 
 class VerdictFirst:
     """Runs the reachability verdicts whatever the selection, and before every other
-    check (:func:`verdicts_first`)."""
+    check; the serving verdict whenever a selected check needs the server
+    (:func:`verdicts_first`)."""
 
-    def __init__(self, needs_nodes: Callable[[pytest.Item], bool]) -> None:
+    def __init__(
+        self,
+        needs_nodes: Callable[[pytest.Item], bool],
+        needs_server: Callable[[pytest.Item], bool] | None = None,
+    ) -> None:
         self._needs_nodes = needs_nodes
+        self._needs_server = needs_server
         self._deselected: list[pytest.Item] = []
 
     def pytest_deselected(self, items: list[pytest.Item]) -> None:
-        self._deselected += [item for item in items if item.get_closest_marker(MARK)]
+        self._deselected += [
+            item
+            for item in items
+            if item.get_closest_marker(MARK) or item.get_closest_marker(SERVING_MARK)
+        ]
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(
         self, config: pytest.Config, items: list[pytest.Item]
     ) -> None:
-        items[:] = verdicts_first(items, self._deselected, self._needs_nodes)
+        items[:] = verdicts_first(items, self._deselected, self._needs_nodes, self._needs_server)
         put_back = set(map(id, items)) & set(map(id, self._deselected))
         reporter = config.pluginmanager.get_plugin("terminalreporter")
         stats = getattr(reporter, "stats", None)
