@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import html
+import json
+import re
+from xml.etree import ElementTree
+
 import pytest
-from report_fakes import write_suite
+from report_fakes import KEY, write_suite
 
 
 def test_summary_table_figures_and_paths(
@@ -168,3 +173,145 @@ def test_summary_shows_the_roofline_and_spec_decoding(
             "tok/s single-stream (no drafting: 40) | startup not measured",
         ]
     )
+
+
+def _after_stats(lines: list[str]) -> list[str]:
+    """The lines after pytest's own last line (``=== 2 failed, ... in 0.1s ===``)."""
+    at = max(i for i, line in enumerate(lines) if re.match(r"=+ .* in [0-9.]+s.* =+$", line))
+    return [line for line in lines[at + 1 :] if line.strip()]
+
+
+def test_the_verdict_is_the_last_line_as_the_html_says_it(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 36 §5: the terminal ended with the table and "2 failed, 5 passed"; the HTML
+    report's verdict line now comes after pytest's own last line, the same text, wrapped
+    to an 80-column terminal."""
+    monkeypatch.setenv("COLUMNS", "80")
+    write_suite(pytester)
+    path = pytester.path / "r.html"
+    result = pytester.runpytest("--spark-history=off", f"--html={path}")
+    assert result.ret == 1
+    last = _after_stats(result.outlines)
+    assert last[0].startswith("Verdict: FAIL (2 of 7 checks run failed, 1 skipped) in "), last
+    assert all(len(line) <= 80 for line in last), last
+    assert all(line.startswith("  ") for line in last[1:]), last
+    said = " ".join(line.strip() for line in last)
+    page = html.unescape(path.read_text())
+    assert f"{said}</div>" in page, said  # the HTML banner, word for word
+    assert "first: test_health_endpoint: GET http://admin:<redacted>@head" in said, said
+
+
+def test_a_passing_run_ends_with_its_verdict(pytester: pytest.Pytester) -> None:
+    write_suite(pytester, failures=False)
+    result = pytester.runpytest("--spark-history=off")
+    assert result.ret == 0
+    assert _after_stats(result.outlines) == ["Verdict: PASS (5 checks run, 1 skipped)"]
+
+
+def test_the_short_summary_leads_with_what_failed_where(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pytest's short test summary shows a failure's first line cut to the terminal: it
+    showed "Failed: " and the message's start ("Faile..." at 80 columns). A suite check's
+    line leads with its node and figures; a plain test's failure stays pytest's own."""
+    pytester.makepyfile(
+        test_plain="def test_plain():\n    assert 1 == 2\n",
+        test_suite="""
+        import pytest
+        from pytest_spark import Finding
+
+        @pytest.mark.link
+        def test_link_rate(spark_check):
+            spark_check.require(Finding.failed(
+                100.0, 200.0, "Gb/s", node="spark-worker-1", bound=">=",
+                message="spark-worker-1 enp1s0f1np1: link rate 100 Gb/s from ethtool, "
+                "expected >= 200 Gb/s. Likely a cable rated for 100G\\nsecond line"))
+
+        @pytest.mark.readiness
+        def test_serving(spark_check):
+            pytest.fail("vLLM on spark-head is not serving: container exited (code 137)")
+        """,
+    )
+    monkeypatch.setenv("COLUMNS", "200")
+    wide = pytester.runpytest("--spark-history=off", "-p", "no:randomly")
+    wide.stdout.fnmatch_lines(
+        [
+            "FAILED test_plain.py::test_plain - assert 1 == 2",
+            "FAILED test_suite.py::test_link_rate - spark-worker-1 enp1s0f1np1: 100 Gb/s / >= "
+            "200 Gb/s; link rate 100 Gb/s from ethtool, expected >= 200 Gb/s. Likely a cable "
+            "rated for 100G",
+            "FAILED test_suite.py::test_serving - vLLM on spark-head is not serving: container "
+            "exited (code 137)",
+        ]
+    )
+    # the whole failure, below its short line, where pytest prints every line (-vv)
+    verbose = pytester.runpytest("--spark-history=off", "-vv")
+    verbose.stdout.fnmatch_lines(
+        [
+            "FAILED test_suite.py::test_link_rate - spark-worker-1 enp1s0f1np1: 100 Gb/s / >= "
+            "200 Gb/s; link rate *",
+            "spark-worker-1 enp1s0f1np1: link rate 100 Gb/s from ethtool, expected >= 200 Gb/s."
+            " Likely a cable rated for 100G",
+            "second line",
+        ]
+    )
+    monkeypatch.setenv("COLUMNS", "80")
+    narrow = pytester.runpytest("--spark-history=off")
+    narrow.stdout.fnmatch_lines(
+        ["FAILED test_suite.py::test_link_rate - spark-worker-1 enp1s0f1np1: 100 Gb/s /..."]
+    )
+    assert "Faile" not in narrow.stdout.str().split("short test summary info")[1]
+
+
+def test_under_xdist_the_verdict_and_short_lines_are_the_controllers(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("xdist")
+    monkeypatch.setenv("COLUMNS", "200")
+    pytester.makepyfile(
+        test_x="""
+        import pytest
+        from pytest_spark import Finding
+
+        @pytest.mark.link
+        @pytest.mark.parametrize("node", ["spark-head", "spark-worker-1"])
+        def test_rate(spark_check, node):
+            level = "failed" if node == "spark-worker-1" else "passed"
+            spark_check.require(getattr(Finding, level)(
+                100.0, 200.0, "Gb/s", node=node, message=f"{node} enp1s0f1np1: rate low",
+                bound=">="))
+        """
+    )
+    result = pytester.runpytest("-n", "2", "--spark-history=off")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "FAILED test_x.py::test_rate[[]spark-worker-1] - spark-worker-1 enp1s0f1np1: "
+            "100 Gb/s / >= 200 Gb/s; rate low",
+        ]
+    )
+    assert _after_stats(result.outlines) == [
+        "Verdict: FAIL (1 of 2 checks run failed) in link; first: test_rate[spark-worker-1]: "
+        "spark-worker-1 enp1s0f1np1: rate low"
+    ]
+
+
+def test_junit_writes_each_finding_as_json(pytester: pytest.Pytester) -> None:
+    """Issue 36 §5: the spark_finding property was a Python repr ('unit': None)."""
+    write_suite(pytester)
+    path = pytester.path / "junit.xml"
+    args = ["--spark-history=off", f"--junitxml={path}", "-o", "junit_family=xunit1"]
+    pytester.runpytest(*args, f"--spark-api-key={KEY}")  # redacted inside the JSON too
+    found = {
+        case.get("name"): json.loads(prop.get("value"))
+        for case in ElementTree.parse(path).iter("testcase")
+        for prop in case.iter("property")
+        if prop.get("name") == "spark_finding"
+    }
+    degraded = found["test_link_rate_degraded"]
+    assert degraded["measured"] == 100.0 and degraded["unit"] == "Gb/s", degraded
+    assert degraded["node"] == "spark-worker-1" and degraded["level"] == "fail", degraded
+    assert found["test_allreduce_busbw"]["bound"] is None  # null, not None
+    assert KEY not in path.read_text()
+    assert degraded["message"].endswith("(key <redacted>)"), degraded

@@ -25,7 +25,7 @@ from pytest_spark.report.figures import (
     metrics_of,
 )
 from pytest_spark.report.plots import latency_plot, threshold_gates, throughput_plot
-from pytest_spark.report.results import finding_property
+from pytest_spark.report.results import finding_of, finding_property
 from pytest_spark.report.samples import min_samples, percentile_text
 from pytest_spark.report.summary import measured_expected
 
@@ -107,9 +107,13 @@ def test_the_link_checks_say_their_floor_and_it_travels_with_the_finding() -> No
     )
     for finding in (check_link_rate("spark-head", port), check_mtu("spark-head", port)):
         assert finding.bound == ">="
-        _, record = finding_property(finding)
+        name, value = finding_property(finding)
+        record = finding_of({name: value})
         assert record["bound"] == ">="
-    equal = {**finding_property(check_link_rate("spark-head", port))[1], "level": "pass"}
+    equal = {
+        **finding_of(dict([finding_property(check_link_rate("spark-head", port))])),
+        "level": "pass",
+    }
     assert measured_expected(equal) == "200 Gb/s / >= 200 Gb/s"  # equal: only bound can say
     assert Finding.passed(1, 2).bound is None
 

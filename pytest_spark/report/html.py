@@ -18,12 +18,12 @@ from pytest_spark.report.depth import depth_html
 from pytest_spark.report.figures import key_figures
 from pytest_spark.report.results import (
     CATEGORY_PROP,
-    FINDING_PROP,
     NODE_PROP,
     category_of,
+    finding_of,
     notes_of,
 )
-from pytest_spark.report.summary import measured_expected, outcome_counts, remediation
+from pytest_spark.report.summary import measured_expected, remediation, verdict_line
 from pytest_spark.report.templating import fragment, render
 
 if TYPE_CHECKING:
@@ -60,9 +60,7 @@ def metadata_value(value: Any, escape: bool) -> Any:
 
 
 def _finding(report: pytest.TestReport) -> dict[str, Any]:
-    props = dict(report.user_properties)
-    finding = props.get(FINDING_PROP)
-    return finding if isinstance(finding, dict) else {}
+    return finding_of(dict(report.user_properties))
 
 
 def _category(report: Any) -> str:
@@ -170,54 +168,12 @@ def _comparison(state: ReportState) -> dict[str, Any] | None:
     }
 
 
-def _failing(doc: dict[str, Any]) -> str:
-    """``: in accuracy, tool_calls; first test_x: headline`` for the FAIL banner."""
-    bad = [c for c in doc.get("checks") or () if c.get("outcome") in ("failed", "error")]
-    if not bad:
-        return ""
-    categories = ", ".join(dict.fromkeys(str(c.get("category") or "uncategorised") for c in bad))
-    first = bad[0]
-    name = str(first.get("nodeid", "")).split("::", 1)[-1]
-    headline = next(
-        (ln.strip() for ln in str(first.get("message") or "").splitlines() if ln.strip()), ""
-    )
-    if len(headline) > 200:
-        headline = headline[:197] + "..."
-    return f" in {categories}; first: {name}: {headline}"
-
-
-RUN_OUTCOMES = ("passed", "failed", "xpassed", "xfailed")  # pytest-html's "N tests took"
-
-
-def _verdict_text(state: ReportState) -> str:
-    """The banner's verdict. Its count of checks run is pytest-html's "N tests took" (passed,
-    failed, xpassed, xfailed: skips and errors are not in it), and skips and errors are
-    named apart, so the two counts on the page cannot disagree."""
-    counts = outcome_counts(state.doc)
-    run = sum(counts.get(k, 0) for k in RUN_OUTCOMES)
-    errors, skipped = counts.get("error", 0), counts.get("skipped", 0)
-    others = "".join(
-        f", {n} {label}"
-        for n, label in ((errors, "error" if errors == 1 else "errors"), (skipped, "skipped"))
-        if n
-    )
-    failed = counts.get("failed", 0)
-    return {
-        "fail": f"Verdict: FAIL ({failed} of {run} checks run failed{others})"
-        + _failing(state.doc),
-        "warn": f"Verdict: PASS with warnings ({run} checks run{others})",
-        "pass": f"Verdict: PASS ({run} checks run{others})",
-        "skip": f"Verdict: nothing checked ({skipped} checks skipped)",
-        "none": "Verdict: no suite checks ran",
-    }[state.table.overall]
-
-
 def summary_html(state: ReportState) -> str:
     overall = state.table.overall
     banners = []
     if state.interrupted:
         banners.append(("warn", "Session INTERRUPTED: the results below are partial"))
-    verdict = _verdict_text(state)
+    verdict = verdict_line(state.doc, state.table)
     banners.append((overall, verdict))
     if state.regression_message:
         banners.append(("fail", f"REGRESSION (session failed): {state.regression_message}"))

@@ -157,7 +157,7 @@ class Sanitizer:
         report.sections = [(r.text(t), r.text(c)) for t, c in report.sections]
         if isinstance(report, pytest.TestReport):
             report.user_properties = [
-                (name, r.value(value)) for name, value in report.user_properties
+                (name, self._property(value)) for name, value in report.user_properties
             ]
         extras = getattr(report, "extras", None)
         if isinstance(extras, list):
@@ -169,6 +169,19 @@ class Sanitizer:
                     "url",
                 ):
                     extra["content"] = r.value(extra.get("content"))
+
+    def _property(self, value: Any) -> Any:
+        """A user property redacted; one that is a JSON object in text (a check's finding,
+        ``results.finding_property``) is redacted as the object, so that what is replaced
+        never breaks its JSON."""
+        clean = self.redactor.value(value)
+        if not isinstance(value, str) or clean == value or not value.startswith("{"):
+            return clean
+        try:
+            decoded = json.loads(value)
+        except ValueError:
+            return clean
+        return json.dumps(self.redactor.value(decoded), default=str, ensure_ascii=False)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:

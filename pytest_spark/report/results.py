@@ -34,18 +34,40 @@ VERDICT_EXCEPTIONS: tuple[type[BaseException], ...] = (
 )
 
 
-def finding_property(finding: Finding) -> tuple[str, dict[str, Any]]:
-    """A user_properties entry (travels with the report, also across xdist workers)."""
-    return FINDING_PROP, {
-        "level": finding.level,
-        "measured": finding.measured,
-        "expected": finding.expected,
-        "unit": finding.unit,
-        "bound": finding.bound,
-        "message": finding.message,
-        "node": finding.node,
-        "evidence": dict(finding.evidence),
-    }
+def finding_property(finding: Finding) -> tuple[str, str]:
+    """A user_properties entry (travels with the report, also across xdist workers): the
+    finding as a JSON object, as JUnit XML writes it (pytest writes a property's ``str()``:
+    a dict would be a Python repr there); ``finding_of`` reads it back."""
+    return FINDING_PROP, encode_finding(
+        {
+            "level": finding.level,
+            "measured": finding.measured,
+            "expected": finding.expected,
+            "unit": finding.unit,
+            "bound": finding.bound,
+            "message": finding.message,
+            "node": finding.node,
+            "evidence": dict(finding.evidence),
+        }
+    )
+
+
+def encode_finding(record: dict[str, Any]) -> str:
+    # default=str and non-ASCII kept as is, as the results JSON is written (write_json)
+    return json.dumps(record, default=str, ensure_ascii=False)
+
+
+def finding_of(props: dict[str, Any]) -> dict[str, Any]:
+    """A check's finding from its report's user properties (``dict(user_properties)``):
+    the JSON object ``finding_property`` wrote (a dict, from a caller that put one there,
+    is taken as it is); {} when there is none."""
+    value = props.get(FINDING_PROP)
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return {}
+    return value if isinstance(value, dict) else {}
 
 
 def category_of(keywords: Any) -> str | None:
@@ -89,7 +111,7 @@ class ResultsRecorder:
         category = props.get(CATEGORY_PROP) or category_of(report.keywords)
         if category is None:
             return
-        finding: dict[str, Any] = props.get(FINDING_PROP) or {}
+        finding = finding_of(props)
         if report.when == "call" or report.outcome != "passed":
             if report.when != "call" and report.nodeid in self.checks and report.passed:
                 return

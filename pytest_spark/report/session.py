@@ -226,7 +226,18 @@ class ReportPlugin:
     def pytest_terminal_summary(
         self, terminalreporter: Any, exitstatus: int, config: pytest.Config
     ) -> None:
-        from pytest_spark.report.terminal import write_summary
+        from pytest_spark.report.terminal import shorten_crash_lines, write_summary
 
         results = getattr(self.settings, "results", None)
         write_summary(terminalreporter, self.outcome, self.redactor, results, config)
+        shorten_crash_lines(terminalreporter)  # pytest's short summary comes after this hook
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        """The verdict line, last: pytest's "1 failed, 115 skipped" line is written at the
+        end of its ``pytest_sessionfinish``, after every ``pytest_terminal_summary``."""
+        from pytest_spark.report.terminal import write_verdict
+
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            write_verdict(reporter, self.outcome, self.redactor, config)

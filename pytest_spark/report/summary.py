@@ -103,6 +103,52 @@ def outcome_counts(doc: dict[str, Any]) -> dict[str, int]:
     return dict(Counter(str(c.get("outcome")) for c in doc.get("checks") or ()))
 
 
+def first_line(message: Any) -> str:
+    """A message's first non-empty line."""
+    return next((ln.strip() for ln in str(message or "").splitlines() if ln.strip()), "")
+
+
+def _failing(doc: dict[str, Any]) -> str:
+    """``: in accuracy, tool_calls; first test_x: headline`` for the FAIL verdict."""
+    bad = [c for c in doc.get("checks") or () if c.get("outcome") in ("failed", "error")]
+    if not bad:
+        return ""
+    categories = ", ".join(dict.fromkeys(str(c.get("category") or "uncategorised") for c in bad))
+    first = bad[0]
+    name = str(first.get("nodeid", "")).split("::", 1)[-1]
+    headline = first_line(first.get("message"))
+    if len(headline) > 200:
+        headline = headline[:197] + "..."
+    return f" in {categories}; first: {name}: {headline}"
+
+
+RUN_OUTCOMES = ("passed", "failed", "xpassed", "xfailed")  # pytest-html's "N tests took"
+
+
+def verdict_line(doc: dict[str, Any], table: VerdictTable | None = None) -> str:
+    """The run's verdict in one line, the HTML report's banner and the terminal's last line
+    alike (``table``: ``verdict_table(doc)``, when the caller has it). Its count of checks
+    run is pytest-html's "N tests took" (passed, failed, xpassed, xfailed: skips and errors
+    are not in it), and skips and errors are named apart, so the counts cannot disagree."""
+    counts = outcome_counts(doc)
+    run = sum(counts.get(k, 0) for k in RUN_OUTCOMES)
+    errors, skipped = counts.get("error", 0), counts.get("skipped", 0)
+    others = "".join(
+        f", {n} {label}"
+        for n, label in ((errors, "error" if errors == 1 else "errors"), (skipped, "skipped"))
+        if n
+    )
+    failed = counts.get("failed", 0)
+    overall = (table or verdict_table(doc)).overall
+    return {
+        "fail": f"Verdict: FAIL ({failed} of {run} checks run failed{others})" + _failing(doc),
+        "warn": f"Verdict: PASS with warnings ({run} checks run{others})",
+        "pass": f"Verdict: PASS ({run} checks run{others})",
+        "skip": f"Verdict: nothing checked ({skipped} checks skipped)",
+        "none": "Verdict: no suite checks ran",
+    }[overall]
+
+
 def fmt_value(value: Any) -> str:
     """A measured or expected value, short: numbers to 4 significant digits."""
     if value is None:

@@ -1,14 +1,19 @@
-"""The terminal summary: verdict per category and node, key figures, regressions, paths."""
+"""The terminal summary: verdict per category and node, key figures, regressions, paths;
+the verdict line last, after pytest's own; the short test summary's lines led by what failed
+where (node, measured, expected)."""
 
 from __future__ import annotations
 
 import os
+import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from pytest_spark.report.figures import key_figures
+from pytest_spark.report.results import CATEGORY_PROP, category_of, finding_of
+from pytest_spark.report.summary import first_line, measured_expected, verdict_line
 
 if TYPE_CHECKING:
     from pytest_spark.report.model import ReportOutcome
@@ -112,3 +117,65 @@ def write_summary(
             tr.write_line(f"              {state.history_where}; --spark-history=DIR or off")
     elif state.history_note:
         tr.write_line(f"history:      {state.history_note}")
+
+
+def write_verdict(
+    tr: Any, outcome: ReportOutcome, redactor: Redactor, config: pytest.Config
+) -> None:
+    """The HTML report's verdict line (``summary.verdict_line``), the terminal's last: after
+    pytest's "1 failed, 115 skipped" (from a trylast ``pytest_unconfigure``). Wrapped to
+    the terminal's width, continuation lines indented."""
+    if config.option.collectonly:
+        return
+    state = outcome.state
+    if state is None or not state.active:
+        return
+    line = redactor.text(verdict_line(state.doc, state.table))
+    width = terminal_width(tr)
+    wrapped = textwrap.wrap(
+        line, width, subsequent_indent="  ", break_on_hyphens=False, break_long_words=True
+    )
+    for part in wrapped or [line]:
+        tr.write_line(part, **COLOR[state.table.overall])
+
+
+PYTEST_FAIL = "Failed: "  # pytest.fail's exception type, before every check's failure
+
+
+def crash_line(report: Any) -> str | None:
+    """The line pytest's short test summary shows after a failed suite check's id (it
+    shows the first line of the failure, cut to the terminal's width): what failed where,
+    then the figures, ``spark-head enp1s0f1np1: 100 Gb/s / >= 200 Gb/s; link rate ...``,
+    instead of ``Failed: `` and the message's start. None: not a suite check's failure."""
+    props = dict(getattr(report, "user_properties", ()))
+    if not (props.get(CATEGORY_PROP) or category_of(report.keywords)):
+        return None
+    crash = getattr(report.longrepr, "reprcrash", None)
+    if crash is None or not isinstance(crash.message, str):
+        return None
+    message = crash.message.removeprefix(PYTEST_FAIL)
+    headline = first_line(message)
+    finding = finding_of(props)
+    node = str(finding.get("node") or "")
+    if finding.get("level") != "fail" or first_line(finding.get("message")) != headline:
+        return headline  # not the finding's failure (a fixture's, a skip's reason): as it is
+    figures = measured_expected(finding)
+    where, sep, rest = headline.partition(": ")
+    if not (sep and node and where.startswith(node) and len(where) <= 60):
+        where, rest = node, headline
+    if not figures:
+        return f"{where}: {rest}" if where else rest
+    return f"{where}: {figures}" + (f"; {rest}" if rest else "") if where else f"{figures}; {rest}"
+
+
+def shorten_crash_lines(tr: Any) -> None:
+    """Lead each failed suite check's short-summary line with ``crash_line`` (before
+    pytest writes that summary, which it does after every ``pytest_terminal_summary``)."""
+    for key in ("failed", "error"):
+        for report in tr.stats.get(key, ()):
+            line = crash_line(report) if isinstance(report, pytest.TestReport) else None
+            if line:
+                crash = report.longrepr.reprcrash
+                rest = crash.message.removeprefix(PYTEST_FAIL)
+                # the whole failure after it: -vv and CI print every line (not cut)
+                crash.message = rest if first_line(rest) == line else f"{line}\n{rest}"
