@@ -12,6 +12,7 @@ import testinfra.host
 from pytest_spark.access.api import ApiEndpoint
 from pytest_spark.access.base import RemoteError
 from pytest_spark.access.cluster import Cluster, Node
+from pytest_spark.access.layout import ServingLayout
 from pytest_spark.access.testinfra import testinfra_host
 from pytest_spark.infra.nccl.gid_check import GID_VERDICT
 from pytest_spark.infra.server.probe import ServerCommand
@@ -42,9 +43,9 @@ def spark_settings(pytestconfig: pytest.Config) -> Settings:
 
 @pytest.fixture(scope="session")
 def spark_cluster(pytestconfig: pytest.Config, spark_settings: Settings) -> Iterator[Cluster]:
-    """The cluster under test, connected (one SSH connection per node)."""
-    cluster = Cluster(spark_settings)
-    pytestconfig.stash[CLUSTER_KEY] = cluster
+    """The cluster under test, connected (one SSH connection per node); its serving layout
+    is the one the session found (the controller's, handed to xdist workers)."""
+    cluster = pytestconfig.stash.get(CLUSTER_KEY, None) or _cluster(pytestconfig)
     cluster.connect()
     pytestconfig.hook.pytest_spark_cluster_ready(cluster=cluster)
     try:
@@ -172,7 +173,8 @@ def spark_api_state(
             cluster = pytestconfig.stash[CLUSTER_KEY]
             base, tunnel = route_to_api(cluster, settings.port)
         endpoint = discover(base, api_key=key, model=settings.model, timeout=settings.http_timeout)
-        failing = engine_failing(endpoint, log_hint=server_log_hint(settings))
+        layout = _layout_if_known(pytestconfig)
+        failing = engine_failing(endpoint, log_hint=server_log_hint(settings, layout))
         if failing is not None:
             raise ApiError(failing)
     except ApiError as exc:
@@ -214,8 +216,10 @@ def spark_server_command(
         return None
     cluster = pytestconfig.stash[CLUSTER_KEY]
     try:
-        head, container = cluster.head, spark_settings.container
-        return read_server_command(head, container, spark_settings.serve_args)
+        head, layout = cluster.head, cluster.layout
+        return read_server_command(
+            head, layout.container(head), spark_settings.serve_args, layout.serve_log
+        )
     except RemoteError:
         return parse_serve_args_text(spark_settings.serve_args)
 
@@ -248,6 +252,17 @@ def spark_model_config(
 
 
 def _cluster(config: pytest.Config) -> Cluster:
+    from pytest_spark.access import layout
+
     cluster = Cluster(config.stash[SETTINGS_KEY])
+    found = layout.load(config.stash[RUN_DIR_KEY]) if RUN_DIR_KEY in config.stash else None
+    if found is not None:
+        cluster.layout = found
     config.stash[CLUSTER_KEY] = cluster
     return cluster
+
+
+def _layout_if_known(config: pytest.Config) -> ServingLayout | None:
+    """The serving layout when the session has one (no SSH to find it)."""
+    cluster = config.stash.get(CLUSTER_KEY, None)
+    return cluster.layout_known if cluster is not None else None

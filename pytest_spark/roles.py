@@ -200,7 +200,7 @@ class Active:
 
         settings = config.stash[SETTINGS_KEY]
         return [
-            *expectations_lines(settings.profile, settings.source("threshold"), settings.recipe),
+            *expectations_lines(settings.profile, settings.source("threshold")),
             *suite_header(config),
         ]
 
@@ -240,6 +240,28 @@ class Controller(Active):
         sim = node.config.stash.get(SIM_KEY, None)
         if sim is not None:
             node.workerinput[SIM_INFO] = str(sim.state_dir / "cluster.json")
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        """The serving layout, found once before any check (and before xdist's workers
+        start, which read it from the run directory): attached without
+        --spark-container, each node's sparkrun rank container by its labels. Several
+        sparkrun jobs and no --spark-job is a usage error listing them."""
+        config = session.config
+        settings = config.stash[SETTINGS_KEY]
+        explicit = settings.source("container") != "default" and settings.job is None
+        if not settings.head or settings.launch or explicit:
+            return
+        from pytest_spark.access import layout
+        from pytest_spark.access.cluster import Cluster
+
+        cluster = config.stash.get(CLUSTER_KEY, None) or Cluster(settings)
+        config.stash[CLUSTER_KEY] = cluster
+        try:
+            found = cluster.layout
+        except layout.LayoutError as exc:
+            raise pytest.UsageError(str(exc)) from None
+        layout.save(config.stash[RUN_DIR_KEY], found)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import cluster, engines, serving
+from . import cluster, engines, serving, sparkrun_layout
 from .emulator.config import Knobs
 from .faults import alike, fabric, gpu, host, launch, link, mem, perturb, rdma, reach
 from .faults import launcher as launcher_faults
@@ -110,6 +110,23 @@ def build_parser() -> argparse.ArgumentParser:
         "--all", action="store_true", help="remove every sparksim instance on this machine"
     )
 
+    p_job = sub.add_parser(
+        "job", parents=[common], help="start or stop serving laid out as another launcher does"
+    )
+    p_job.add_argument("action", choices=["start", "stop"])
+    p_job.add_argument(
+        "--layout",
+        choices=sparkrun_layout.LAYOUTS,
+        default="sparkrun",
+        help="sparkrun: sparkrun 0.4.2's vllm-distributed job (labelled rank containers, "
+        "PID 1 sleep infinity, vllm serve exec'd with its output in /tmp/sparkrun_serve.log)",
+    )
+    p_job.add_argument("--intent", default=sparkrun_layout.DEFAULT_INTENT, help="name stem")
+    p_job.add_argument("--recipe", default=sparkrun_layout.DEFAULT_RECIPE, help="recipe label")
+    p_job.add_argument("--serve-args", default=None, help="the vllm serve line (default: sim's)")
+    p_job.add_argument("--nnodes", type=positive_int, default=None, help="ranks (default: all)")
+    p_job.add_argument("--cluster-id", default=None, help="stop: this job only (default: all)")
+
     p_fault = sub.add_parser("fault", parents=[common], help="inject or clear a fault")
     kinds = Kinds(p_fault.add_subparsers(dest="kind", required=True, metavar="KIND"), common)
     link.add_parsers(kinds)  # link-down, link-rate, mtu, switch-mtu
@@ -191,6 +208,22 @@ def run(argv: list[str] | None = None) -> int:
         removed = cluster.down_all() if args.all else cluster.down(state_dir)
         what = f"removed {', '.join(removed)}" if removed else "nothing to remove"
         print(f"spark-sim: down: {what}", file=sys.stderr)
+        return 0
+    if args.command == "job":
+        topo = cluster.require_topology(state_dir)
+        if args.action == "stop":
+            for msg in sparkrun_layout.stop_job(state_dir, topo, args.cluster_id):
+                print(msg, file=sys.stderr)
+            return 0
+        job = sparkrun_layout.start_job(
+            state_dir,
+            topo,
+            intent=args.intent,
+            recipe=args.recipe,
+            serve_args=args.serve_args,
+            nnodes=args.nnodes,
+        )
+        print(json.dumps(job, indent=2))
         return 0
     # fault
     cluster.require_topology(state_dir)

@@ -15,6 +15,7 @@ import pytest
 
 from pytest_spark.access.base import CommandResult
 from pytest_spark.access.cluster import Cluster, Node
+from pytest_spark.access.layout import launcher_layout
 from pytest_spark.infra.alike.gather import all_alike, node_alike
 from pytest_spark.infra.memory.gather import node_memory
 from pytest_spark.infra.preflight.gather import all_preflight, node_preflight
@@ -64,6 +65,7 @@ class LocalCluster(Cluster):
         self._cache_lock = threading.Lock()
         self._key_locks = {}
         self._connected = True
+        self.layout = launcher_layout("vllm_node")  # launch-cluster.sh's: no discovery
 
 
 @pytest.fixture

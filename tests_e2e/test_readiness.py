@@ -18,6 +18,7 @@ from pytest_spark import (
 from pytest_spark.access import body
 from pytest_spark.access.api import ApiEndpoint
 from pytest_spark.access.cluster import node_names
+from pytest_spark.access.layout import LayoutError
 from pytest_spark.infra.server.parse import expected_ray_members, parse_serve_args
 from pytest_spark.readiness.launch import (
     ServingInfo,
@@ -91,13 +92,18 @@ def _with_head_account(
     head = cluster.head
     if cluster.unreachable(head) is not None:
         return problem, {}
-    command = probe_command(settings.container, SINCE_START, None, None)
     try:
+        layout = cluster.layout
+        container = layout.container(head)
+        command = probe_command(container, SINCE_START, None, None, serve_log=layout.serve_log)
         probe = parse_probe(head.run(command, timeout=20), with_health=False)
-    except RemoteError:
+    except (RemoteError, LayoutError):
         return problem, {}
-    lines = [line.partition(" ")[2] or line for line in probe.lines]  # without the stamps
-    return head_account(problem, head.name, settings.container, probe.status, lines)
+    lines = probe.lines
+    if layout.serve_log is None:
+        lines = [line.partition(" ")[2] or line for line in lines]  # without the stamps
+    hint = layout.log_hint(head.name)
+    return head_account(problem, head.name, container, probe.status, lines, hint)
 
 
 def _named_node(settings: Settings, problem: str) -> str | None:
@@ -211,8 +217,8 @@ def test_serving_container_running(
     idle = idle_by_design(spark_cluster, spark_settings, spark_serving_state.info, spark_node.name)
     if idle is not None:
         pytest.skip(idle)
-    name = shlex.quote(spark_settings.container)
-    inspect = f"docker inspect -f '{{{{.State.Status}}}}' {name}"
+    container = spark_cluster.container(spark_node)
+    inspect = f"docker inspect -f '{{{{.State.Status}}}}' {shlex.quote(container)}"
     result = spark_node.run(inspect, timeout=20)
     state, docker_error = inspected_state(result)
     if docker_error is not None:
@@ -220,7 +226,7 @@ def test_serving_container_running(
         where = f"test_docker_ready[{spark_node.name}]"
         if verdict_in_session(request.session, where):
             pytest.skip(
-                f"{spark_node.name}: docker cannot say whether {spark_settings.container!r} "
+                f"{spark_node.name}: docker cannot say whether {container!r} "
                 f"runs: {docker_error} ({where} has the evidence)"
             )
         spark_check.require(
@@ -230,7 +236,7 @@ def test_serving_container_running(
                 node=spark_node.name,
                 message=(
                     f"{spark_node.name}: docker cannot say whether the serving container "
-                    f"{spark_settings.container!r} runs: {docker_error}. Start the docker "
+                    f"{container!r} runs: {docker_error}. Start the docker "
                     "daemon there (systemctl start docker) or give this user its socket"
                 ),
                 evidence={"docker inspect": result.evidence()},
@@ -239,13 +245,15 @@ def test_serving_container_running(
     # "missing": the launcher runs it with --rm, a dead rank leaves nothing. Attached to
     # a server the launcher did not start (no container on the head either): nothing to
     # look at. A worker without the head's container lost its rank.
+    head_container = shlex.quote(spark_cluster.container(spark_head))
+    head_inspect = f"docker inspect -f '{{{{.State.Status}}}}' {head_container}"
     if (
         state == "missing"
         and not spark_settings.launch
-        and (spark_node.name == spark_head.name or not spark_head.run(inspect, timeout=20).ok)
+        and (spark_node.name == spark_head.name or not spark_head.run(head_inspect, timeout=20).ok)
     ):
         pytest.skip(
-            f"no container {spark_settings.container!r} on {spark_node.name} nor on the "
+            f"no container {container!r} on {spark_node.name} nor on the "
             "head: the server is not run by the launcher here"
         )
     problem = spark_serving_state.problem
@@ -263,9 +271,10 @@ def test_serving_container_running(
                 "running",
                 node=spark_node.name,
                 message=(
-                    f"{spark_node.name}: serving container {spark_settings.container!r} is "
+                    f"{spark_node.name}: serving container {container!r} is "
                     f"{state!r}, expected running: its TP rank is gone. `docker logs` on that "
-                    "node says why"
+                    "node says why (a sparkrun job's: its /tmp/sparkrun_serve.log, gone with "
+                    "its --rm container)"
                 ),
                 evidence={"docker inspect": result.evidence()},
             )
@@ -285,8 +294,8 @@ def test_ray_reports_every_node_and_gpu(
             "the readiness watch checked every rank's liveness (its vllm serve process) and "
             "rendezvous instead"
         )
-    name = shlex.quote(spark_settings.container)
-    result = spark_head.run(f"docker exec {name} ray status", timeout=60)
+    container = spark_cluster.container(spark_head)
+    result = spark_head.run(f"docker exec {shlex.quote(container)} ray status", timeout=60)
     if not result.ok and (
         "not found" in result.stdout + result.stderr or "No such container" in result.stderr
     ):
@@ -301,7 +310,7 @@ def test_ray_reports_every_node_and_gpu(
                 None,
                 "ray status",
                 message=(
-                    f"{spark_head.name}: `ray status` in {spark_settings.container} failed: "
+                    f"{spark_head.name}: `ray status` in {container} failed: "
                     f"{(result.stderr or result.stdout).strip()[:300]}"
                 ),
                 evidence={"ray status": result.evidence()},

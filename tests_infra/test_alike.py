@@ -80,7 +80,9 @@ def test_serving_image_alike(
         spark_check.attach("nccl_version", versions)
     require(
         spark_check,
-        check_image_alike(spark_cluster.head.name, facts, spark_cluster.settings.container),
+        check_image_alike(
+            spark_cluster.head.name, facts, spark_cluster.container(spark_cluster.head)
+        ),
     )
 
 

@@ -38,7 +38,7 @@ def _images_differ(request: pytest.FixtureRequest, cluster: Cluster) -> str | No
         return None
     try:
         facts = {n: f for n, f in all_alike(cluster).items() if not isinstance(f, RemoteError)}
-        found = check_image_alike(cluster.head.name, facts, cluster.settings.container)
+        found = check_image_alike(cluster.head.name, facts, cluster.container(cluster.head))
     except (RemoteError, pytest.fail.Exception):  # the image check reports its own trouble
         return None
     if isinstance(found, Finding) and not found.ok:

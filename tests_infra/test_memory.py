@@ -41,7 +41,7 @@ def _gpu_held(request: pytest.FixtureRequest, cluster: Cluster, node: Node) -> s
     if not isinstance(facts, NodePreflight):
         return None
     found = check_gpu_holders(
-        node.name, facts.docker, facts.gpu, cluster.settings.container, facts.now
+        node.name, facts.docker, facts.gpu, cluster.container(node), facts.now
     )
     if isinstance(found, Skip) or found.ok:
         return None

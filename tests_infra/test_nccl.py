@@ -131,12 +131,12 @@ def _run_or_cause(
     kept = serving_nodes(spark_cluster, spark_settings, _serving_info(request, spark_settings))
     states = spark_cluster.cached(
         "serving-container-states",
-        lambda: container_states(spark_cluster, spark_settings.container),
+        lambda: container_states(spark_cluster, spark_cluster.layout),
     )
     fail, text = allreduce_unavailable(
         run,
         {node.name: states.get(node.name, "") for node in kept},
-        spark_settings.container,
+        spark_cluster.container(spark_cluster.head),
         container_verdict=verdict_in_session(request.session, CONTAINER_VERDICT),
         owner_here=owner_here,
         owner_in_session=verdict_in_session(request.session, LAUNCH_VERDICT),
@@ -211,7 +211,7 @@ def _skip_if_env_forces_socket(
     node is the root cause (the fix is there), so this skips citing it."""
     if finding.ok:
         return
-    envs = [(n.name, container_env(n, settings.container)) for n in cluster.nodes]
+    envs = [(n.name, container_env(n, cluster.container(n))) for n in cluster.nodes]
     forced = socket_forced_by_env(run.transports, envs)
     if forced is None:
         return
@@ -293,10 +293,11 @@ def test_nccl_ib_hca_lists_both_twins(
     spark_cluster: Cluster,
     spark_check: SparkCheck,
 ) -> None:
-    env = container_env(spark_node, spark_settings.container)
+    container = spark_cluster.container(spark_node)
+    env = container_env(spark_node, container)
     if env is None:
         pytest.skip(
-            f"no serving container {spark_settings.container!r} on {spark_node.name}: "
+            f"no serving container {container!r} on {spark_node.name}: "
             "its NCCL_IB_HCA cannot be read"
         )
     require_unless_twin_down(

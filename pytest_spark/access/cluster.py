@@ -14,6 +14,14 @@ from pytest_spark.access.base import (
     NodeUnreachable,
     RemoteError,
 )
+from pytest_spark.access.layout import (
+    DISCOVERY_COMMAND,
+    RankContainer,
+    ServingLayout,
+    choose,
+    launcher_layout,
+    parse_ps,
+)
 from pytest_spark.access.ssh import SSHConnection, resolve_target
 from pytest_spark.settings.resolve import Settings
 
@@ -57,6 +65,8 @@ def node_names(settings: Settings) -> list[tuple[str, str, str]]:
 class Cluster:
     """Nodes plus a per-session cache of facts gathered from them."""
 
+    _layout: ServingLayout | None = None  # the serving layout, once found or set
+
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.profile = settings.profile
@@ -94,6 +104,53 @@ class Cluster:
             if name in (node.name, node.address):
                 return node
         raise KeyError(f"no node {name!r}; nodes: {', '.join(n.name for n in self.nodes)}")
+
+    # -- the serving containers ----------------------------------------------------------
+    def discover_layout(self, settings: Settings | None = None) -> ServingLayout:
+        """The layout on the nodes now (no cache; ``settings`` default: the cluster's):
+        ``--spark-container`` given keeps its one name (no discovery), unless
+        ``--spark-job`` names a sparkrun job; otherwise each reachable node's sparkrun
+        containers, all nodes at once (``access.layout.choose`` decides)."""
+        settings = settings or self.settings
+        if settings.source("container") != "default" and settings.job is None:
+            return launcher_layout(settings.container)
+        nodes = [n for n in self.nodes if self.unreachable(n) is None]
+        results = self.map(lambda n: n.run(DISCOVERY_COMMAND, timeout=20), nodes)
+        found: list[RankContainer] = []
+        for node in nodes:
+            result = results[node.name]
+            if isinstance(result, CommandResult):
+                found += parse_ps(node.name, result.stdout)
+        names = [n.name for n in self.nodes]
+        return choose(found, names, settings.container, settings.job)
+
+    @property
+    def layout(self) -> ServingLayout:
+        """Where the serving containers are and where their vLLM output is
+        (:mod:`pytest_spark.access.layout`): set by the session (the controller's discovery,
+        a launch), else found here once: ``--spark-launch`` (launch-cluster.sh) and
+        ``--spark-container`` keep one name; otherwise the nodes' sparkrun containers are
+        looked for. Raises ``LayoutError`` when several jobs run and none is picked."""
+        if self._layout is None:
+            if self.settings.launch:
+                layout = launcher_layout(self.settings.container)
+            else:
+                layout = self.cached(("serving-layout",), self.discover_layout)
+            self._layout = layout
+        return self._layout
+
+    @layout.setter
+    def layout(self, value: ServingLayout) -> None:
+        self._layout = value
+
+    @property
+    def layout_known(self) -> ServingLayout | None:
+        """The layout when already found or set (no SSH), else None."""
+        return self._layout
+
+    def container(self, node: Node | str) -> str:
+        """The serving container's name on ``node`` (:attr:`layout`)."""
+        return self.layout.container(node)
 
     # -- connecting -------------------------------------------------------------------
     def _jump_for(self, node: Node) -> SSHConnection | None:

@@ -118,6 +118,24 @@ def _q(value: object) -> str:
     return shlex.quote(str(value))
 
 
+Containers = str | Mapping[str, str] | None  # one name on every node, or each node's own
+
+
+def container_on(container: Containers, node: str) -> str | None:
+    """The serving container on ``node``: one name for every node (launch-cluster.sh), or
+    each node's own (a sparkrun job's ``..._node_<rank>``)."""
+    if container is None or isinstance(container, str):
+        return container
+    return container.get(node)
+
+
+def _names(container: Containers) -> str:
+    """The container(s) in words, for notes and errors."""
+    if container is None or isinstance(container, str):
+        return str(container)
+    return ", ".join(dict.fromkeys(container.values()))
+
+
 def _pattern(token: str) -> str:
     """A regex matching the token that does not match itself (``[p]ytest-...``)."""
     return f"[{token[0]}]{token[1:]}"
@@ -413,13 +431,18 @@ def _each(
 def detect_launcher(
     nodes: Sequence[RankNode],
     *,
-    container: str | None = None,
+    container: Containers = None,
     python: str = "python3",
     timeout: float = STEP_TIMEOUT,
 ) -> LaunchPlan:
-    """Probe every node once (concurrently) and choose the launcher (see the module doc)."""
-    cmd = probe_command(python=python, container=container)
-    results = _each(nodes, lambda n: n.run(cmd, timeout=timeout), timeout)
+    """Probe every node once (concurrently) and choose the launcher (see the module doc).
+    ``container``: one name on every node, or each node's (by node name)."""
+
+    def probe(n: RankNode) -> CommandResult:
+        cmd = probe_command(python=python, container=container_on(container, n.name))
+        return n.run(cmd, timeout=timeout)
+
+    results = _each(nodes, probe, timeout)
     facts = [_facts(r) for r in results]
     notes = []
     for node, f in zip(nodes, facts, strict=True):
@@ -433,7 +456,8 @@ def detect_launcher(
         ]
         if container:
             found += [
-                f"container {container}: all_reduce_perf={f.get('c_arp') or 'none'}",
+                f"container {container_on(container, node.name)}: "
+                f"all_reduce_perf={f.get('c_arp') or 'none'}",
                 f"mpirun={f.get('c_mpirun') or 'none'}",
                 f"torch={f.get('c_torch') or 'none'} (docker exec rc={f.get('c_rc', '?')})",
             ]
@@ -450,7 +474,7 @@ def detect_launcher(
         if head.get("c_mpirun"):
             return LaunchPlan("nccl-tests", container, head["c_arp"], tuple(notes))
         notes.append(
-            f"all_reduce_perf found in container {container} but no mpirun there: not used"
+            f"all_reduce_perf found in container {_names(container)} but no mpirun there: not used"
         )
     if container and facts and all(f.get("c_torch") for f in facts):
         return LaunchPlan("container", container, None, tuple(notes))
@@ -459,7 +483,7 @@ def detect_launcher(
     raise CollectiveUnavailable(
         "no all-reduce launcher works on every node: need nccl-tests' all_reduce_perf with "
         f"mpirun, or {python} with torch on the host"
-        + (f" or inside container {container}" if container else "")
+        + (f" or inside container {_names(container)}" if container else "")
         + ". Found: "
         + "; ".join(notes)
         + ". Fix: build nccl-tests with MPI=1 (NVIDIA DGX Spark playbook) or "
@@ -470,10 +494,14 @@ def detect_launcher(
 # ------------------------------------------------------------------------------ running
 
 
-def _stop(nodes: Sequence[RankNode], token: str, container: str | None) -> list[str]:
+def _stop(nodes: Sequence[RankNode], token: str, container: Containers) -> list[str]:
     """pkill the run and remove its temporary directories on every node; return errors."""
-    cmd = kill_command(token, container=container)
-    results = _each(nodes, lambda n: n.run(cmd, timeout=STEP_TIMEOUT), STEP_TIMEOUT)
+
+    def stop(n: RankNode) -> CommandResult:
+        cmd = kill_command(token, container=container_on(container, n.name))
+        return n.run(cmd, timeout=STEP_TIMEOUT)
+
+    results = _each(nodes, stop, STEP_TIMEOUT)
     errors = []
     for node, res in zip(nodes, results, strict=True):
         if not isinstance(res, CommandResult):
@@ -602,7 +630,7 @@ def run_allreduce(
     rank_env: Mapping[str, Mapping[str, str]] | None = None,
     launcher: Launcher = "auto",
     python: str = "python3",
-    container: str | None = None,
+    container: Containers = None,
     min_bytes: int = 1 << 20,
     max_bytes: int = 1 << 30,
     iters: int = 20,
@@ -618,9 +646,11 @@ def run_allreduce(
 ) -> CollectiveRun:
     """Run the all-reduce sweep with one rank per node (``nodes[0]`` is rank 0, the head).
 
-    ``rank_env`` maps a node name to the environment its rank gets (``NCCL_SOCKET_IFNAME``,
-    ``NCCL_IB_HCA``, ``GLOO_SOCKET_IFNAME``...); ``NCCL_DEBUG=INFO`` is added unless set,
-    and for the host python ``GLOO_SOCKET_IFNAME`` defaults to ``NCCL_SOCKET_IFNAME``.
+    ``container``: the serving container, one name on every node or each node's own (by
+    node name). ``rank_env`` maps a node name to the environment its rank gets
+    (``NCCL_SOCKET_IFNAME``, ``NCCL_IB_HCA``, ``GLOO_SOCKET_IFNAME``...);
+    ``NCCL_DEBUG=INFO`` is added unless set, and for the host python
+    ``GLOO_SOCKET_IFNAME`` defaults to ``NCCL_SOCKET_IFNAME``.
     ``fabric_addrs``: every node's fabric address, for mpirun's ``-H`` (nccl-tests only).
     ``init_timeout`` defaults to a third of ``timeout`` (10-60 s). ``collectives``: the
     sweeps of this one launch, in order (``all_reduce`` first; ``all_gather``; ``latency``,
@@ -680,7 +710,7 @@ def run_allreduce(
 
 
 def _plan(
-    nodes: Sequence[RankNode], launcher: Launcher, container: str | None, python: str
+    nodes: Sequence[RankNode], launcher: Launcher, container: Containers, python: str
 ) -> LaunchPlan:
     if launcher == "auto":
         return detect_launcher(nodes, container=container, python=python)
@@ -699,8 +729,13 @@ def _plan(
 
 def _stage(nodes: Sequence[RankNode], token: str, plan: LaunchPlan) -> list[str]:
     script = script_text(SCRIPT) if plan.binary is None else ""
-    cmd = stage_command(token, script, container=plan.container, binary=plan.binary)
-    results = _each(nodes, lambda n: n.run(cmd, timeout=STEP_TIMEOUT), STEP_TIMEOUT)
+
+    def stage(n: RankNode) -> CommandResult:
+        where = container_on(plan.container, n.name)
+        cmd = stage_command(token, script, container=where, binary=plan.binary)
+        return n.run(cmd, timeout=STEP_TIMEOUT)
+
+    results = _each(nodes, stage, STEP_TIMEOUT)
     dirs = []
     for node, res in zip(nodes, results, strict=True):
         if not isinstance(res, CommandResult):
@@ -714,7 +749,7 @@ def _stage(nodes: Sequence[RankNode], token: str, plan: LaunchPlan) -> list[str]
 
 def _launch(
     nodes: Sequence[RankNode], commands: Sequence[str], timeout: float, job: _Job,
-    container: str | None,
+    container: Containers,
 ) -> tuple[list[RankOutput], bool]:  # fmt: skip
     """Start every command at once; stop the rest after one fails (grace) or on interrupt."""
     pool = cf.ThreadPoolExecutor(max_workers=len(nodes), thread_name_prefix="spark-rank")
@@ -770,8 +805,9 @@ def _run_script(
         python = container_python(python)
     commands = [
         rank_command(plan.launcher, workdir=workdir, env=env, python=python,
-                     args=job.script_args(rank, len(nodes)), container=plan.container)
-        for rank, (workdir, env) in enumerate(zip(dirs, envs, strict=True))
+                     args=job.script_args(rank, len(nodes)),
+                     container=container_on(plan.container, node.name))
+        for rank, (node, workdir, env) in enumerate(zip(nodes, dirs, envs, strict=True))
     ]  # fmt: skip
     return _launch(nodes, commands, job.timeout + RUN_GRACE, job, plan.container)
 
@@ -789,7 +825,8 @@ def _run_mpirun(
     _stage(nodes, job.token, plan)
     cmd = mpirun_chain(
         hosts=hosts, env=env, token=job.token, min_bytes=job.min_bytes,
-        max_bytes=job.max_bytes, iters=job.iters, warmup=job.warmup, container=plan.container,
-        collectives=job.collectives, latency_max_bytes=job.latency_max_bytes,
+        max_bytes=job.max_bytes, iters=job.iters, warmup=job.warmup,
+        container=container_on(plan.container, nodes[0].name), collectives=job.collectives,
+        latency_max_bytes=job.latency_max_bytes,
     )  # fmt: skip
     return _launch(nodes[:1], [cmd], job.timeout, job, plan.container)

@@ -27,35 +27,41 @@ from pytest_spark.infra.preflight.probe import model_dir, preflight_probe_comman
 from pytest_spark.infra.probe import joint_probe
 from pytest_spark.settings.resolve import Settings
 
-__all__ = ["cached_probe", "host_probe_commands", "host_round_trip"]
+__all__ = ["cached_probe", "host_probe_commands", "host_round_trip", "node_probe_commands"]
 
 T = TypeVar("T")
 
 
-def host_probe_commands(settings: Settings) -> dict[str, str]:
+def host_probe_commands(settings: Settings, container: str | None = None) -> dict[str, str]:
     """The host-facts probes that share a node's one round trip, by cache key: the
     preflight probe and the nodes-alike probe run side by side in one ``sh -c``
     (:func:`~pytest_spark.infra.probe.joint_probe`), so a node costs one SSH round trip
     for its host facts whichever check asks first. A probe of host facts joins by being
     listed here: the preflight, nodes-alike, memory, open-file limit, previous-boot and
-    loaded (what the serving ranks mapped, their environment, the vllm tree) probes."""
+    loaded (what the serving ranks mapped, their environment, the vllm tree) probes.
+    ``container``: the node's serving container (``Cluster.container(node)``: a sparkrun
+    job's rank container differs per node); default ``settings.container``."""
     where = model_dir(settings).path
+    name = container or settings.container
     return {
-        "preflight": preflight_probe_command(
-            container=settings.container, image=settings.image, model_dir=where
-        ),
-        "alike": alike_probe_command(container=settings.container, image=settings.image),
+        "preflight": preflight_probe_command(container=name, image=settings.image, model_dir=where),
+        "alike": alike_probe_command(container=name, image=settings.image),
         "memory": memory_probe_command(),
-        "fdlimit": fdlimit_probe_command(container=settings.container),
+        "fdlimit": fdlimit_probe_command(container=name),
         "kernel": kernel_probe_command(),
-        "loaded": loaded_probe_command(container=settings.container),
+        "loaded": loaded_probe_command(container=name),
     }
+
+
+def node_probe_commands(cluster: Cluster, node: Node) -> dict[str, str]:
+    """:func:`host_probe_commands` for ``node``, with its own serving container."""
+    return host_probe_commands(cluster.settings, cluster.container(node))
 
 
 def host_round_trip(cluster: Cluster, node: Node) -> CommandResult:
     """The node's host-facts probes (:func:`host_probe_commands`) in one round trip, run
     once per session; every probe's parser reads its own sections of the output."""
-    commands = list(host_probe_commands(cluster.settings).values())
+    commands = list(node_probe_commands(cluster, node).values())
     return cluster.cached(
         ("host-probe", node.name), lambda: node.run(joint_probe(commands), timeout=120)
     )
@@ -77,7 +83,7 @@ def cached_probe(
     probe's name there, default ``key``)."""
 
     def probe() -> T:
-        if command in host_probe_commands(cluster.settings).values():
+        if command in node_probe_commands(cluster, node).values():
             result = host_round_trip(cluster, node)
         else:
             result = node.run(command, timeout=120)

@@ -31,6 +31,7 @@ from filelock import FileLock
 from pytest_spark.access.base import CommandResult, RemoteError
 from pytest_spark.access.cluster import Cluster, Node
 from pytest_spark.access.files import write_json
+from pytest_spark.access.layout import LayoutError, ServingLayout, launcher_layout
 from pytest_spark.infra.server.parse import mode_of_processes, parse_serve_args
 from pytest_spark.readiness.wait import (
     SINCE_START,
@@ -411,20 +412,25 @@ HEAD_TAIL_LINES = 15  # the head's last log lines a not-serving failure quotes
 
 
 def head_account(
-    problem: str, node: str, container: str, status: str, lines: list[str]
+    problem: str,
+    node: str,
+    container: str,
+    status: str,
+    lines: list[str],
+    log_hint: str | None = None,
 ) -> tuple[str, dict[str, str]]:
     """A not-serving failure that only says what the API answered (``Connection refused``)
     with the head's own account added: its serving container's state (``exited (code
     137)``: the engine was killed) and its last log lines, in the message and as evidence.
     A problem that already names the container (the readiness watch's), or a container
-    that runs (an API key, a proxy: not the engine's story), is kept as it is."""
+    that runs (an API key, a proxy: not the engine's story), is kept as it is.
+    ``log_hint``: where its log is read (default ``docker logs CONTAINER`` on the node)."""
     if container in problem or status in ("", "running") or status.startswith("unknown"):
         return problem, {}
     tail = [line.rstrip() for line in lines if line.strip()][-HEAD_TAIL_LINES:]
     state = f"{node}: container {container!r} {status}"
-    message = (
-        f"{problem}\n  {state} (its engine is gone: `docker logs {container}` on {node} says why)"
-    )
+    hint = log_hint or f"`docker logs {container}` on {node}"
+    message = f"{problem}\n  {state} (its engine is gone: {hint} says why)"
     if tail:
         message += f"\n  {node} log (last {len(tail)} lines):\n" + "\n".join(
             f"    {line}" for line in tail
@@ -435,14 +441,20 @@ def head_account(
 DOCKER_SILENT = "unknown: docker did not answer"
 
 
-def container_states(cluster: Cluster, container: str) -> dict[str, str]:
-    """Each reachable node's state of ``container`` (``docker inspect``: running, exited,
+def container_states(cluster: Cluster, container: str | ServingLayout) -> dict[str, str]:
+    """Each reachable node's state of ``container`` (one name, or a layout's container on
+    each node) (``docker inspect``: running, exited,
     removing, ...), "" where there is none, or ``unknown: docker did not answer (...)``
     where the daemon did not (that is no answer about the container: it was read as
     "no container")."""
-    command = f"docker inspect -f '{{{{.State.Status}}}}' {shlex.quote(container)}"
+    layout = launcher_layout(container) if isinstance(container, str) else container
+
+    def inspect(node: Node) -> CommandResult:
+        name = shlex.quote(layout.container(node))
+        return node.run(f"docker inspect -f '{{{{.State.Status}}}}' {name}", timeout=15)
+
     reachable = [node for node in cluster.nodes if cluster.unreachable(node) is None]
-    results = cluster.map(lambda node: node.run(command, timeout=15), reachable)
+    results = cluster.map(inspect, reachable)
     states = {}
     for node in reachable:
         result = results[node.name]
@@ -459,7 +471,7 @@ def container_states(cluster: Cluster, container: str) -> dict[str, str]:
 
 def wait_gone(
     cluster: Cluster,
-    container: str,
+    container: str | ServingLayout,
     wait_s: float = LEFTOVER_WAIT_S,
     sleep: Callable[[float], None] = time.sleep,
     now: Callable[[], float] = time.monotonic,
@@ -566,6 +578,8 @@ def ensure_serving(
     with FileLock(str(run_dir / "serving.lock")):
         state = _read(state_path)
         if state is not None and state.get("status") != "launching":
+            if state.get("layout"):  # the containers the session's serving process watched
+                cluster.layout = ServingLayout.from_json(state["layout"])
             if state["status"] == "failed":
                 raise NotServing(state["message"])
             return ServingInfo(
@@ -594,6 +608,7 @@ def ensure_serving(
         container = settings.container
         attached_line: str | None = None
         try:
+            layout = cluster.layout if not settings.launch else launcher_layout(container)
             log_path: str | None = None
             head_log_visible = True
             if settings.launch:
@@ -604,6 +619,7 @@ def ensure_serving(
                 container = launcher.spec.container
                 if notify is not None and container != settings.container:
                     notify(f"the launcher's .env names the container {container!r}: watching it")
+                layout = cluster.layout = launcher_layout(container)
                 refuse_running(cluster, container)
                 pid = launcher.start()
                 doc.update(
@@ -623,12 +639,14 @@ def ensure_serving(
                 log_path = launcher.spec.log_path
             else:
                 head = attach_precheck(cluster, settings)
+                if notify is not None and layout.job is not None:
+                    notify(f"attached to {layout.describe()}")
                 if mode is None and head.processes:
                     mode = mode_of_processes(head.processes)
                     mode_source = "the head container's processes" if mode else ""
                 attached_line = head_serve_line(head.processes or [])
                 log_path = settings.serve_log
-                if log_path is None and mode != "no-ray":
+                if log_path is None and mode != "no-ray" and layout.serve_log is None:
                     head_log_visible = False
                     if notify is not None:
                         notify(
@@ -639,13 +657,16 @@ def ensure_serving(
                         )
             kept, idle_because = kept_nodes(cluster, settings, attached_line)
             doc.update(mode=mode, mode_source=mode_source, nodes=[n.name for n in kept])
+            doc.update(layout=layout.to_json())
             idle = [n.name for n in cluster.nodes if n not in kept]
             if idle:
                 doc.update(idle_nodes=idle, idle_because=idle_because)
                 if notify is not None:
                     notify(f"{', '.join(idle)}: idle by design ({idle_because})")
             spec = WaitSpec(
-                container=container,
+                container=layout.default,
+                containers=dict(layout.containers),
+                serve_log=layout.serve_log,
                 port=settings.port,
                 ready_timeout=settings.ready_timeout,
                 hang_timeout=settings.hang_timeout,
@@ -669,7 +690,7 @@ def ensure_serving(
             )
             write_json(state_path, doc)
             raise NotServing(str(exc)) from None
-        except (LaunchError, NotServing, RemoteError) as exc:
+        except (LaunchError, NotServing, RemoteError, LayoutError) as exc:
             doc.update(status="failed", failed_s=round(time.monotonic() - t0, 3), message=str(exc))
             write_json(state_path, doc)
             raise NotServing(str(exc)) from None
@@ -696,16 +717,27 @@ def ensure_serving(
 def attach_precheck(cluster: Cluster, settings: Settings) -> NodeProbe:
     """Attach mode: report what is there instead of waiting on nothing. Returns the
     head's probe (its serving processes tell Ray from no-Ray)."""
-    cmd = probe_command(settings.container, SINCE_START, settings.port, None, processes=True)
+    layout = cluster.layout
+    cmd = probe_command(
+        layout.container(cluster.head),
+        SINCE_START,
+        settings.port,
+        None,
+        processes=True,
+        serve_log=layout.serve_log,
+    )
     head = parse_probe(cluster.head.run(cmd, timeout=15))
     if head.health == "200":
         return head
     states = {cluster.head.name: head.status}
     reachable = [node for node in cluster.workers if cluster.unreachable(node) is None]
-    command = probe_command(settings.container, "1s", None, None)
+
+    def probe(node: Node) -> CommandResult:
+        return node.run(probe_command(layout.container(node), "1s", None, None), timeout=15)
+
     # All workers at once (a serial loop grew with the node count); the first worker's
     # error, in worker order, is raised as the loop raised it.
-    results = cluster.map(lambda node: node.run(command, timeout=15), reachable)
+    results = cluster.map(probe, reachable)
     for node in reachable:
         result = results[node.name]
         if isinstance(result, RemoteError):
@@ -715,11 +747,17 @@ def attach_precheck(cluster: Cluster, settings: Settings) -> NodeProbe:
         found = ", ".join(f"{n}: {s}" for n, s in states.items())
         raise NotServing(
             f"attach mode: the cluster is not serving. API /health on {cluster.head.name} port "
-            f"{settings.port}: {_health_text(head.health)}; container {settings.container!r}: "
+            f"{settings.port}: {_health_text(head.health)}; {_containers_text(layout)}: "
             f"{found}. Start it (launch-cluster.sh, or run with --spark-launch), or point "
             "--spark-container / --spark-port at what is running"
         )
     return head
+
+
+def _containers_text(layout: ServingLayout) -> str:
+    if layout.job is None:
+        return f"container {layout.default!r}"
+    return f"sparkrun job {layout.job.cluster_id}'s containers"
 
 
 def _health_text(code: str | None) -> str:

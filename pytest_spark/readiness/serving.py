@@ -17,6 +17,7 @@ import pytest
 from pytest_spark.access.api import ApiEndpoint
 from pytest_spark.access.base import RemoteError
 from pytest_spark.access.cluster import Cluster
+from pytest_spark.access.layout import ServingLayout
 from pytest_spark.readiness.launch import ServingInfo
 from pytest_spark.readiness.reachability import (
     REACHABILITY_VERDICT_KEY,
@@ -130,11 +131,16 @@ def unreachable_for_serving(
     return None
 
 
-def server_log_hint(settings: Settings) -> str:
-    """Where the serving engine's own account of a failure is: the head's container log,
-    or with --spark-api-url alone (no node to read it on) the server's own log."""
+def server_log_hint(settings: Settings, layout: ServingLayout | None = None) -> str:
+    """Where the serving engine's own account of a failure is: the head's container log
+    (a sparkrun job's: its serve log inside the head's rank container, ``layout``), or
+    with --spark-api-url alone (no node to read it on) the server's own log."""
+    if settings.head and layout is not None and layout.serve_log is not None:
+        head = layout.default  # a sparkrun layout's default is the head's rank container
+        return f"the head's serve log (`docker exec {head} tail -n 100 {layout.serve_log}`)"
     if settings.head:
-        return f"the head's container log (`docker logs {settings.container}` on the head)"
+        name = layout.default if layout is not None else settings.container
+        return f"the head's container log (`docker logs {name}` on the head)"
     return f"the server's own log (on the machine that serves {settings.api_url})"
 
 

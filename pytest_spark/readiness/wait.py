@@ -25,6 +25,13 @@ dead rank. On the head, when no ``vllm serve`` runs, the probe also reads the la
 command's ``$?`` there when it exits, and deletes it once read): an authoritative exit
 status for the verdict.
 
+A sparkrun job's ranks (``access.layout``: each node's own container, found by its
+labels) write vLLM's output to ``/tmp/sparkrun_serve.log`` inside the container, not to
+``docker logs`` (PID 1 is ``sleep infinity``): the poll reads that file from the byte it
+had read to (``tail -c +N``), so only new lines are fed, and a container started anew
+reads its log from the start. Its PID 1 is ``sleep infinity`` by design, as
+launch-cluster.sh's: a rank is alive while its ``vllm serve`` runs.
+
 Where the head's vLLM output is: launch-cluster.sh since 2026-09-15 pipes the no-Ray head
 command to the container log, as the workers'; before, it ran in the launcher's foreground
 (``docker exec -i``), so the output is only on the launcher's stdout (its log here), as in
@@ -94,6 +101,7 @@ class NodeProbe:
     started_at: str | None = None  # the container's .State.StartedAt, fixed width
     processes: list[str] | None = None  # serving processes (docker top), when asked
     exit_status: int | None = None  # the launcher's head-exit sentinel, when present
+    log_text: str = ""  # the logs section as read (a serve log file's bytes from the cursor)
 
     @property
     def kinds(self) -> set[str]:
@@ -127,11 +135,15 @@ def probe_command(
     log_offset: int = 0,
     processes: bool = False,
     sentinel: str | None = None,
+    serve_log: str | None = None,
+    serve_offset: int = 0,
 ) -> str:
     """One round trip: [health], container state and start time, new container log lines
     (``since`` a log time of this node, or ``SINCE_START``: from the container's current
-    start), [serving processes], [new launcher output], [launcher alive]. Sections are
-    marked ``SEP name``."""
+    start; with ``serve_log``, a file inside the container, its bytes from
+    ``serve_offset`` on instead: sparkrun's /tmp/sparkrun_serve.log), [serving
+    processes], [new launcher output], [launcher alive]. Sections are marked ``SEP
+    name``."""
     c = shlex.quote(container)
     parts = []
     if port is not None:
@@ -145,10 +157,17 @@ def probe_command(
         f"{{{{.State.ExitCode}}}} {{{{.State.StartedAt}}}}' {c} 2>&1 | grep . | head -n 1);"
         ' echo "$st"'
     )
-    since_arg = '"${st##* }"' if since == SINCE_START else shlex.quote(since)
-    parts.append(
-        f"echo {SEP} logs; docker logs --timestamps --since {since_arg} {c} 2>&1 | tail -n 2000"
-    )
+    if serve_log is not None:
+        parts.append(
+            f'echo {SEP} logs; case "$st" in running*|restarting*|paused*) docker exec {c} '
+            f"tail -c +{int(serve_offset) + 1} {shlex.quote(serve_log)} 2>/dev/null "
+            "| head -c 1048576;; esac"
+        )
+    else:
+        since_arg = '"${st##* }"' if since == SINCE_START else shlex.quote(since)
+        parts.append(
+            f"echo {SEP} logs; docker logs --timestamps --since {since_arg} {c} 2>&1 | tail -n 2000"
+        )
     if processes:
         parts.append(
             f'echo {SEP} procs; case "$st" in running*) p=$(docker top {c} -eo pid,args -ww '
@@ -214,6 +233,7 @@ def parse_probe(result: CommandResult, with_health: bool = True) -> NodeProbe:
         started_at,
         processes,
         int(exit_text) if exit_text.isdigit() else None,
+        logs,
     )
 
 
@@ -360,6 +380,15 @@ class WaitSpec:
     launcher_log_path: str | None = None
     launcher_log_fallback: bool = False
     poll_s: float = POLL_S
+    # Each node's own container (a sparkrun job's ``..._node_<rank>``); ``container``
+    # where a node has none here. ``serve_log``: vLLM's output is that file inside each
+    # container (sparkrun), not docker logs.
+    containers: Mapping[str, str] = field(default_factory=dict)
+    serve_log: str | None = None
+
+    def container_on(self, node: str) -> str:
+        """The serving container on ``node``."""
+        return self.containers.get(node, self.container)
 
 
 @dataclass
@@ -394,6 +423,10 @@ class ReadinessWait:
     # The head's container log has shown vLLM output: the launcher's echo of it is not fed.
     head_log_has_vllm: bool = False
     head_exit: int | None = None  # the head command's exit status (the launcher's sentinel)
+    # A serve log file's cursor per node: bytes fed so far, and the container start they
+    # belong to (a new start reads its log from the beginning).
+    serve_offsets: dict[str, int] = field(default_factory=dict)
+    serve_started: dict[str, str] = field(default_factory=dict)
     poll_start: StartupFailure | None = None  # the verdict before this poll
     # A rank found dead (its process or container gone) is blamed one poll later, once the
     # next poll of every node's log shows no root cause of its own: the rank's death may
@@ -430,7 +463,7 @@ class ReadinessWait:
         less, and a rank found dead there is found by the polls before)."""
         is_head = node is self.head
         return probe_command(
-            self.spec.container,
+            self.spec.container_on(node.name),
             self.cursors[node.name].since,
             self.spec.port if is_head else None,
             self.spec.launcher_pid if is_head else None,
@@ -438,6 +471,8 @@ class ReadinessWait:
             self.launcher_offset,
             processes=processes,
             sentinel=HEAD_EXIT_SENTINEL if is_head and self.spec.launcher_pid else None,
+            serve_log=self.spec.serve_log,
+            serve_offset=self.serve_offsets.get(node.name, 0),
         )
 
     # -- one poll --------------------------------------------------------------------
@@ -520,11 +555,27 @@ class ReadinessWait:
     def _node(self, name: str) -> Node:
         return next(n for n in self.nodes if n.name == name)
 
+    def _serve_lines(self, name: str, probe: NodeProbe) -> list[str]:
+        """The serve log's new lines (a file read from the byte fed so far): up to the last
+        line end or tqdm redraw (``\\r``); the unfinished rest is read again next poll."""
+        started = probe.started_at
+        if started and self.serve_started.get(name, started) != started:
+            self.serve_offsets[name] = 0  # another start of the container: its own log
+        if started:
+            self.serve_started[name] = started
+        text = probe.log_text
+        end = max(text.rfind("\n"), text.rfind("\r")) + 1
+        self.serve_offsets[name] = self.serve_offsets.get(name, 0) + len(text[:end].encode())
+        return [seg for seg in re.split(r"[\r\n]", text[:end]) if seg.strip()]
+
     def _feed(self, name: str, probe: NodeProbe, now: float) -> None:
-        cursor = self.cursors[name]
-        if cursor.since == SINCE_START and probe.started_at:
-            cursor.since = probe.started_at  # this start only, on this node's clock
-        lines = cursor.new_lines(probe.lines)
+        if self.spec.serve_log is not None:
+            lines = self._serve_lines(name, probe)
+        else:
+            cursor = self.cursors[name]
+            if cursor.since == SINCE_START and probe.started_at:
+                cursor.since = probe.started_at  # this start only, on this node's clock
+            lines = cursor.new_lines(probe.lines)
         self.watch.feed(name, lines, now)
         if name == self.head.name and not self.head_log_has_vllm:
             self.head_log_has_vllm = any(vllm_output(line) for line in lines)
@@ -619,7 +670,7 @@ class ReadinessWait:
                 note = self._peer_note()
                 self.watch.failure = None
                 self.watch.container_exited(
-                    name, f"container {self.spec.container} {probe.status}", now
+                    name, f"container {self.spec.container_on(name)} {probe.status}", now
                 )
                 if note and self.watch.failure is not None:
                     failure = self.watch.failure
@@ -646,7 +697,7 @@ class ReadinessWait:
         self.watch.failure = self.dead = StartupFailure(
             "exited",
             name,
-            f"no container named {self.spec.container!r} ({why})",
+            f"no container named {self.spec.container_on(name)!r} ({why})",
             log.strip().splitlines()[-1] if log.strip() else "",
             "the launcher did not start the container on this node: read the "
             "launcher output below (SSH from head to workers, image present, "
@@ -665,7 +716,7 @@ class ReadinessWait:
         else:
             self.idle_since.setdefault(name, now)
         idle = now - self.idle_since.get(name, now)
-        container = self.spec.container
+        container = self.spec.container_on(name)
         if lost_kinds and self._may_blame(name):
             what = " and ".join(f"`{PROCESS_NAMES[k]}`" for k in sorted(lost_kinds))
             self._rank_dead(
@@ -700,7 +751,7 @@ class ReadinessWait:
         """/health answers but not 200: 5xx is a dead engine (its gone or empty rank named
         when one is seen; while STARTING, a node not started yet is why); no curl on the
         head is a verdict of its own."""
-        watch, container = self.watch, self.spec.container
+        watch = self.watch
         if health[:1] == "5":
             gone = [
                 (name, p.status)
@@ -719,8 +770,8 @@ class ReadinessWait:
             if empty and not gone and self._may_blame(empty[0]):
                 self._rank_dead(
                     empty[0],
-                    f"no vllm or ray process in the running container {container!r}; "
-                    f"/health answers {health}",
+                    "no vllm or ray process in the running container "
+                    f"{self.spec.container_on(empty[0])!r}; /health answers {health}",
                     f"the rank on {empty[0]} is gone (its container stays up: it runs `sleep "
                     "infinity`), so the engine is dead: its log tail below says why; restart "
                     "the cluster",
@@ -730,7 +781,7 @@ class ReadinessWait:
                 watch.failure = self.dead = StartupFailure(
                     "exited",
                     name,
-                    f"container {container} {status}; /health answers {health}",
+                    f"container {self.spec.container_on(name)} {status}; /health answers {health}",
                     "",
                     f"the TP rank on {name} is gone, so the engine is dead: "
                     f"`docker logs` on {name} (if the container is kept) and the head's log "

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_spark.settings.profiles import Profile
-from pytest_spark.settings.sparkrun import SparkRecipe
 
 # (profile key, the capability in words)
 CAPABILITIES = (
@@ -25,7 +24,7 @@ class Expectation:
     key: str
     what: str
     expected: bool
-    source: str  # "profile NAME", where the --spark-threshold override came from, or the recipe
+    source: str  # "profile NAME" or where the --spark-threshold override came from
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -36,36 +35,25 @@ class Expectation:
         }
 
 
-def _source(key: str, profile: Profile, override_source: str, recipe: SparkRecipe | None) -> str:
-    if recipe is not None and key in recipe.profile_keys:
-        return recipe.origin
-    return override_source if key in profile.overridden else f"profile {profile.name}"
-
-
 def server_expectations(
-    profile: Profile,
-    override_source: str = "--spark-threshold",
-    recipe: SparkRecipe | None = None,
+    profile: Profile, override_source: str = "--spark-threshold"
 ) -> list[Expectation]:
-    """Each capability the serving checks expect, its profile key and where it was set
-    (``recipe``: the sparkrun recipe that set some of them, settings.recipe)."""
+    """Each capability the serving checks expect, its profile key and where it was set."""
     return [
         Expectation(
-            key, what, bool(profile.value(key)), _source(key, profile, override_source, recipe)
+            key,
+            what,
+            bool(profile.value(key)),
+            override_source if key in profile.overridden else f"profile {profile.name}",
         )
         for key, what in CAPABILITIES
     ]
 
 
-def expectations_lines(
-    profile: Profile,
-    override_source: str = "--spark-threshold",
-    recipe: SparkRecipe | None = None,
-) -> list[str]:
+def expectations_lines(profile: Profile, override_source: str = "--spark-threshold") -> list[str]:
     """The terminal header's lines: each capability, yes or no, and the key that says so
-    (and where it was set, when not by the profile); then, once, what the sparkrun recipe
-    says that the profile did not (``SparkRecipe.notes``)."""
-    said = server_expectations(profile, override_source, recipe)
+    (and where it was set, when not by the profile)."""
+    said = server_expectations(profile, override_source)
     lines = [f"pytest-dgx-spark: profile {profile.name} expects of the server:"]
     width = max(len(e.what) for e in said)
     for e in said:
@@ -73,6 +61,4 @@ def expectations_lines(
         lines.append(f"  {e.what:<{width}}  {'yes' if e.expected else 'no ':<3}  {e.key}{where}")
     if profile.name != "generic":
         lines.append(f"  {GENERIC_HINT}")
-    if recipe is not None:
-        lines += [f"pytest-dgx-spark: {note}" for note in recipe.notes]
     return lines

@@ -12,13 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pytest_spark.settings.sparkrun import (
-    CLUSTER_NAME,
-    DEFAULT_CLUSTER,
-    SparkRecipe,
-    read_recipe,
-)
-
 # "startup" is the model's load time ("load" before issue #27: still accepted for it).
 FAMILIES = ("busbw", "tok_s", "ttft", "tpot", "knee", "startup")
 _METRIC = re.compile(rf"^(?:{'|'.join((*FAMILIES, 'load'))})(?:[._@][\w.@\[\]-]*)?$")
@@ -318,6 +311,17 @@ def _text(raw: str) -> str:
     return raw
 
 
+def _job(raw: str) -> str:
+    """A sparkrun job id: its containers' ``sparkrun.cluster_id`` label, a name stem."""
+    name = raw.strip()
+    if not _CONTAINER_NAME.match(name):
+        raise ValueError(
+            f"{name!r} is not a sparkrun cluster id (sparkrun.cluster_id, e.g. "
+            "sparkrun_qwen35-122b_918a3fa0): [a-zA-Z0-9][a-zA-Z0-9_.-]+"
+        )
+    return name
+
+
 def _remote_path(raw: str) -> str:
     path = raw.strip().rstrip("/") or raw.strip()
     if not path.startswith("/") or any(c in path for c in "\n\0"):
@@ -360,24 +364,6 @@ def _key_file(raw: str) -> Path:
             "or leave the option out to use ssh_config's IdentityFile and ssh-agent"
         )
     return path
-
-
-def _sparkrun_cluster(raw: str) -> str:
-    """A sparkrun cluster name (read in resolve, where sparkrun's config root is known)."""
-    name = raw.strip()
-    if name != DEFAULT_CLUSTER and not CLUSTER_NAME.match(name):
-        raise ValueError(
-            f"{name!r} is not a sparkrun cluster name (a letter or digit, then letters, "
-            "digits, '_' or '-'; `sparkrun cluster list` shows them)"
-        )
-    return name
-
-
-def _sparkrun_recipe(raw: str) -> SparkRecipe:
-    """A v2 recipe file, read (never run)."""
-    if not raw.strip():
-        raise ValueError("must be the path of a sparkrun v2 recipe (YAML)")
-    return read_recipe(Path(raw.strip()))
 
 
 @dataclass(frozen=True)
@@ -431,26 +417,6 @@ OPTIONS: tuple[Option, ...] = (
         "HOST[,HOST...]",
     ),
     Option("user", _text, None, "SSH user (default: ssh_config, then the local user)", "USER"),
-    Option(
-        "cluster",
-        _sparkrun_cluster,
-        None,
-        "a cluster saved by sparkrun (~/.config/sparkrun/clusters/NAME.yaml, or under "
-        "$SPARKRUN_CONFIG_DIR): its hosts, the first the head, and its user; bare: "
-        "sparkrun's default cluster (clusters/.default). With it, no --spark-head or "
-        "--spark-workers; a running sparkrun job on its hosts sets the expectations",
-        "NAME",
-        const=DEFAULT_CLUSTER,
-    ),
-    Option(
-        "recipe",
-        _sparkrun_recipe,
-        None,
-        "a sparkrun v2 recipe (YAML; read, never run) that sets what is expected: served "
-        "name and port, TP x PP nodes, tool calls and reasoning (tool_call_parser, "
-        "reasoning_parser), max_model_len, the serving env; a running job's overrides apply",
-        "PATH",
-    ),
     Option(
         "ssh-key", _key_file, None, "SSH private key (default: ssh_config IdentityFile)", "PATH"
     ),
@@ -592,6 +558,14 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("image", _text, None, "serving image for the launcher's -t", "IMAGE"),
     Option("container", _container, "vllm_node", "serving container name on every node", "NAME"),
+    Option(
+        "job",
+        _job,
+        None,
+        "the sparkrun job to attach to when several run on the nodes (its "
+        "sparkrun.cluster_id label; default: the one found)",
+        "CLUSTER_ID",
+    ),
     Option(
         "serve-args",
         _text,

@@ -21,7 +21,6 @@ from typing import Any
 
 import pytest
 
-from pytest_spark.settings.fromsparkrun import apply_cluster, apply_recipe
 from pytest_spark.settings.options import (
     OPTIONS,
     OPTIONS_BY_ATTR,
@@ -34,7 +33,6 @@ from pytest_spark.settings.options import (
     _bool,
 )
 from pytest_spark.settings.profiles import Profile, ProfileError, load_profile
-from pytest_spark.settings.sparkrun import SparkRecipe
 
 
 @dataclass(frozen=True)
@@ -48,8 +46,6 @@ class Settings:
     head: str | None
     workers: tuple[str, ...]
     user: str | None
-    cluster: str | None  # --spark-cluster: the saved sparkrun cluster's name
-    recipe: SparkRecipe | None  # --spark-recipe, or the running sparkrun job's recipe
     ssh_key: Path | None
     ssh_config: Path
     connect_timeout: float
@@ -76,6 +72,7 @@ class Settings:
     launch_nodes: tuple[str, ...]
     image: str | None
     container: str
+    job: str | None
     serve_args: str | None
     model_dir: str | None
     model_hash: ModelHash
@@ -222,7 +219,6 @@ def resolve(config: pytest.Config, environ: Mapping[str, str] | None = None) -> 
         else:
             values[option.attr], sources[option.attr] = option.default, "default"
 
-    apply_cluster(values, sources, env)  # --spark-cluster: head, workers, user
     head, workers = values["head"], values["workers"]
     if head is not None and head in workers:
         raise SettingsError(
@@ -255,7 +251,6 @@ def resolve(config: pytest.Config, environ: Mapping[str, str] | None = None) -> 
                 f"Invalid value {figure!r} for {option.profile_key} from {source}: {exc}"
             ) from None
         sources[option.attr] = source
-    apply_recipe(values, sources, env)  # --spark-recipe or the running sparkrun job's
     return Settings(**values, sources=sources)
 
 
@@ -295,7 +290,7 @@ def add_options(parser: pytest.Parser) -> None:
         parser.addini(option.ini, help=option.help, type=option.ini_type, default=None)  # type: ignore[arg-type]
 
 
-ACTIVATING = ("head", "cluster", "api_url", "sim")  # what the suite needs to check anything
+ACTIVATING = ("head", "api_url", "sim")  # what the suite needs to check anything
 
 
 def asked_for(config: pytest.Config, environ: Mapping[str, str] | None = None) -> str | None:

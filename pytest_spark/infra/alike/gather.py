@@ -8,11 +8,11 @@ from __future__ import annotations
 from pytest_spark.access.base import RemoteError
 from pytest_spark.access.cluster import Cluster, Node
 from pytest_spark.infra.alike.probe import NodeAlike, parse_alike_probe
-from pytest_spark.infra.roundtrip import cached_probe, host_probe_commands
+from pytest_spark.infra.roundtrip import cached_probe, node_probe_commands
 
 
 def node_alike(cluster: Cluster, node: Node) -> NodeAlike:
-    command = host_probe_commands(cluster.settings)["alike"]
+    command = node_probe_commands(cluster, node)["alike"]
     return cached_probe(cluster, node, command, parse_alike_probe, key="alike", what="nodes-alike")
 
 

@@ -18,7 +18,7 @@ def node_fdlimits(cluster: Cluster, node: Node) -> NodeFdLimits:
     return cached_probe(
         cluster,
         node,
-        fdlimit_probe_command(container=cluster.settings.container),
+        fdlimit_probe_command(container=cluster.container(node)),
         parse_fdlimit_probe,
         key="fdlimit",
     )

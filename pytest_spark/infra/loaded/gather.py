@@ -18,7 +18,7 @@ def node_loaded(cluster: Cluster, node: Node) -> LoadedFacts:
     return cached_probe(
         cluster,
         node,
-        loaded_probe_command(container=cluster.settings.container),
+        loaded_probe_command(container=cluster.container(node)),
         parse_loaded_probe,
         key="loaded",
     )
@@ -32,7 +32,7 @@ def serving_loaded(cluster: Cluster, node: Node) -> LoadedFacts:
         return facts
 
     def again() -> LoadedFacts:
-        result = node.run(loaded_probe_command(container=cluster.settings.container), timeout=60)
+        result = node.run(loaded_probe_command(container=cluster.container(node)), timeout=60)
         return parse_loaded_probe(result.stdout)
 
     return cluster.cached(("loaded-serving", node.name), again)

@@ -59,7 +59,7 @@ def engine_state(cluster: Cluster, node: Node, memory: NodeMemory) -> EngineStat
     service of another name). A compute app outside the serving container is also
     test_gpu_not_held_by_others' failure, which the check then cites."""
     facts = all_preflight(cluster).get(node.name)
-    container = cluster.settings.container
+    container = cluster.container(node)
     serving = facts.docker.serving if isinstance(facts, NodePreflight) else None
     pids = frozenset(serving.pids) if serving is not None and serving.running else frozenset()
     running = (serving is not None and serving.running) or bool(memory.apps)
@@ -69,7 +69,7 @@ def engine_state(cluster: Cluster, node: Node, memory: NodeMemory) -> EngineStat
 def container_memory(cluster: Cluster, node: Node) -> ContainerMemory:
     """The node's serving container's memory limit and its rank's need, in one round trip
     (after the launch: the container and its ``vllm serve`` child exist then)."""
-    container = cluster.settings.container
+    container = cluster.container(node)
     result = node.run(container_limit_probe(container), timeout=30)
     parsed = parse_container_limit(node.name, result.stdout)
     if parsed.serve_line is None:

@@ -112,9 +112,8 @@ def rank_envs(cluster: Cluster) -> dict[str, dict[str, str]] | str:
     would set (once per session); a string says why it cannot be known."""
 
     def compute() -> dict[str, dict[str, str]] | str:
-        container = cluster.settings.container
         rank_env: dict[str, dict[str, str]] = {}
-        envs = cluster.map(lambda node: container_env(node, container))  # at once
+        envs = cluster.map(lambda node: container_env(node, cluster.container(node)))  # at once
         for node in cluster.nodes:
             if cluster.unreachable(node) is not None:
                 return f"node unreachable: {cluster.unreachable(node)}"
@@ -140,7 +139,7 @@ def collective_run(
     ranks = list(nodes) if nodes else list(cluster.nodes)
 
     def compute() -> CollectiveRun | str:
-        settings, profile = cluster.settings, cluster.profile
+        profile = cluster.profile
         rank_env = rank_envs(cluster)
         if isinstance(rank_env, str):
             return rank_env
@@ -162,7 +161,7 @@ def collective_run(
                 ranks,
                 master_addr=master,
                 rank_env=rank_env,
-                container=settings.container,
+                container={node.name: cluster.container(node) for node in ranks},
                 min_bytes=sizes.min_bytes,
                 max_bytes=sizes.max_bytes,
                 iters=profile.nccl.iters,

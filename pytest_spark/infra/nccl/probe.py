@@ -9,6 +9,7 @@ parsed output: the runner (:mod:`pytest_spark.collective.runner`) makes them, th
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -20,7 +21,7 @@ class LaunchPlan:
     """The launcher chosen and why (one note per thing found or missing)."""
 
     launcher: Literal["python", "container", "nccl-tests"]
-    container: str | None = None
+    container: str | Mapping[str, str] | None = None  # one name, or each node's (by name)
     binary: str | None = None  # all_reduce_perf path (nccl-tests)
     notes: tuple[str, ...] = ()
 

@@ -26,7 +26,7 @@ from pytest_spark.infra.preflight.probe import (
     parse_ssh_probe,
     ssh_probe_command,
 )
-from pytest_spark.infra.roundtrip import cached_probe, host_probe_commands
+from pytest_spark.infra.roundtrip import cached_probe, node_probe_commands
 
 T = TypeVar("T")
 
@@ -35,7 +35,7 @@ CLOCK_SAMPLES = 3
 
 def node_preflight(cluster: Cluster, node: Node) -> NodePreflight:
     where = model_dir(cluster.settings).path
-    command = host_probe_commands(cluster.settings)["preflight"]
+    command = node_probe_commands(cluster, node)["preflight"]
     return cached_probe(
         cluster, node, command, lambda out: parse_preflight_probe(out, where), key="preflight"
     )
@@ -110,11 +110,10 @@ def ssh_from_head(cluster: Cluster, addresses: list[str]) -> list[SshAttempt]:
 def serving_env(cluster: Cluster, node: Node) -> dict[str, str] | None:
     """The serving container's environment on the node; None when there is none. The
     first call reads every node's at once."""
-    container = cluster.settings.container
 
     def read(one: Node) -> dict[str, str] | None:
         def compute() -> dict[str, str] | None:
-            result = one.run(container_env_command(container), timeout=30)
+            result = one.run(container_env_command(cluster.container(one)), timeout=30)
             if not result.ok:
                 return None
             try:

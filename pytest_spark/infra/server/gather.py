@@ -9,7 +9,10 @@ from pytest_spark.infra.server.probe import ServerCommand, parse_probe, probe
 __all__ = ["read_server_command"]
 
 
-def read_server_command(head: Node, container: str, serve_args: str | None) -> ServerCommand | None:
-    """What the server on ``head`` was started with, or None when nothing says."""
-    result = head.run(probe(container), timeout=30)
+def read_server_command(
+    head: Node, container: str, serve_args: str | None, serve_log: str | None = None
+) -> ServerCommand | None:
+    """What the server on ``head`` was started with, or None when nothing says
+    (``serve_log``: where vLLM's output is inside the container, when not docker logs)."""
+    result = head.run(probe(container, serve_log), timeout=30)
     return parse_probe(result.stdout, serve_args)

@@ -11,7 +11,8 @@ Sources, first found wins:
    the server's own process (``python3 .../vllm serve ...``) before the ``bash -c`` that
    started it;
 3. vLLM's ``non-default args: {...}`` log line of the container's current start
-   (``docker logs --since`` its StartedAt, so an earlier run's line is never read);
+   (``docker logs --since`` its StartedAt, so an earlier run's line is never read; a
+   sparkrun container's is its serve log file inside it, /tmp/sparkrun_serve.log);
 4. the ``--spark-serve-args`` the suite launched with.
 """
 
@@ -123,16 +124,22 @@ def _json_text(value: Any) -> str | None:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-def probe(container: str) -> str:
+def probe(container: str, serve_log: str | None = None) -> str:
     """One shell command for the head: the container's argv, the processes in it, and the
-    last ``non-default args`` line since its current start, each behind a marker."""
+    last ``non-default args`` line since its current start (``serve_log``: a file inside
+    the container holds vLLM's output, not docker logs), each behind a marker."""
     c = shlex.quote(container)
+    if serve_log is not None:
+        log = f"docker exec {c} cat {shlex.quote(serve_log)} 2>/dev/null"
+    else:
+        log = (
+            f"since=$(docker inspect -f '{{{{.State.StartedAt}}}}' {c} 2>/dev/null); "
+            f'docker logs ${{since:+--since "$since"}} {c} 2>&1'
+        )
     return (
         f"echo '{MARK}inspect'; docker inspect -f '{{{{json .Path}}}} {{{{json .Args}}}}' {c}"
         f" 2>&1; echo '{MARK}top'; docker top {c} -eo pid,args -ww 2>&1; echo '{MARK}log'; "
-        f"since=$(docker inspect -f '{{{{.State.StartedAt}}}}' {c} 2>/dev/null); "
-        f'docker logs ${{since:+--since "$since"}} {c} 2>&1 | grep -F {shlex.quote(NON_DEFAULT)}'
-        " | tail -n 1"
+        f"{log} | grep -F {shlex.quote(NON_DEFAULT)} | tail -n 1"
     )
 
 
