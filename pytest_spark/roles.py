@@ -200,7 +200,7 @@ class Active:
 
         settings = config.stash[SETTINGS_KEY]
         return [
-            *expectations_lines(settings.profile, settings.source("threshold")),
+            *expectations_lines(settings.profile, settings.source("threshold"), settings.recipe),
             *suite_header(config),
         ]
 

@@ -721,7 +721,12 @@ def test_soak_fails_on_tok_s_drift(load_runs: dict[str, Run | Exception]) -> Non
 
 # Prefix cache and long context (issue #16 section 6), their own small runs: prefill is paced
 # (5000 tok/s: a 2048-token prefix costs 0.4 s cold, nothing cached) so a hit shows in TTFT.
-CONTEXT = {"test_prefix_cache", "test_long_context_needle", "test_context_over_limit"}
+CONTEXT = {
+    "test_prefix_cache",
+    "test_long_context_needle",
+    "test_context_over_limit",
+    "test_context_is_the_recipes",  # skips: no sparkrun recipe
+}
 CONTEXT_ENV = {"SPARKSIM_EMU_PREFILL_TOK_S": "5000"}
 # case -> (serve args, emulator faults, the checks that fail, words of the failure, its fix)
 CONTEXT_RUNS: dict[str, tuple[tuple[str, ...], str, set[str], str, str]] = {
@@ -757,6 +762,38 @@ def test_context_on_emulator_context_beyond_native(tmp_path: Path) -> None:
     context_run(tmp_path, "context-beyond-native")
 
 
+@pytest.mark.parametrize(("recipe_len", "outcome"), [(8192, "passed"), (4096, "failed")])
+def test_context_is_the_recipes_on_emulator(tmp_path: Path, recipe_len: int, outcome: str) -> None:
+    """--spark-recipe's max_model_len against the served one (the emulator's 8192)."""
+    reason = _emulator_missing()
+    if reason:
+        pytest.skip(reason)
+    recipe = tmp_path / "qwen.yaml"
+    recipe.write_text(
+        'recipe_version: "2"\nmodel: /models/qwen\nruntime: vllm\ndefaults:\n'
+        f"  served_model_name: qwen\n  max_model_len: {recipe_len}\n"
+    )
+    emu = Emulator(tmp_path)
+    try:
+        run = run_suite(
+            emu.url,
+            tmp_path,
+            LAX,
+            f"{SERVE} {FLAGS}",
+            "context",
+            "-k",
+            "test_context_is_the_recipes",
+            f"--spark-recipe={recipe}",
+        )
+    finally:
+        emu.stop()
+    check = run.checks["test_context_is_the_recipes"]
+    assert check["outcome"] == outcome, run.output[-3000:]
+    if outcome == "failed":
+        assert check["message"].startswith("qwen at http://127.0.0.1:"), check["message"]
+        assert f"/v1/models says max_model_len 8192; recipe {recipe} sets 4096." in check["message"]
+
+
 def context_run(tmp_path: Path, case: str) -> None:
     """(Not parametrized: the module's `runs` fixture reads every parametrized test's
     `fault`.)"""
@@ -772,8 +809,9 @@ def context_run(tmp_path: Path, case: str) -> None:
         emu.stop()
     assert set(run.checks) == CONTEXT, run.output[-3000:]
     assert run.failed() == must_fail, run.output[-4000:]
-    for name in CONTEXT - must_fail:
+    for name in CONTEXT - must_fail - {"test_context_is_the_recipes"}:
         assert run.checks[name]["outcome"] == "passed", (name, run.checks[name]["message"])
+    assert run.checks["test_context_is_the_recipes"]["outcome"] == "skipped"
     for name in must_fail:
         check = run.checks[name]
         assert check["message"].startswith("qwen at http://127.0.0.1:"), check["message"]

@@ -6,7 +6,9 @@
   lost beyond some length (served past the model's native context without its rope
   scaling); not answered, the model does not retrieve at all;
 - a prompt just over ``max_model_len`` gets vLLM's 400, and the message is
-  vLLM's own (``pytest_spark.serving.validate.context``).
+  vLLM's own (``pytest_spark.serving.validate.context``);
+- with a sparkrun recipe (``--spark-recipe``, or the running job's file), the served
+  ``max_model_len`` is the one it sets, the job's overrides applied.
 """
 
 from __future__ import annotations
@@ -54,6 +56,47 @@ def model_len(long_client: ServingClient) -> int:
     if limit is None:
         pytest.skip(f"long context: /v1/models gives no max_model_len for {long_client.api.model}")
     return limit
+
+
+def test_context_is_the_recipes(
+    long_client: ServingClient, spark_check: SparkCheck, spark_settings: Settings
+) -> None:
+    """The served max_model_len is the sparkrun recipe's (--spark-recipe, or the running
+    job's file with its -o overrides): a server started with other arguments, or from
+    another recipe, says so here rather than as a context check gone strange."""
+    recipe = spark_settings.recipe
+    if recipe is None or recipe.max_model_len is None:
+        pytest.skip("no sparkrun recipe sets max_model_len (--spark-recipe, or a running job)")
+    server = long_client.server
+    try:
+        data = long_client.get("/v1/models").json()
+    except (ServingError, ValueError) as exc:
+        pytest.skip(f"{server}: /v1/models unreadable: {exc}")
+    served = max_model_len(data, long_client.api.model)
+    if served is None:
+        pytest.skip(f"{server}: /v1/models gives no max_model_len for {long_client.api.model}")
+    want = recipe.max_model_len
+    if served == want:
+        spark_check.require(
+            Finding.passed(
+                served,
+                want,
+                "tokens",
+                message=f"{server}: max_model_len {served}, as {recipe.origin}",
+            )
+        )
+        return
+    spark_check.require(
+        Finding.failed(
+            served,
+            want,
+            "tokens",
+            message=f"{server}: /v1/models says max_model_len {served}; {recipe.origin} sets "
+            f"{want}. The server was started with other arguments (another -o max_model_len, "
+            "or another recipe): start it again from the recipe (sparkrun run), or give "
+            "--spark-recipe the recipe it runs",
+        )
+    )
 
 
 def _counted(request: pytest.FixtureRequest, client: ServingClient, what: str) -> None:

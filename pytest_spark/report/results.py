@@ -248,6 +248,9 @@ def cluster_info(settings: Settings) -> dict[str, Any]:
         "profile": settings.profile.name,
         "hostkey_check": settings.hostkey_check,
         "server_expectations": [
-            e.to_json() for e in server_expectations(settings.profile, settings.source("threshold"))
+            e.to_json()
+            for e in server_expectations(
+                settings.profile, settings.source("threshold"), settings.recipe
+            )
         ],
     }

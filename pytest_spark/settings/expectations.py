@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_spark.settings.profiles import Profile
+from pytest_spark.settings.sparkrun import SparkRecipe
 
 # (profile key, the capability in words)
 CAPABILITIES = (
@@ -24,7 +25,7 @@ class Expectation:
     key: str
     what: str
     expected: bool
-    source: str  # "profile NAME" or where the --spark-threshold override came from
+    source: str  # "profile NAME", where the --spark-threshold override came from, or the recipe
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -35,25 +36,36 @@ class Expectation:
         }
 
 
+def _source(key: str, profile: Profile, override_source: str, recipe: SparkRecipe | None) -> str:
+    if recipe is not None and key in recipe.profile_keys:
+        return recipe.origin
+    return override_source if key in profile.overridden else f"profile {profile.name}"
+
+
 def server_expectations(
-    profile: Profile, override_source: str = "--spark-threshold"
+    profile: Profile,
+    override_source: str = "--spark-threshold",
+    recipe: SparkRecipe | None = None,
 ) -> list[Expectation]:
-    """Each capability the serving checks expect, its profile key and where it was set."""
+    """Each capability the serving checks expect, its profile key and where it was set
+    (``recipe``: the sparkrun recipe that set some of them, settings.recipe)."""
     return [
         Expectation(
-            key,
-            what,
-            bool(profile.value(key)),
-            override_source if key in profile.overridden else f"profile {profile.name}",
+            key, what, bool(profile.value(key)), _source(key, profile, override_source, recipe)
         )
         for key, what in CAPABILITIES
     ]
 
 
-def expectations_lines(profile: Profile, override_source: str = "--spark-threshold") -> list[str]:
+def expectations_lines(
+    profile: Profile,
+    override_source: str = "--spark-threshold",
+    recipe: SparkRecipe | None = None,
+) -> list[str]:
     """The terminal header's lines: each capability, yes or no, and the key that says so
-    (and where it was set, when not by the profile)."""
-    said = server_expectations(profile, override_source)
+    (and where it was set, when not by the profile); then, once, what the sparkrun recipe
+    says that the profile did not (``SparkRecipe.notes``)."""
+    said = server_expectations(profile, override_source, recipe)
     lines = [f"pytest-dgx-spark: profile {profile.name} expects of the server:"]
     width = max(len(e.what) for e in said)
     for e in said:
@@ -61,4 +73,6 @@ def expectations_lines(profile: Profile, override_source: str = "--spark-thresho
         lines.append(f"  {e.what:<{width}}  {'yes' if e.expected else 'no ':<3}  {e.key}{where}")
     if profile.name != "generic":
         lines.append(f"  {GENERIC_HINT}")
+    if recipe is not None:
+        lines += [f"pytest-dgx-spark: {note}" for note in recipe.notes]
     return lines

@@ -12,6 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from pytest_spark.settings.sparkrun import (
+    CLUSTER_NAME,
+    DEFAULT_CLUSTER,
+    SparkRecipe,
+    read_recipe,
+)
+
 # "startup" is the model's load time ("load" before issue #27: still accepted for it).
 FAMILIES = ("busbw", "tok_s", "ttft", "tpot", "knee", "startup")
 _METRIC = re.compile(rf"^(?:{'|'.join((*FAMILIES, 'load'))})(?:[._@][\w.@\[\]-]*)?$")
@@ -366,6 +373,24 @@ def _key_file(raw: str) -> Path:
     return path
 
 
+def _sparkrun_cluster(raw: str) -> str:
+    """A sparkrun cluster name (read in resolve, where sparkrun's config root is known)."""
+    name = raw.strip()
+    if name != DEFAULT_CLUSTER and not CLUSTER_NAME.match(name):
+        raise ValueError(
+            f"{name!r} is not a sparkrun cluster name (a letter or digit, then letters, "
+            "digits, '_' or '-'; `sparkrun cluster list` shows them)"
+        )
+    return name
+
+
+def _sparkrun_recipe(raw: str) -> SparkRecipe:
+    """A v2 recipe file, read (never run)."""
+    if not raw.strip():
+        raise ValueError("must be the path of a sparkrun v2 recipe (YAML)")
+    return read_recipe(Path(raw.strip()))
+
+
 @dataclass(frozen=True)
 class Option:
     """One setting: ``--spark-<noun>``, ini ``spark_<noun>``, env ``SPARK_<NOUN>``, field
@@ -417,6 +442,26 @@ OPTIONS: tuple[Option, ...] = (
         "HOST[,HOST...]",
     ),
     Option("user", _text, None, "SSH user (default: ssh_config, then the local user)", "USER"),
+    Option(
+        "cluster",
+        _sparkrun_cluster,
+        None,
+        "a cluster saved by sparkrun (~/.config/sparkrun/clusters/NAME.yaml, or under "
+        "$SPARKRUN_CONFIG_DIR): its hosts, the first the head, and its user; bare: "
+        "sparkrun's default cluster (clusters/.default). With it, no --spark-head or "
+        "--spark-workers; a running sparkrun job on its hosts sets the expectations",
+        "NAME",
+        const=DEFAULT_CLUSTER,
+    ),
+    Option(
+        "recipe",
+        _sparkrun_recipe,
+        None,
+        "a sparkrun v2 recipe (YAML; read, never run) that sets what is expected: served "
+        "name and port, TP x PP nodes, tool calls and reasoning (tool_call_parser, "
+        "reasoning_parser), max_model_len, the serving env; a running job's overrides apply",
+        "PATH",
+    ),
     Option(
         "ssh-key", _key_file, None, "SSH private key (default: ssh_config IdentityFile)", "PATH"
     ),

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from pytest_spark.settings.fromsparkrun import apply_cluster, apply_recipe
 from pytest_spark.settings.options import (
     OPTIONS,
     OPTIONS_BY_ATTR,
@@ -33,6 +34,7 @@ from pytest_spark.settings.options import (
     _bool,
 )
 from pytest_spark.settings.profiles import Profile, ProfileError, load_profile
+from pytest_spark.settings.sparkrun import SparkRecipe
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,8 @@ class Settings:
     head: str | None
     workers: tuple[str, ...]
     user: str | None
+    cluster: str | None  # --spark-cluster: the saved sparkrun cluster's name
+    recipe: SparkRecipe | None  # --spark-recipe, or the running sparkrun job's recipe
     ssh_key: Path | None
     ssh_config: Path
     connect_timeout: float
@@ -219,6 +223,7 @@ def resolve(config: pytest.Config, environ: Mapping[str, str] | None = None) -> 
         else:
             values[option.attr], sources[option.attr] = option.default, "default"
 
+    apply_cluster(values, sources, env)  # --spark-cluster: head, workers, user
     head, workers = values["head"], values["workers"]
     if head is not None and head in workers:
         raise SettingsError(
@@ -251,6 +256,7 @@ def resolve(config: pytest.Config, environ: Mapping[str, str] | None = None) -> 
                 f"Invalid value {figure!r} for {option.profile_key} from {source}: {exc}"
             ) from None
         sources[option.attr] = source
+    apply_recipe(values, sources, env)  # --spark-recipe or the running sparkrun job's
     return Settings(**values, sources=sources)
 
 
@@ -290,7 +296,7 @@ def add_options(parser: pytest.Parser) -> None:
         parser.addini(option.ini, help=option.help, type=option.ini_type, default=None)  # type: ignore[arg-type]
 
 
-ACTIVATING = ("head", "api_url", "sim")  # what the suite needs to check anything
+ACTIVATING = ("head", "cluster", "api_url", "sim")  # what the suite needs to check anything
 
 
 def asked_for(config: pytest.Config, environ: Mapping[str, str] | None = None) -> str | None:

@@ -603,6 +603,18 @@ def env_differences(env: Mapping[str, str], owner: str, owner_env: Mapping[str, 
     return [f"differs from {owner}'s ranks: {', '.join(diffs)}"] if diffs else []
 
 
+def recipe_env_differences(
+    env: Mapping[str, str], origin: str, wanted: Mapping[str, str]
+) -> list[str]:
+    """The recipe's ``env:`` entries the serving environment does not hold as written."""
+    diffs = [
+        f"{k}={env.get(k, '(unset)')} ({origin} sets {k}={v})"
+        for k, v in sorted(wanted.items())
+        if env.get(k) != v
+    ]
+    return [f"not as the recipe sets it: {', '.join(diffs)}"] if diffs else []
+
+
 def check_serving_env(
     node: str,
     container: str,
@@ -614,6 +626,7 @@ def check_serving_env(
     source: str | None = None,
     nodes: int = 2,
     reference: tuple[str, Mapping[str, str]] | None = None,
+    recipe_env: tuple[str, Mapping[str, str]] | None = None,
 ) -> Finding:
     """NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME, NCCL_IB_HCA and UCX_NET_DEVICES in the
     serving environment name the fabric interfaces (``fabric_ifs``) and RDMA devices
@@ -623,7 +636,9 @@ def check_serving_env(
     nodes, so Ring is let through at ``nodes`` >= 4); and, given ``reference`` (the head's
     name and environment, when the head's own is right), the NCCL/GLOO/UCX/TP variables
     equal to the head's (one launch sets them all; VLLM_HOST_IP and Ray's node addresses
-    differ by design and are not compared). ``source``: where ``env`` was read (the rank
+    differ by design and are not compared); and, given ``recipe_env`` (a sparkrun recipe's
+    origin and its fixed ``env:`` entries, settings.recipe), each of them as the recipe sets
+    it (sparkrun passes them to every rank). ``source``: where ``env`` was read (the rank
     process's /proc environ), for the message. ``node_ifs`` maps each netdev of the node
     to whether it carries an IPv4 address."""
     if env is None:
@@ -688,10 +703,15 @@ def check_serving_env(
     problems += mesh_variables(env, nodes)
     if reference is not None:
         problems += env_differences(env, *reference)
+    recipe_problems = recipe_env_differences(env, *recipe_env) if recipe_env else []
+    problems += recipe_problems
     for key in FORCED_KEYS:
         if env.get(key):
             measured[key] = env[key]
-    expected = {"interfaces": sorted(fabric), "NCCL_IB_HCA": sorted(devs)}
+    expected: dict[str, object] = {"interfaces": sorted(fabric), "NCCL_IB_HCA": sorted(devs)}
+    if recipe_env and recipe_env[1]:
+        measured.update({k: env.get(k) for k in recipe_env[1]})
+        expected["recipe env"] = dict(recipe_env[1])
     where = source or f"container {container}"
     if problems:
         return Finding.failed(
@@ -704,6 +724,12 @@ def check_serving_env(
                 f"{', '.join(sorted(fabric))} and both twins {','.join(sorted(devs))} in "
                 "NCCL_IB_HCA. Fix the launcher's .env / -e flags (CONTAINER_NCCL_* "
                 "variables, --eth-if/--ib-if) or let it auto-detect, then relaunch"
+                + (
+                    "; for the recipe's variables, the job was not started with this recipe "
+                    "or its env was changed: sparkrun run the recipe again"
+                    if recipe_problems
+                    else ""
+                )
             ),
         )
     return Finding.passed(
