@@ -104,7 +104,7 @@ def test_cluster_file_not_a_mapping(env: dict[str, str]) -> None:
 
 def test_recipe_with_a_command_template() -> None:
     recipe = read_recipe(QWEN)
-    assert recipe.origin == f"recipe {QWEN}"
+    assert recipe.origin == f"recipe {QWEN}" and recipe.path == QWEN
     assert (recipe.model, recipe.runtime, recipe.min_nodes) == (
         "Qwen/Qwen3.5-122B-A10B-FP8",
         "vllm",
@@ -207,7 +207,7 @@ def test_job_file_as_sparkrun_writes_it() -> None:
     assert job.effective_container_image == "ghcr.io/spark-arena/dgx-vllm-eugr-nightly:latest"
     assert job.recipe_ref == "/home/ops/recipes/qwen3.5-122b-a10b-fp8-vllm.yaml"
     recipe = job.recipe()
-    assert recipe is not None and recipe.origin == f"sparkrun job {JOB}"
+    assert recipe is not None and recipe.origin == f"sparkrun job {JOB}" and recipe.path is None
     # its -o port=8001 -o max_model_len=131072 over the recipe's defaults
     assert (recipe.port, recipe.max_model_len, recipe.nodes) == (8001, 131072, 2)
     assert recipe.runtime == "vllm-distributed"
@@ -312,7 +312,7 @@ def test_recipe_sets_the_expectations_with_the_jobs_overrides(resolved) -> None:
         f"recipe {QWEN} with sparkrun job sparkrun_b17d2e953e05a037_710bfccf3235's "
         "-o max_model_len=131072, port=8001"
     )
-    assert (s.port, s.recipe.max_model_len) == (8001, 131072)
+    assert (s.port, s.recipe.max_model_len, s.recipe.path) == (8001, 131072, QWEN)
     # given options win over the recipe
     s = resolved(
         "--spark-cluster=mylab", f"--spark-recipe={QWEN}", "--spark-port=9000", "--spark-model=x"

@@ -261,7 +261,8 @@ class SparkRecipe:
     """A v2 recipe's serving facts (``model``, ``runtime``, ``container``, node range,
     ``defaults``, ``env``, ``command``) with ``overrides`` over its defaults. ``origin``
     says where it was read (``recipe /path/x.yaml``, ``sparkrun job /path/d.yaml``);
-    ``notes``: what the session header says about it (disagreements with the profile)."""
+    ``path``: the recipe file (None for a job's recipe state); ``notes``: what the session
+    header says about it (disagreements with the profile)."""
 
     origin: str
     model: str
@@ -274,6 +275,7 @@ class SparkRecipe:
     command: str | None
     overrides: Mapping[str, Any] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    path: Path | None = None
     profile_keys: tuple[str, ...] = ()  # the profile figures it set (expectations.py's)
 
     def with_overrides(
@@ -444,7 +446,7 @@ def read_recipe(path: Path) -> SparkRecipe:
             "recipe's file is under sparkrun's cache, registries/)"
         )
     data = _mapping(path, _load(path, "sparkrun recipe"), "recipe")
-    return recipe_from_mapping(data, path, f"recipe {path}")
+    return replace(recipe_from_mapping(data, path, f"recipe {path}"), path=path)
 
 
 # -------------------------------------------------------------------------------- jobs
