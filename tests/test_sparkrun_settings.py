@@ -371,6 +371,21 @@ def test_job_of_another_model_is_not_applied(resolved) -> None:  # type: ignore[
     assert any("serves Qwen/Qwen3.5-122B-A10B-FP8, not the recipe's" in n for n in s.recipe.notes)
 
 
+def test_spark_job_names_the_job_file(resolved, state: Path) -> None:  # type: ignore[no-untyped-def]
+    other = state / "cache" / "jobs" / "aaaa.yaml"
+    other.write_text(
+        JOB.read_text()
+        .replace("cluster_id: sparkrun_b17d2e953e05a037_710bfccf3235", "cluster_id: sparkrun_x")
+        .replace("started_at: 1796510560.6712456", "started_at: 1796510999.0")
+        .replace("  port: 8001\n", "  port: 8002\n")
+    )
+    assert resolved("--spark-cluster=mylab").port == 8002  # the newest on the nodes
+    named = "sparkrun_b17d2e953e05a037_710bfccf3235"
+    assert resolved("--spark-cluster=mylab", f"--spark-job={named}").port == 8001
+    s = resolved("--spark-cluster=mylab", "--spark-job=sparkrun_gone")
+    assert s.recipe is None and s.port == 8000  # no such file: nothing is guessed
+
+
 def test_no_job_lookup_when_launching_or_simulating(resolved) -> None:  # type: ignore[no-untyped-def]
     s = resolved("--spark-cluster=mylab", "--spark-launch")
     assert s.recipe is None and s.port == 8000

@@ -27,6 +27,7 @@ from pytest_spark.settings.sparkrun import (
     SparkrunJob,
     find_job,
     read_cluster,
+    read_jobs,
 )
 
 SettingsError = pytest.UsageError
@@ -64,9 +65,13 @@ def apply_cluster(values: dict[str, Any], sources: dict[str, str], env: Mapping[
 
 def _job(values: Mapping[str, Any], env: Mapping[str, str]) -> SparkrunJob | None:
     """The sparkrun job running on the given nodes, when attaching to them (not with
-    --spark-sim or --spark-launch, which start their own)."""
+    --spark-sim or --spark-launch, which start their own): the one --spark-job names
+    (its cluster id), else the newest on these nodes."""
     if values["head"] is None or values["sim"] or values["launch"]:
         return None
+    named = values.get("job")
+    if named:
+        return next((j for j in read_jobs(env) if j.cluster_id == named), None)
     return find_job((values["head"], *values["workers"]), env)
 
 
