@@ -29,16 +29,20 @@ def active_nodes(ray_status: str) -> int:
     return len(NODE_RE.findall(active))
 
 
+# Ray's lag held for the first test: long enough that no loaded machine outlasts it while
+# the suite runs (the default 30 s did: the test then timed the suite's subprocess).
+LAG = ("-e", "SPARKSIM_RAY_NODE_DEAD_S=900")
+
+
 def test_ray_status_counts_a_just_stopped_worker_the_container_check_does_not(
     sim: Any, run_suite: Any
 ) -> None:
-    launch = sim.launch(*FAST, "--ray", "-d", "exec", *SERVE)
+    launch = sim.launch(*FAST, *LAG, "--ray", "-d", "exec", *SERVE)
     assert launch.returncode == 0, launch.stdout + launch.stderr
     sim.wait_http(f"http://{sim.head['mgmt']}:8000/health", 200, timeout=60)
     before = sim.out("spark-1", "docker exec vllm_node ray status")
     assert active_nodes(before) == 2, before
 
-    stopped = time.monotonic()
     sim.out("spark-2", "docker stop vllm_node")
     assert sim.out("spark-2", "docker ps -aq --filter name=^vllm_node$").strip() == ""
     lagging = sim.out("spark-1", "docker exec vllm_node ray status")
@@ -46,8 +50,7 @@ def test_ray_status_counts_a_just_stopped_worker_the_container_check_does_not(
 
     results = run_suite("tests_e2e/test_readiness.py::test_serving_container_running").results
     still = sim.out("spark-1", "docker exec vllm_node ray status")
-    took = time.monotonic() - stopped
-    assert took < 30, f"the suite took {took:.0f} s: Ray's lag is over, nothing was shown"
+    # after the suite's run, so all through it: Ray counted the stopped worker
     assert active_nodes(still) == 2, f"within Ray's lag `ray status` counts 2 nodes:\n{still}"
     verdicts = {c["nodeid"].rsplit("[", 1)[-1].rstrip("]"): c for c in results["checks"]}
     worker = verdicts["spark-worker-1"]
@@ -65,11 +68,11 @@ def test_ray_marks_the_lost_worker_dead_after_its_timeout(sim: Any) -> None:
     ray = "docker exec vllm_node ray status"
     assert active_nodes(sim.out("spark-1", ray)) == 2
     sim.out("spark-2", "docker stop vllm_node")
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 90  # a loaded machine's margin: it ends once Ray says so
     while time.monotonic() < deadline:
         if active_nodes(sim.out("spark-1", ray)) == 1:
             break
         time.sleep(0.5)
     else:
-        raise AssertionError("ray status still counts the worker 20 s after a 5 s timeout")
+        raise AssertionError("ray status still counts the worker 90 s after a 5 s timeout")
     sim.launch("stop")
