@@ -433,3 +433,58 @@ def test_a_need_above_the_container_limit_fails_once_naming_the_fix() -> None:
     none = check_container_limit([replace(c, limit=None) for c in short])
     assert not isinstance(none, Skip) and none.level == "pass"
     assert isinstance(check_container_limit([]), Skip)
+
+
+def test_a_dead_ranks_node_is_judged_on_the_claim_a_running_rank_made(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue #36 part 4: with a worker's container stopped (attached, no
+    --spark-serve-args), the memory check could not read that rank's serve args and took
+    vLLM's default claim (0.92): a second failure beside the readiness check's. The launch
+    gives every rank the same serve args: the claim is read from a running rank's."""
+    from types import SimpleNamespace
+
+    from pytest_spark.infra.memory import gather
+
+    serve = "vllm serve /models/m --tensor-parallel-size 2 --gpu-memory-utilization 0.90"
+    running = {"spark-head": True, "spark-worker-1": False}  # the worker's rank is dead
+    asked: list[str] = []
+
+    def facts(node: str) -> SimpleNamespace:
+        return SimpleNamespace(
+            docker=SimpleNamespace(serving=SimpleNamespace(running=running[node]))
+        )
+
+    def container_memory(cluster: object, node: SimpleNamespace) -> ContainerMemory:
+        asked.append(node.name)
+        return ContainerMemory(node.name, None, "none", serve if running[node.name] else None)
+
+    class Cluster:
+        nodes = [SimpleNamespace(name=n) for n in running]
+
+        def __init__(self, serve_args: str | None = None, launch: bool = False) -> None:
+            self.settings = SimpleNamespace(serve_args=serve_args, launch=launch)
+            self.cache: dict[object, object] = {}
+
+        def cached(self, key: object, compute):  # type: ignore[no-untyped-def]
+            if key not in self.cache:
+                self.cache[key] = compute()
+            return self.cache[key]
+
+    monkeypatch.setattr(gather, "NodePreflight", SimpleNamespace)
+    monkeypatch.setattr(gather, "all_preflight", lambda c: {n: facts(n) for n in running})
+    monkeypatch.setattr(gather, "container_memory", container_memory)
+    cluster = Cluster()
+    claim = gather.serving_claim(cluster)  # type: ignore[arg-type]
+    assert claim.fraction == 0.90
+    assert claim.source == (
+        "--gpu-memory-utilization 0.9 in the serve args, read from spark-head's vllm serve"
+    )
+    assert gather.serving_claim(cluster) is claim and asked == ["spark-head"]  # once
+    # the serve args given win; before a launch no rank runs: as before
+    given = gather.serving_claim(Cluster("vllm serve /m --gpu-memory-utilization 0.5"))  # type: ignore[arg-type]
+    assert given.fraction == 0.5 and "read from" not in given.source
+    assert gather.serving_claim(Cluster(launch=True)).fraction == VLLM_DEFAULT_UTILIZATION  # type: ignore[arg-type]
+    # no rank runs at all: vLLM's default, as before
+    running["spark-head"] = False
+    assert gather.serving_claim(Cluster()).fraction == VLLM_DEFAULT_UTILIZATION  # type: ignore[arg-type]

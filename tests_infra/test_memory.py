@@ -6,7 +6,10 @@ Per node: MemAvailable, MemTotal and swap from /proc/meminfo (nvidia-smi's memor
 when they have none) and the profile's ``memory.os_headroom_gib``; while the serving engine
 runs, against the headroom alone (its claim is taken; see pytest_spark.infra.memory.check). A
 short node names the largest processes outside the serving container. Facts come from one
-memory probe round trip per node (cached) and the preflight probe's container list.
+memory probe round trip per node (cached) and the preflight probe's container list. Without
+--spark-serve-args, attached, the claim is read from a running rank's ``vllm serve`` (the
+launch gives every rank the same): a worker whose container stopped is judged on the claim
+it made, and is the readiness check's one failure, not a second one here.
 """
 
 from __future__ import annotations
@@ -17,9 +20,9 @@ from pytest_spark import Cluster, Node, SparkCheck, verdict_in_session
 from pytest_spark.infra.memory.check import check_container_limit, check_memory_headroom
 from pytest_spark.infra.memory.gather import (
     container_memory,
-    engine_claim,
     engine_state,
     node_memory,
+    serving_claim,
 )
 from pytest_spark.infra.memory.parse import ContainerMemory
 from pytest_spark.infra.preflight.check import Skip, check_gpu_holders
@@ -57,9 +60,9 @@ def test_memory_headroom(
     """MemAvailable covers the engine's claim (--gpu-memory-utilization x MemTotal) plus
     the OS headroom; nothing outside the serving container holds what the engine needs."""
     facts = node_memory(spark_cluster, spark_node)
-    settings = spark_cluster.settings
     profile = spark_cluster.profile.memory
-    claim = engine_claim(settings)
+    # the serve args given, else a running rank's (a dead rank's node is judged on them)
+    claim = serving_claim(spark_cluster)
     engine = engine_state(spark_cluster, spark_node, facts)
     spark_check.attach("claim", claim.describe())
     spark_check.attach("engine_running", str(engine.running))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from pytest_spark.access.base import RemoteError
 from pytest_spark.access.cluster import Cluster, Node
 from pytest_spark.infra.memory.check import Claim
 from pytest_spark.infra.memory.parse import ContainerMemory
@@ -41,6 +42,44 @@ def engine_claim(settings: Settings) -> Claim:
         parsed.kv_cache_memory_bytes if parsed else None,
         parsed.gpu_memory_utilization_gb if parsed else None,
     )
+
+
+def serving_claim(cluster: Cluster) -> Claim:
+    """The claim a rank makes on a node: the serve args given (--spark-serve-args), else
+    those a running rank was started with (its ``vllm serve`` process; attached, the
+    launch gives every rank the same serve args), else vLLM's default (:func:`engine_claim`).
+    A node whose rank died (its container stopped or gone while another rank runs) is
+    judged on the claim its rank made, not on vLLM's default: without serve args given,
+    the default (0.92) failed a node whose served claim fits, a second failure beside the
+    readiness check's for one dead worker. Read once per session."""
+    settings = cluster.settings
+    if settings.serve_args or settings.launch:
+        return engine_claim(settings)
+    return cluster.cached(("memory", "serving-claim"), lambda: _running_rank_claim(cluster))
+
+
+def _running_rank_claim(cluster: Cluster) -> Claim:
+    facts = all_preflight(cluster)
+    for node in cluster.nodes:
+        found = facts.get(node.name)
+        serving = found.docker.serving if isinstance(found, NodePreflight) else None
+        if serving is None or not serving.running:
+            continue
+        try:
+            line = container_memory(cluster, node).serve_line
+            args = parse_serve_args(line) if line else None
+        except (RemoteError, ValueError):
+            continue
+        if args is None:
+            continue
+        claim = Claim.from_serve_args(
+            args.gpu_memory_utilization,
+            True,
+            args.kv_cache_memory_bytes,
+            args.gpu_memory_utilization_gb,
+        )
+        return replace(claim, source=f"{claim.source}, read from {node.name}'s vllm serve")
+    return engine_claim(settings=cluster.settings)
 
 
 @dataclass(frozen=True)
