@@ -19,7 +19,12 @@ import pytest
 # in-process runs drop the modules first imported inside a run; a key made again is
 # another key, and the next session's fixtures missed the settings).
 from pytest_spark import hooks, state  # noqa: F401
-from pytest_spark.settings.resolve import add_options, asked_for, refuse_spaced_paths
+from pytest_spark.settings.resolve import (
+    SHOW_PROFILE,
+    add_options,
+    asked_for,
+    refuse_spaced_paths,
+)
 from pytest_spark.suitedir import (
     CATEGORY_MARKERS,
     SPARK_FIXTURES,
@@ -36,6 +41,17 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     add_options(parser)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> int | None:
+    """--spark-show-profile: print the thresholds and exit 0, as --markers does, before any
+    session, sim or connection exists."""
+    if not config.getoption(SHOW_PROFILE):
+        return None
+    from pytest_spark.settings.show import show_profile
+
+    return show_profile(config)
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -24,10 +24,12 @@ from pytest_spark.suitedir import (
     CLUSTER_FIXTURES,
     NODE_FIXTURES,
     SERVER_FIXTURES,
+    MarkerTypos,
     cluster_usage_error,
     item_fixtures,
     nothing_collected,
     suite_header,
+    unknown_markers,
 )
 
 if TYPE_CHECKING:
@@ -75,6 +77,8 @@ class Active:
         # no verdict collected: a session fixture's failure is one error, not one per check
         config.pluginmanager.register(RepeatedSetupFailure(), "spark.repeated")
         settings = resolve(config)
+        # -m linkk: a usage error at session start, before the session contacts anything
+        config.pluginmanager.register(MarkerTypos(), "spark.marker-typos")
         if settings.sim:
             config.stash[SIM_KEY] = self.sim(settings)
             settings = served_by_sim(settings, config.stash[SIM_KEY])
@@ -164,6 +168,9 @@ class Active:
     def pytest_collection_modifyitems(
         self, config: pytest.Config, items: list[pytest.Item]
     ) -> None:
+        problem = unknown_markers(config, items)  # -m linkk: before anything is contacted
+        if problem:
+            raise pytest.UsageError(problem)
         settings = config.stash[SETTINGS_KEY]
         if settings.head:
             return

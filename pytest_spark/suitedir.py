@@ -12,7 +12,9 @@ gives the same node ids as the checkout: ``tests_infra/test_links.py::...``.
 
 from __future__ import annotations
 
+import difflib
 import os
+import re
 from collections.abc import Sequence
 from fnmatch import fnmatch
 from pathlib import Path
@@ -230,6 +232,55 @@ def nothing_collected(config: pytest.Config) -> str:
             "or name the files or directories that hold your checks"
         )
     return f"pytest-dgx-spark: a cluster was asked for but no checks were collected: {where}. {fix}"
+
+
+# -m's words that name no marker: and, or, not, and a marker's keyword arguments (pytest 8.3's
+# -m "mark(key=value)"), dropped before the names are read.
+_MARK_KWARGS = re.compile(r"\([^()]*=[^()]*\)")
+_MARK_NAME = re.compile(r"[\w:+\-.\[\]\\/]+")
+
+
+def unknown_markers(
+    config: pytest.Config, items: Sequence[pytest.Item] | None = None
+) -> str | None:
+    """The usage error when ``-m`` names a marker that is not registered and that no
+    collected check has (``-m linkk``: every check deselected, a silent "no tests ran"),
+    with the closest categories; None when every name is known. A name under ``not`` is
+    left alone (``-m "not slow"`` deselects nothing it does not have). Before collection
+    (``items`` None: MarkerTypos, before the session contacts a node) only a name close to
+    a category counts; a user's own unregistered marker waits for the collected items."""
+    expression = config.getoption("markexpr", default="") or ""
+    words = _MARK_NAME.findall(_MARK_KWARGS.sub("", expression))
+    names = {w for i, w in enumerate(words) if w not in _BOOLEAN and words[i - 1 : i] != ["not"]}
+    known = {line.split(":", 1)[0].split("(", 1)[0].strip() for line in config.getini("markers")}
+    known |= {mark.name for item in items or () for mark in item.iter_markers()}
+    categories = list(CATEGORY_MARKERS)
+    close = {name: difflib.get_close_matches(name, categories, n=2) for name in names - known}
+    unknown = sorted(name for name in close if items is not None or close[name])
+    if not unknown:
+        return None
+    hint = dict.fromkeys(c for name in unknown for c in close[name])
+    did = f"did you mean {' or '.join(hint)}? " if hint else ""
+    return (
+        f"-m {expression!r}: no check has the marker {', '.join(map(repr, unknown))} and none "
+        f"is registered: {did}the categories are {', '.join(categories)} "
+        "(pytest --markers lists every marker)"
+    )
+
+
+class MarkerTypos:
+    """``-m`` naming a category's typo (``-m linkk``) is a usage error at session start,
+    before anything is contacted (the attached layout is found there); registered by the
+    active plugin, after its role, so that its tryfirst hook runs first."""
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        problem = unknown_markers(session.config)
+        if problem:
+            raise pytest.UsageError(problem)
+
+
+_BOOLEAN = frozenset({"and", "or", "not"})
 
 
 def suite_header(config: pytest.Config) -> list[str]:

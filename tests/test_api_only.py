@@ -59,11 +59,8 @@ SCENARIOS: dict[str, tuple[Answer | dict[str, Answer] | str, str, str]] = {
         "/v1",
         "lists no model",
     ),
-    "endpoint-url": (
-        Answer(404, "application/json", b'{"detail":"Not Found"}'),
-        "/v1/chat/completions",
-        "did you mean the base URL http://127.0.0.1:",
-    ),
+    # a pasted endpoint URL (/v1/chat/completions) is a usage error before any request
+    # since issue #36: tests/test_setting_mistakes.py
     # the HTTP server lists a model; its engine fails every request (no node to read a
     # container log on: the message points at the server's own log)
     "engine-500": (

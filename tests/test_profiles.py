@@ -61,7 +61,7 @@ def test_builtin_values_have_their_declared_types(name: str) -> None:
 
 def test_sections_are_the_profiles_fields() -> None:
     names = [f.name for f in dataclasses.fields(Profile)]
-    assert names == ["name", "origin", *SECTIONS, "overridden"]
+    assert names == ["name", "origin", *SECTIONS, "overridden", "set_by"]
 
 
 @pytest.mark.parametrize(

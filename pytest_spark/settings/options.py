@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from pytest_spark.settings.profiles import builtin_profiles
 from pytest_spark.settings.sparkrun import (
     CLUSTER_NAME,
     DEFAULT_CLUSTER,
@@ -95,22 +96,30 @@ def _seconds(raw: str) -> float:
     return value
 
 
+def _whole(raw: str, expected: str) -> int:
+    """A whole number, or ValueError saying what was expected (not int()'s words)."""
+    try:
+        return int(raw.strip())
+    except ValueError:
+        raise ValueError(f"expected {expected}") from None
+
+
 def _port(raw: str) -> int:
-    value = int(raw)
+    value = _whole(raw, "a TCP port number between 1 and 65535 (e.g. 8000)")
     if not 0 < value < 65536:
         raise ValueError("must be a TCP port between 1 and 65535")
     return value
 
 
 def _concurrency(raw: str) -> int:
-    value = int(raw)
+    value = _whole(raw, "a number of requests between 1 and 64 (e.g. 16)")
     if not 1 <= value <= 64:
         raise ValueError("must be a number of requests between 1 (one at a time) and 64")
     return value
 
 
 def _nodes(raw: str) -> int:
-    value = int(raw)
+    value = _whole(raw, "a whole number of nodes, 2 or more (e.g. --spark-sim-nodes=3)")
     if value < 2:
         raise ValueError("a cluster has at least 2 nodes")
     return value
@@ -295,22 +304,66 @@ def _hostkey_check(raw: str) -> HostkeyCheck:
     raise ValueError("must be 'strict' (default) or 'off'")
 
 
+THRESHOLD_FORMS = (
+    "KEY=VALUE with KEY as TABLE.NAME (link.min_rate_gbps=100); several: repeat the option "
+    "or separate them with commas; a list: throughput.concurrency=1,4,16 (or 1;4;16 or "
+    "[1,4,16])"
+)
+
+
 def _thresholds(raw: str) -> Mapping[str, str]:
+    """``KEY=VALUE[,KEY=VALUE...]``; an item without ``=`` continues the value before it, so
+    a list reads as written: ``throughput.concurrency=1,4,link.min_rate_gbps=100`` is two
+    overrides, concurrency ``1,4``. Lines (the ini twin) separate like commas."""
     out: dict[str, str] = {}
-    for item in raw.replace("\n", ",").split(","):
-        if not item.strip():
-            continue
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip() or not value.strip():
-            raise ValueError(f"{item.strip()!r} is not KEY=VALUE (e.g. link.min_rate_gbps=100)")
-        out[key.strip()] = value.strip()
+    last: str | None = None
+    for line in raw.split("\n"):
+        for item in line.split(","):
+            if not item.strip():
+                continue
+            key, sep, value = item.partition("=")
+            if not sep and last is not None:
+                out[last] += "," + item.strip()
+                continue
+            if not sep or not key.strip() or not value.strip():
+                raise ValueError(f"{item.strip()!r} is not KEY=VALUE: write {THRESHOLD_FORMS}")
+            last = key.strip()
+            out[last] = value.strip()
+        last = None  # a new line starts a new KEY=VALUE
     return out
+
+
+# The API's endpoints (OpenAI's and vLLM's own): a URL ending in one is an endpoint pasted
+# where the base URL belongs (the checks add the paths themselves).
+ENDPOINTS = (
+    "/chat/completions",
+    "/completions",
+    "/responses",
+    "/embeddings",
+    "/models",
+    "/health",
+    "/metrics",
+    "/version",
+    "/tokenize",
+    "/detokenize",
+    "/ping",
+)
 
 
 def _url(raw: str) -> str:
     url = raw.strip().rstrip("/")
     if not url.startswith(("http://", "https://")) or len(url.split("//", 1)[1]) == 0:
         raise ValueError("must be an http(s) URL such as http://127.0.0.1:8000")
+    bare = url.split("?", 1)[0].split("#", 1)[0].rstrip("/")
+    endpoint = next((e for e in ENDPOINTS if bare.endswith(e)), None)
+    base = bare.removesuffix(endpoint or "").removesuffix("/v1")
+    if endpoint is not None and base.split("//", 1)[1:] not in ([], [""]):
+        raise ValueError(
+            f"that is the {endpoint.lstrip('/')} endpoint, not the API's base URL: give "
+            f"the base URL, {base} (or {base}/v1); the checks add the paths themselves"
+        )
+    if bare != url:
+        raise ValueError(f"give the base URL without a query or fragment: {base}")
     return url.removesuffix("/v1")
 
 
@@ -487,16 +540,18 @@ OPTIONS: tuple[Option, ...] = (
         "profile",
         _text,
         "dgx-spark-2node",
-        "threshold profile: a built-in name (dgx-spark-2node, dgx-spark-switch, sim, generic: "
-        "any OpenAI-compatible server) or a "
-        "TOML file",
+        "threshold profile: a built-in name ("
+        + "; ".join(f"{name}: {what}" for name, what in builtin_profiles().items())
+        + ") or a TOML file (extends = NAME starts it from a built-in); "
+        "--spark-show-profile prints every threshold it sets",
         "NAME|PATH",
     ),
     Option(
         "threshold",
         _thresholds,
         {},
-        "override single thresholds of the profile",
+        f"override single thresholds of the profile: {THRESHOLD_FORMS}; "
+        "--spark-show-profile lists every key with its value, unit and source",
         "KEY=VALUE[,KEY=VALUE...]",
     ),
     Option(
@@ -664,7 +719,7 @@ OPTIONS: tuple[Option, ...] = (
         history_dir,
         Path(".spark-history"),
         "keep each run's figures (busbw, "
-        "tok/s, TTFT, TPOT, load phases) here, one JSON file per run; 'off' keeps none; "
+        "tok/s, TTFT, TPOT, startup phases) here, one JSON file per run; 'off' keeps none; "
         "default: the rootdir's .spark-history with an ini file, else the user cache",
         "DIR|off",
     ),
@@ -682,8 +737,9 @@ OPTIONS: tuple[Option, ...] = (
         compare_fail,
         (),
         "fail the session when a figure got worse by more "
-        "than PCT against the compared run (implies --spark-compare); METRIC is busbw, "
-        "tok_s, ttft, tpot, load or one figure such as tok_s@4",
+        "than PCT against the compared run (implies --spark-compare); METRIC is a family "
+        f"({', '.join(FAMILIES)}: the model's load time) or one figure such as tok_s@4, "
+        "ttft_p90@1 or startup.weights",
         "METRIC:PCT[,METRIC:PCT]",
     ),
     Option(

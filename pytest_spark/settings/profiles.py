@@ -400,6 +400,9 @@ class Profile:
     spec_decode: SpecDecodeSection = field(default_factory=SpecDecodeSection)
     roofline: RooflineSection = field(default_factory=RooflineSection)
     overridden: frozenset[str] = field(default_factory=frozenset)
+    # {dotted key: the file that set it}: "built-in profile sim" or a path; a key no file
+    # sets is at its default here (--spark-show-profile says which)
+    set_by: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def value(self, key: str) -> object:
         """One figure by its dotted key (``nccl.max_bytes``), for --spark-threshold and
@@ -432,7 +435,7 @@ _PROFILE_HINTS = typing.get_type_hints(Profile)
 SECTIONS: dict[str, type[Section]] = {
     f.name: _PROFILE_HINTS[f.name]
     for f in fields(Profile)
-    if f.name not in ("name", "origin", "overridden")
+    if f.name not in ("name", "origin", "overridden", "set_by")
 }  # {"link": LinkSection, ...}: the TOML tables, from Profile's fields
 _HEADER = ("name", "description", "extends")
 
@@ -508,9 +511,15 @@ def _describe(hint: object) -> str:
             "the strings reason, source, scope, fix"
         )
     if hint == tuple[str, ...]:
-        return 'a list of names (e.g. ["add", "count"]; on the command line add;count)'
+        return (
+            'a list of names (in a profile ["add", "count"]; on the command line '
+            f"{LIST_FORMS.format('add', 'count')})"
+        )
     if typing.get_origin(hint) is tuple:
-        return "a list of positive integers (e.g. [1, 4, 16]; on the command line 1;4;16)"
+        return (
+            "a list of positive integers (in a profile [1, 4, 16]; on the command line "
+            f"{LIST_FORMS.format(1, 4)})"
+        )
     return str(hint)
 
 
@@ -561,10 +570,21 @@ def _rule(value: object) -> VersionRule:
     return VersionRule(**{**value, "match": tuple(value["match"])})
 
 
+# How a list is written in --spark-threshold (and its ini and env twins): the items
+# separated by commas or semicolons, optionally in brackets.
+LIST_FORMS = "KEY={0},{1} or KEY={0};{1} or KEY=[{0},{1}]"
+
+
 def _from_text(raw: str, hint: object) -> object:
-    """A ``--spark-threshold`` value as the type ``hint`` says, or ValueError."""
+    """A ``--spark-threshold`` value as the type ``hint`` says, or ValueError. A list is
+    ``1,4``, ``1;4`` or ``[1,4]`` (names may be quoted: ``["add","count"]``)."""
     hint = _inner(hint)
     text = raw.strip()
+    listed = typing.get_origin(hint) is tuple or (
+        isinstance(hint, type) and issubclass(hint, tuple)
+    )
+    if listed and text.startswith("[") and text.endswith("]"):
+        text = text[1:-1]
     if hint is bool:
         low = text.lower()
         if low not in {"true", "false", "1", "0", "yes", "no"}:
@@ -575,7 +595,11 @@ def _from_text(raw: str, hint: object) -> object:
     if hint is float:
         return float(text)
     if hint == tuple[str, ...]:
-        names = [item.strip() for item in text.replace(";", ",").split(",") if item.strip()]
+        names = [
+            item.strip().strip("'\"")
+            for item in text.replace(";", ",").split(",")
+            if item.strip().strip("'\"")
+        ]
         return _from_toml(names, hint)
     if typing.get_origin(hint) is tuple:
         items = [int(item) for item in text.replace(";", ",").split(",") if item.strip()]
@@ -633,17 +657,35 @@ def _validate(data: Mapping[str, object], origin: str) -> dict[str, dict[str, ob
     return tables
 
 
-def _read(ref: str, seen: tuple[str, ...] = ()) -> tuple[str, str, dict[str, dict[str, object]]]:
+@cache
+def builtin_profiles() -> dict[str, str]:
+    """``{name: description}`` of every built-in profile, read from the files in
+    ``pytest_spark/settings/profiles/`` (the folder is the list): the real clusters' first,
+    then sparksim's."""
+    folder = resources.files("pytest_spark").joinpath("settings/profiles")
+    names = [e.name.removesuffix(".toml") for e in folder.iterdir() if e.name.endswith(".toml")]
+    found: dict[str, str] = {}
+    for name in sorted(names, key=lambda n: (n.startswith("sim"), n)):
+        data = tomllib.loads(folder.joinpath(f"{name}.toml").read_text())
+        found[name] = str(data.get("description", ""))
+    return found
+
+
+def _read(
+    ref: str, seen: tuple[str, ...] = ()
+) -> tuple[str, str, dict[str, dict[str, object]], dict[str, str]]:
+    """The profile's name, its origin, its tables (``extends`` merged) and which file
+    set each key (``{"link.min_rate_gbps": "built-in profile dgx-spark-2node"}``)."""
     if ref in seen:
         raise ProfileError(f"profile {ref!r} extends itself (via {' -> '.join(seen)})")
-    if ref in BUILTIN_PROFILES:
+    if ref in builtin_profiles():
         text = resources.files("pytest_spark").joinpath(f"settings/profiles/{ref}.toml").read_text()
         origin = f"built-in profile {ref}"
     else:
         path = Path(ref).expanduser()
         if not path.is_file():
             raise ProfileError(
-                f"no profile {ref!r}: not a built-in ({', '.join(BUILTIN_PROFILES)}) "
+                f"no profile {ref!r}: not a built-in ({', '.join(builtin_profiles())}) "
                 "and no such file"
             )
         origin = str(path)
@@ -664,10 +706,11 @@ def _read(ref: str, seen: tuple[str, ...] = ()) -> tuple[str, str, dict[str, dic
     own = _validate(data, origin)
     name = str(data.get("name", Path(ref).stem))
     tables: dict[str, dict[str, object]] = {}
+    set_by: dict[str, str] = {}
     if "extends" in data:
         parent = str(data["extends"])
         try:
-            tables = _read(parent, (*seen, ref))[2]
+            tables, set_by = _read(parent, (*seen, ref))[2:]
         except ProfileError as exc:
             if not str(exc).startswith(f"no profile {parent!r}"):
                 raise  # a mistake inside that profile: its message names its own file
@@ -678,12 +721,15 @@ def _read(ref: str, seen: tuple[str, ...] = ()) -> tuple[str, str, dict[str, dic
             # rule lists ([[known_bad.deny]]) add to the parent's; other figures replace
             adds = section_hints(section)[key] == tuple[VersionRule, ...]
             table[key] = (*table.get(key, ()), *value) if adds else value  # type: ignore[misc]
-    return name, origin, tables
+            dotted = f"{section}.{key}"  # moved last: the setters' order is the chain's
+            before = set_by.pop(dotted, None)
+            set_by[dotted] = f"{before} + {origin}" if adds and before else origin
+    return name, origin, tables, set_by
 
 
 def load_profile(ref: str) -> Profile:
     """Load a built-in profile by name or a TOML file by path (``extends`` honoured)."""
-    name, origin, tables = _read(ref)
+    name, origin, tables, set_by = _read(ref)
 
     def given(section: str) -> dict[str, Any]:
         values = tables.get(section, {})
@@ -699,6 +745,7 @@ def load_profile(ref: str) -> Profile:
     return Profile(
         name,
         origin,
+        set_by=set_by,
         link=LinkSection(**given("link")),
         nccl=NcclSection(**given("nccl")),
         preflight=PreflightSection(**given("preflight")),

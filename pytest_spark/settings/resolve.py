@@ -231,6 +231,7 @@ def resolve(config: pytest.Config, environ: Mapping[str, str] | None = None) -> 
             f"{sources['workers']}): a node is the head or a worker, not both; leave it out "
             "of spark_workers"
         )
+    refuse_sim_with_nodes(values, sources)
     if values["sim"] and sources["profile"] == "default":
         values["profile"] = sim_profile(values["sim_engine"], values["sim_nodes"])
         sources["profile"] = "default for --spark-sim"
@@ -260,7 +261,23 @@ def resolve(config: pytest.Config, environ: Mapping[str, str] | None = None) -> 
     return Settings(**values, sources=sources)
 
 
+def refuse_sim_with_nodes(values: Mapping[str, Any], sources: Mapping[str, str]) -> None:
+    """--spark-sim stands up its own nodes: a head or workers given too would be replaced
+    without a word, and the run would check the simulator, not them."""
+    if not values["sim"]:
+        return
+    given = [attr for attr in ("head", "workers") if sources[attr] != "default"]
+    if given:
+        named = " and ".join(f"{OPTIONS_BY_ATTR[a].cli} (from {sources[a]})" for a in given)
+        raise SettingsError(
+            f"--spark-sim (from {sources['sim']}) stands up its own cluster and would replace "
+            f"{named}: give one of them, --spark-sim to check the simulator or "
+            f"{OPTIONS_BY_ATTR[given[0]].cli} without --spark-sim to check your nodes"
+        )
+
+
 REPEATABLE = frozenset({"threshold"})
+SHOW_PROFILE = "spark_show_profile"  # --spark-show-profile: a command-line action, no ini twin
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -294,9 +311,21 @@ def add_options(parser: pytest.Parser) -> None:
                 help=help_text,
             )
         parser.addini(option.ini, help=option.help, type=option.ini_type, default=None)  # type: ignore[arg-type]
+    group.addoption(
+        "--spark-show-profile",
+        action="store_true",
+        default=False,
+        dest=SHOW_PROFILE,
+        help="print every threshold of the profile in effect (key, value, unit and where it "
+        "came from: the profile file, ini, env or --spark-threshold) and exit; contacts nothing",
+    )
 
 
 ACTIVATING = ("head", "cluster", "api_url", "sim")  # what the suite needs to check anything
+EMPTY_FORMS = {  # an activating variable set but empty, and how it is given a value
+    "head": "SPARK_HEAD=HOST, the head's address or ssh_config alias",
+    "api_url": "SPARK_API_URL=URL, the API's base URL",
+}
 
 
 def asked_for(config: pytest.Config, environ: Mapping[str, str] | None = None) -> str | None:
@@ -309,6 +338,22 @@ def asked_for(config: pytest.Config, environ: Mapping[str, str] | None = None) -
     for option in OPTIONS:
         if config.getoption(option.dest, default=None) not in (None, False):
             return f"command line {option.cli}"
+    why = _asked_for_by_twin(config, env)
+    empty = [attr for attr in EMPTY_FORMS if env.get(OPTIONS_BY_ATTR[attr].env) == ""]
+    if why is None and empty:  # SPARK_HEAD=$HEAD with $HEAD unset: say so, not silence
+        names = " and ".join(OPTIONS_BY_ATTR[attr].env for attr in empty)
+        forms = " or ".join(EMPTY_FORMS[attr] for attr in empty)
+        raise SettingsError(
+            f"{names} {'is' if len(empty) == 1 else 'are'} set but empty: pytest-dgx-spark "
+            f"has nothing to check. Give it a value ({forms}), or unset it to run without "
+            "the plugin"
+        )
+    return why
+
+
+def _asked_for_by_twin(config: pytest.Config, env: Mapping[str, str]) -> str | None:
+    """Why ``--spark-head``, ``--spark-api-url`` or ``--spark-sim``'s env or ini twin asks
+    for the plugin, or None."""
     for attr in ACTIVATING:
         option = OPTIONS_BY_ATTR[attr]
         raw = env.get(option.env, "")
