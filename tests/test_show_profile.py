@@ -200,3 +200,13 @@ def test_help_lists_every_profile_and_says_how_thresholds_are_written(
     assert "startup" in compare_help and "load" not in compare_help.replace("load time", "")
     assert "--spark-show-profile print every threshold" in out
     assert OPTIONS_BY_ATTR["compare_fail"].parse("load:10%") == (("load", 10.0),)  # still read
+
+
+def test_a_recipe_names_the_keys_it_sets(pytester: pytest.Pytester, contacts: list[str]) -> None:
+    recipe = Path(__file__).resolve().parent.parent / "fixtures/sparkrun/recipes"
+    path = recipe / "sim-qwen3.5-2node.yaml"
+    result, table = show(pytester, f"--spark-recipe={path}")
+    result.stdout.fnmatch_lines([f"*given: recipe {path}*"])
+    assert table["reasoning.expected"][2] == "recipe sim-qwen3.5-2node.yaml"
+    assert table["link.min_rate_gbps"][2] == "built-in dgx-spark-2node"
+    assert contacts == []

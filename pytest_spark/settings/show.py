@@ -163,6 +163,8 @@ def threshold_rows(settings: Settings, files: Mapping[str, str] | None = None) -
     profile = settings.profile
     by_option = {o.profile_key: o for o in OPTIONS if o.profile_key}
     overrides = settings.threshold
+    recipe = settings.recipe  # --spark-recipe or the running sparkrun job's: what it expects
+    from_recipe = set(recipe.profile_keys) if recipe is not None else set()
     rows: list[Row] = []
     for key in known_keys():
         value: object = profile.value(key)
@@ -177,6 +179,9 @@ def threshold_rows(settings: Settings, files: Mapping[str, str] | None = None) -
         elif key in overrides:
             given = settings.source("threshold")
             source = short_source(given)
+        elif key in from_recipe and recipe is not None:
+            given = recipe.origin  # "recipe PATH" or "sparkrun job PATH"
+            source = f"recipe {recipe.path.name}" if recipe.path else "sparkrun job"
         elif key in profile.set_by:
             source = short_source(profile.set_by[key], files)
         else:
