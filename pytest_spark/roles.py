@@ -250,11 +250,21 @@ class Controller(Active):
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
-        """The serving layout, found once before any check (and before xdist's workers
-        start, which read it from the run directory): attached without
+        """Under xdist the controller collects nothing: the serving layout is found here,
+        before the workers start (they read it from the run directory)."""
+        if session.config.pluginmanager.has_plugin("dsession"):
+            self.find_layout(session.config)
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        super().pytest_collection_finish(session)
+        needs = CLUSTER_FIXTURES | API_FIXTURES
+        if any(item_fixtures(item) & needs for item in session.items):
+            self.find_layout(session.config)
+
+    def find_layout(self, config: pytest.Config) -> None:
+        """The serving layout, found once before any check runs: attached without
         --spark-container, each node's sparkrun rank container by its labels. Several
         sparkrun jobs and no --spark-job is a usage error listing them."""
-        config = session.config
         settings = config.stash[SETTINGS_KEY]
         explicit = settings.source("container") != "default" and settings.job is None
         if not settings.head or settings.launch or explicit:
