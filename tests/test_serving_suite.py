@@ -613,7 +613,12 @@ def load_mode(name: str, workdir: Path) -> Run:
                 emu.url, workdir, args, f"{SERVE} {FLAGS}", "load", "--spark-open-loop"
             )
         extra = (
-            ["--spark-open-loop", "--spark-soak=8s", f"--spark-depth-sweep={DEPTH_SPEC}"]
+            [
+                "--spark-open-loop",
+                "--spark-soak=8s",
+                f"--spark-depth-sweep={DEPTH_SPEC}",
+                f"--spark-arena={workdir / 'arena'}",
+            ]
             if name == "healthy"
             else ["--spark-soak=8s"]
         )
@@ -696,6 +701,20 @@ def test_load_modes_pass_on_a_healthy_server(load_runs: dict[str, Run | Exceptio
     assert path.endswith("depth-sweep.json"), depth["message"]
     written = json.loads(Path(path).read_text())
     assert written["benchmarks"] == report["benchmarks"]
+    # --spark-arena: the same sweep as the Spark Arena publishes it (report/arena.py)
+    arena = Path(path).parent / "arena"
+    rows = (arena / "benchmark.csv").read_text().splitlines()
+    assert rows[0].startswith("model,test_name,t_s_mean,t_s_std,t_s_req_mean,"), rows[0]
+    names = [line.split(",")[1] for line in rows[1:]]
+    assert names == [
+        f"{k}{n}{d} (c{c})"
+        for d in ("", " @ d256")
+        for c in (1, 2)
+        for k, n in (("pp", 64), ("tg", 8))
+    ], names
+    meta = json.loads((arena / "metadata.json").read_text())
+    assert meta["benchmark"]["args"]["depth"] == [0, 256] and meta["recipe"]["model"]
+    assert "Spark Arena figures: " in run.output and "benchmark.csv" in run.output
 
 
 def test_open_loop_knee_fails_when_load_breaks_the_slos(

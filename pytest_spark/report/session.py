@@ -66,6 +66,7 @@ class ReportPlugin:
             os.environ,
         )
         self.history_root: Path | None = root
+        self.arena_line: str | None = None  # where --spark-arena wrote, or why not
         self._check_named_run()
 
     # -- start-up -----------------------------------------------------------------------
@@ -116,6 +117,8 @@ class ReportPlugin:
             self.outcome.error = f"pytest-dgx-spark report: {type(exc).__name__}: {exc}"
             return
         state = self.outcome.state
+        if getattr(self.settings, "arena", None) is not None:
+            self.arena_line = self._write_arena(self.settings.arena)
         if state.regression_message:
             if session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
                 session.exitstatus = pytest.ExitCode.TESTS_FAILED
@@ -169,6 +172,20 @@ class ReportPlugin:
         elif history is None:
             state.history_note = "run history off (--spark-history off)"
         return state
+
+    def _write_arena(self, directory: Path) -> str:
+        """--spark-arena: the depth sweep in the Spark Arena's files (report.arena)."""
+        from pytest_spark.report.arena import context_of, write_arena
+
+        try:
+            written = write_arena(
+                directory, self.redactor.value(self._base_doc()), context_of(self.settings)
+            )
+        except OSError as exc:
+            return f"Spark Arena figures: could not write {directory}: {exc}"
+        if isinstance(written, str):
+            return f"Spark Arena figures: nothing written to {directory}: {written}"
+        return "Spark Arena figures: " + ", ".join(str(p) for p in written)
 
     def _started(self) -> datetime:
         recorder = self.config.stash.get(RESULTS_KEY, None)
@@ -230,6 +247,8 @@ class ReportPlugin:
 
         results = getattr(self.settings, "results", None)
         write_summary(terminalreporter, self.outcome, self.redactor, results, config)
+        if self.arena_line:
+            terminalreporter.write_line(self.arena_line)
         shorten_crash_lines(terminalreporter)  # pytest's short summary comes after this hook
 
     @pytest.hookimpl(trylast=True)

@@ -226,19 +226,22 @@ def _interface_list(raw: str) -> tuple[str, ...]:
 # concurrency levels; --spark-depth-sweep=arena runs exactly these.
 ARENA_DEPTHS = (0, 4096, 8192, 16384, 32768, 65535, 100000)
 ARENA_CONCURRENCY = (1, 2, 5, 10)
+ARENA_RUNS = 3  # llama-benchy's --runs default, which the Arena's profile keeps
 
 
 @dataclass(frozen=True)
 class DepthSweep:
     """``--spark-depth-sweep``: context depth x concurrency, in the Spark Arena's shape.
     ``cooldown_s``: a pause after each cell (the heat-aware order interleaves the hot and
-    cool cells either way)."""
+    cool cells either way). ``runs``: batches per cell (llama-benchy's --runs), each
+    ``concurrency`` requests at once."""
 
     depths: tuple[int, ...] = ARENA_DEPTHS
     pp: int = 2048
     tg: int = 128
     concurrency: tuple[int, ...] = ARENA_CONCURRENCY
     cooldown_s: float = 0.0
+    runs: int = 1
 
 
 def _ints(key: str, text: str) -> tuple[int, ...]:
@@ -253,12 +256,13 @@ def _ints(key: str, text: str) -> tuple[int, ...]:
 
 def depth_sweep(raw: str) -> DepthSweep | None:
     """``off``; ``arena`` (the Spark Arena v2 profile); or ``KEY=V;KEY=V`` over it with
-    keys depths, pp, tg, c (concurrency) and cooldown: ``depths=0,512;pp=256;tg=16;c=1,2``."""
+    keys depths, pp, tg, c (concurrency), runs and cooldown:
+    ``depths=0,512;pp=256;tg=16;c=1,2;runs=3``."""
     text = raw.strip()
     if text.lower() in OFF:
         return None
     if text.lower() in ("arena", "on", "true", "yes"):
-        return DepthSweep()
+        return DepthSweep(runs=ARENA_RUNS)
     fields: dict[str, Any] = {}
     for item in text.split(";"):
         key, sep, value = item.partition("=")
@@ -271,10 +275,10 @@ def depth_sweep(raw: str) -> DepthSweep | None:
             fields["concurrency"] = _ints(key, value)
             if 0 in fields["concurrency"]:
                 raise ValueError(f"{item!r}: a concurrency is at least 1")
-        elif key in ("pp", "tg"):
+        elif key in ("pp", "tg", "runs"):
             (n,) = _ints(key, value)[:1]
             if n < 1:
-                raise ValueError(f"{item!r}: {key} is at least 1 token")
+                raise ValueError(f"{item!r}: {key} is at least 1" + " token" * (key != "runs"))
             fields[key] = n
         elif key == "cooldown":
             try:
@@ -282,7 +286,9 @@ def depth_sweep(raw: str) -> DepthSweep | None:
             except ValueError:
                 raise ValueError(f"{item!r}: cooldown is seconds, e.g. cooldown=30") from None
         else:
-            raise ValueError(f"unknown key {key!r} in {item!r}: depths, pp, tg, c or cooldown")
+            raise ValueError(
+                f"unknown key {key!r} in {item!r}: depths, pp, tg, c, runs or cooldown"
+            )
     return DepthSweep(**fields)
 
 
@@ -800,6 +806,16 @@ OPTIONS: tuple[Option, ...] = (
         "option) or depths=0,4096;pp=2048;tg=128;c=1,2,5,10;cooldown=30",
         "off|arena|SPEC",
         const="arena",
+    ),
+    Option(
+        "arena",
+        _path,
+        None,
+        "write the depth sweep as the Spark Arena publishes it into this directory: "
+        "benchmark.csv in llama-benchy's columns (pp2048 @ d4096 (c5), ...) and "
+        "metadata.json (recipe, cluster, benchmark); with --spark-depth-sweep or the "
+        "spark-arena-v2 profile",
+        "DIR",
     ),
 )
 

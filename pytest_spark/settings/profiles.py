@@ -28,6 +28,7 @@ BUILTIN_PROFILES = (
     "sim-switch",
     "sim-vllm-cpu",
     "generic",
+    "spark-arena-v2",
 )
 
 
@@ -317,6 +318,30 @@ class RooflineSection:
     active_params_b: float | None = None
 
 
+class Depths(tuple[int, ...]):
+    """Context depths in tokens: a list of integers, 0 (no context) or more."""
+
+
+ARENA_V2_DEPTHS = Depths((0, 4096, 8192, 16384, 32768, 65535, 100000))
+
+
+@dataclass(frozen=True)
+class DepthSweepSection:
+    """``[depth_sweep]``: the depth x concurrency sweep in the Spark Arena's shape
+    (tests_e2e/test_depth_sweep.py, pytest_spark.serving.load.depth). ``run``: the profile
+    runs it (as ``--spark-depth-sweep``, which overrides it); the figures are
+    spark-arena/recipe-registry ``benchmarking/spark-arena-v2.yaml``'s, ``runs`` llama-benchy's
+    ``--runs`` default."""
+
+    run: bool = False
+    depths: Depths = ARENA_V2_DEPTHS  # context tokens
+    pp: int = 2048  # prompt tokens after the context
+    tg: int = 128  # tokens generated per request
+    concurrency: tuple[int, ...] = (1, 2, 5, 10)  # requests sent at once
+    runs: int = 3  # batches per cell
+    cooldown_s: float = 0.0  # a pause after each cell
+
+
 # The built-in accuracy canaries by name (pytest_spark.serving.validate.accuracy builds them).
 CANARY_KINDS = ("add", "multiply", "arithmetic", "count", "copy", "reverse", "sort", "json_sum")
 
@@ -368,6 +393,7 @@ Section = (
     | KnownBadSection
     | SpecDecodeSection
     | RooflineSection
+    | DepthSweepSection
 )
 
 
@@ -399,6 +425,7 @@ class Profile:
     known_bad: KnownBadSection = field(default_factory=KnownBadSection)
     spec_decode: SpecDecodeSection = field(default_factory=SpecDecodeSection)
     roofline: RooflineSection = field(default_factory=RooflineSection)
+    depth_sweep: DepthSweepSection = field(default_factory=DepthSweepSection)
     overridden: frozenset[str] = field(default_factory=frozenset)
     # {dotted key: the file that set it}: "built-in profile sim" or a path; a key no file
     # sets is at its default here (--spark-show-profile says which)
@@ -510,6 +537,11 @@ def _describe(hint: object) -> str:
             f"component (one of {', '.join(RULE_COMPONENTS)}), match (a list of strings) and "
             "the strings reason, source, scope, fix"
         )
+    if hint is Depths:
+        return (
+            "a list of integers, 0 or more (in a profile [0, 4096]; on the command line "
+            f"{LIST_FORMS.format(0, 4096)})"
+        )
     if hint == tuple[str, ...]:
         return (
             'a list of names (in a profile ["add", "count"]; on the command line '
@@ -554,6 +586,11 @@ def _from_toml(value: object, hint: object) -> object:
     elif hint == tuple[str, ...]:
         if _names(value):
             return tuple(value)
+    elif hint is Depths:
+        if isinstance(value, list) and _positive_ints(  # 0 or more each
+            [v + 1 if type(v) is int else v for v in value]
+        ):
+            return Depths(value)
     elif typing.get_origin(hint) is tuple and _positive_ints(value):
         return tuple(value)
     raise ValueError(hint)
@@ -601,7 +638,7 @@ def _from_text(raw: str, hint: object) -> object:
             if item.strip().strip("'\"")
         ]
         return _from_toml(names, hint)
-    if typing.get_origin(hint) is tuple:
+    if typing.get_origin(hint) is tuple or hint is Depths:
         items = [int(item) for item in text.replace(";", ",").split(",") if item.strip()]
         return _from_toml(items, hint)
     raise ValueError(raw)
@@ -768,4 +805,5 @@ def load_profile(ref: str) -> Profile:
         known_bad=KnownBadSection(**given("known_bad")),
         spec_decode=SpecDecodeSection(**given("spec_decode")),
         roofline=RooflineSection(**given("roofline")),
+        depth_sweep=DepthSweepSection(**given("depth_sweep")),
     )

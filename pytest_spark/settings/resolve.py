@@ -92,6 +92,7 @@ class Settings:
     serving_concurrency: int
     open_loop: bool
     depth_sweep: DepthSweep | None
+    arena: Path | None
     sources: Mapping[str, str] = field(repr=False)
 
     def __post_init__(self) -> None:
@@ -257,6 +258,17 @@ def resolve(config: pytest.Config, environ: Mapping[str, str] | None = None) -> 
                 f"Invalid value {figure!r} for {option.profile_key} from {source}: {exc}"
             ) from None
         sources[option.attr] = source
+    sweep = values["profile"].depth_sweep
+    if sweep.run and sources["depth_sweep"] == "default":  # the profile asks for the sweep
+        values["depth_sweep"] = DepthSweep(
+            depths=tuple(sweep.depths),
+            pp=sweep.pp,
+            tg=sweep.tg,
+            concurrency=sweep.concurrency,
+            cooldown_s=sweep.cooldown_s,
+            runs=sweep.runs,
+        )
+        sources["depth_sweep"] = f"profile {loaded.name}"
     apply_recipe(values, sources, env)  # --spark-recipe or the running sparkrun job's
     return Settings(**values, sources=sources)
 

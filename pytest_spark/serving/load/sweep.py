@@ -134,6 +134,9 @@ class RequestRecord:
     start: float  # since the level started
     ttft: float | None = None
     ttfc: float | None = None
+    # time to first response: the first chunk with a choice, empty or not (llama-benchy's
+    # ttfr, which its est_ppt and per-request prefill t/s are taken from)
+    ttfr: float | None = None
     e2e: float | None = None
     output_tokens: int = 0
     prompt_tokens: int | None = None
@@ -156,6 +159,8 @@ class RequestRecord:
         if usage:
             self.output_tokens = int(usage.get("completion_tokens") or 0)
             self.prompt_tokens = usage.get("prompt_tokens")
+        if self.ttfr is None and chunk.get("choices"):
+            self.ttfr = t
         for choice in chunk.get("choices") or ():
             delta = choice.get("delta") or {}
             content = delta.get("content")
