@@ -16,12 +16,13 @@ session started."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import posixpath
 import shlex
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,8 @@ from pytest_spark.access.cluster import Cluster, Node
 from pytest_spark.access.files import write_json
 from pytest_spark.access.layout import LayoutError, ServingLayout, launcher_layout
 from pytest_spark.infra.server.parse import mode_of_processes, parse_serve_args
+from pytest_spark.readiness.launchers import ClusterLauncher, LaunchError, Notify, Record, StoodUp
+from pytest_spark.readiness.sparkrun_launch import SparkrunLauncher
 from pytest_spark.readiness.wait import (
     SINCE_START,
     NodeProbe,
@@ -51,10 +54,6 @@ RAY_FLAG_PATTERN = r"(^|[[:space:]|(])--ray[)|]"
 # How long teardown waits for a signalled launcher's own cleanup, after `stop` (its `docker
 # stop` on every node, head first, then each worker over SSH: quick once they are stopped).
 LAUNCHER_EXIT_WAIT_S = 60.0
-
-
-class LaunchError(Exception):
-    """The launcher could not be started or answered with an error."""
 
 
 def shell_path(path: str) -> str:
@@ -559,6 +558,86 @@ def apply_dotenv(cluster: Cluster, settings: Settings, launcher: Launcher) -> La
     return launcher if spec is launcher.spec else Launcher(launcher.head, spec)
 
 
+class LaunchClusterSh:
+    """The ``launch-cluster`` launcher plug-in (readiness/launchers.py): eugr's
+    launch-cluster.sh on the head, backgrounded there, its containers one name on every
+    node; stopped with the script's own ``stop``."""
+
+    name = "launch-cluster"
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        settings: Settings,
+        run_dir: Path,
+        mode: str | None = None,
+        mode_source: str = "",
+    ) -> None:
+        self.cluster = cluster
+        self.settings = settings
+        self.mode = mode
+        self.mode_source = mode_source
+
+    def describe(self) -> str:
+        return f"{self.settings.launch_script} on {self.cluster.head.name}"
+
+    def stand_up(self, record: Record, notify: Notify | None = None) -> StoodUp:
+        cluster, settings = self.cluster, self.settings
+        launcher = Launcher(cluster.head, launch_spec(settings, cluster, self.mode == "ray"))
+        launcher.preflight()
+        mode, mode_source = ray_only_script(launcher, settings, self.mode, self.mode_source)
+        launcher = apply_dotenv(cluster, settings, launcher)
+        container = launcher.spec.container
+        if notify is not None and container != settings.container:
+            notify(f"the launcher's .env names the container {container!r}: watching it")
+        refuse_running(cluster, container)
+        pid = launcher.start()
+        record({
+            "container": container,
+            "launch_pid": pid,
+            "signal_launcher": launcher.spec.signal_command(pid),
+            "wait_launcher": launcher.spec.wait_command(pid),
+            "stop_command": launcher.spec.stop_command(),
+            "launch_log": launcher.spec.log_path,
+        })  # fmt: skip
+        return StoodUp(
+            container=container,
+            pid=pid,
+            log=launcher.launcher_log,
+            log_path=launcher.spec.log_path,
+            mode=mode,
+            mode_source=mode_source,
+        )
+
+    @staticmethod
+    def tear_down(
+        cluster: Cluster,
+        state: Mapping[str, Any],
+        sleep: Callable[[float], None] = time.sleep,
+        now: Callable[[], float] = time.monotonic,
+    ) -> str | None:
+        return stop_launch_cluster(cluster, state, sleep, now)
+
+
+# --spark-launcher's names -> plug-ins (the one table a new launcher adds a line to).
+LAUNCHERS: dict[str, type[LaunchClusterSh] | type[SparkrunLauncher]] = {
+    LaunchClusterSh.name: LaunchClusterSh,
+    SparkrunLauncher.name: SparkrunLauncher,
+}
+
+
+def make_launcher(
+    cluster: Cluster, settings: Settings, run_dir: Path, mode: str | None, mode_source: str
+) -> ClusterLauncher:
+    """The plug-in ``--spark-launcher`` names, ready to stand the cluster up."""
+    return LAUNCHERS[settings.launcher](cluster, settings, run_dir, mode, mode_source)
+
+
+def job_layout(cluster: Cluster, settings: Settings, job: str | None) -> ServingLayout:
+    """A launched sparkrun job's rank containers, found by its id on the nodes."""
+    return cluster.discover_layout(dataclasses.replace(settings, job=job))
+
+
 def _read(path: Path) -> dict[str, Any] | None:
     try:
         data: dict[str, Any] = json.loads(path.read_text())
@@ -596,7 +675,7 @@ def ensure_serving(
         if cluster.unreachable(cluster.head) is not None:
             raise NotServing(f"head unreachable: {cluster.head._error}")
         profile = settings.profile
-        launcher: Launcher | None = None
+        launcher: StoodUp | None = None
         doc: dict[str, Any] = {
             "status": "launching",
             "launched": False,
@@ -612,31 +691,26 @@ def ensure_serving(
             log_path: str | None = None
             head_log_visible = True
             if settings.launch:
-                launcher = Launcher(cluster.head, launch_spec(settings, cluster, mode == "ray"))
-                launcher.preflight()
-                mode, mode_source = ray_only_script(launcher, settings, mode, mode_source)
-                launcher = apply_dotenv(cluster, settings, launcher)
-                container = launcher.spec.container
-                if notify is not None and container != settings.container:
-                    notify(f"the launcher's .env names the container {container!r}: watching it")
-                layout = cluster.layout = launcher_layout(container)
-                refuse_running(cluster, container)
-                pid = launcher.start()
-                doc.update(
-                    launched=True,
-                    container=container,
-                    launch_pid=pid,
-                    signal_launcher=launcher.spec.signal_command(pid),
-                    wait_launcher=launcher.spec.wait_command(pid),
-                    stop_command=launcher.spec.stop_command(),
-                    launch_log=launcher.spec.log_path,
-                )
-                write_json(state_path, doc)
-                # Ray mode: the head's vLLM output is the launcher's stdout. Without Ray the
-                # head writes to its container log, which the launcher only echoes (since
-                # 2026-09-15; before, it too was on the launcher's stdout): the launcher's
-                # log is read until the head's container log shows vLLM output.
-                log_path = launcher.spec.log_path
+                plugin = make_launcher(cluster, settings, run_dir, mode, mode_source)
+
+                def record(entries: Mapping[str, Any]) -> None:
+                    doc.update(entries, launched=True)
+                    write_json(state_path, doc)
+
+                launcher = plugin.stand_up(record, notify)
+                mode = launcher.mode or mode
+                mode_source = launcher.mode_source or mode_source
+                if launcher.container is not None:
+                    container = launcher.container
+                    layout = cluster.layout = launcher_layout(container)
+                else:
+                    layout = cluster.layout = job_layout(cluster, settings, launcher.job)
+                # launch-cluster.sh: in Ray mode the head's vLLM output is the launcher's
+                # stdout. Without Ray the head writes to its container log, which the
+                # launcher only echoes (since 2026-09-15; before, it too was on the
+                # launcher's stdout): the launcher's log is read until the head's container
+                # log shows vLLM output.
+                log_path = launcher.log_path
             else:
                 head = attach_precheck(cluster, settings)
                 if notify is not None and layout.job is not None:
@@ -675,9 +749,9 @@ def ensure_serving(
                 nodes=tuple(kept),
                 head_log_visible=head_log_visible,
                 launcher_pid=launcher.pid if launcher else None,
-                launcher_log=launcher.launcher_log if launcher else None,
+                launcher_log=launcher.log if launcher else None,
                 launcher_log_path=log_path,
-                launcher_log_fallback=launcher is not None and mode != "ray",
+                launcher_log_fallback=bool(launcher and launcher.log) and mode != "ray",
             )
             watch = wait_ready(cluster, spec, progress=progress, notify=notify)
         except StartupFailed as exc:
@@ -771,37 +845,50 @@ def stop_if_launched(
     sleep: Callable[[float], None] = time.sleep,
     now: Callable[[], float] = time.monotonic,
 ) -> str | None:
-    """Controller teardown: stop what this session launched (and nothing else)."""
+    """Controller teardown: stop what this session launched (and nothing else), with the
+    launcher that started it (serving.json's ``launcher``)."""
     state = _read(run_dir / STATE)
     if not state or not state.get("launched") or state.get("stopped") or keep:
         return None
+    plugin = LAUNCHERS[state.get("launcher", LaunchClusterSh.name)]
     try:
         cluster.connect()
-        # The launcher is signalled, the containers stopped, then the launcher waited for:
-        # its own cleanup (a trap on TERM, run once its foreground command returns) stops
-        # the containers by name, and must be over before anyone launches again.
-        if state.get("signal_launcher"):
-            cluster.head.run(state["signal_launcher"], timeout=15)
-        result = cluster.head.run(state["stop_command"], timeout=STOP_TIMEOUT_S)
-        if state.get("wait_launcher"):
-            cluster.head.run(state["wait_launcher"], timeout=LAUNCHER_EXIT_WAIT_S + 15)
-        if state.get("launch_log"):  # the launcher's output, kept only while it serves
-            cluster.head.run(f"rm -f {shlex.quote(state['launch_log'])}; true", timeout=10)
-        # `docker stop` returns before dockerd has removed a --rm container: wait, so that
-        # the next launch (this suite's or an operator's) finds the name free.
-        container = state.get("container")
-        left = wait_gone(cluster, container, sleep=sleep, now=now) if container else {}
-        if container and "running" in left.values():
-            # Started after the stop: the TERM reached the launcher's group while it was
-            # still starting the cluster (an interrupt during readiness), and a `docker
-            # run` it had sent went through after ours stopped the rest. The launcher is
-            # gone now (waited for above): one more stop catches what it left.
-            result = cluster.head.run(state["stop_command"], timeout=STOP_TIMEOUT_S)
-            left = wait_gone(cluster, container, sleep=sleep, now=now)
+        problem = plugin.tear_down(cluster, state, sleep, now)
     except RemoteError as exc:
         return f"could not stop the cluster: {exc}"
     state["stopped"] = True
     write_json(run_dir / STATE, state)
+    return problem
+
+
+def stop_launch_cluster(
+    cluster: Cluster,
+    state: Mapping[str, Any],
+    sleep: Callable[[float], None] = time.sleep,
+    now: Callable[[], float] = time.monotonic,
+) -> str | None:
+    """launch-cluster.sh's teardown (may raise RemoteError)."""
+    # The launcher is signalled, the containers stopped, then the launcher waited for:
+    # its own cleanup (a trap on TERM, run once its foreground command returns) stops
+    # the containers by name, and must be over before anyone launches again.
+    if state.get("signal_launcher"):
+        cluster.head.run(state["signal_launcher"], timeout=15)
+    result = cluster.head.run(state["stop_command"], timeout=STOP_TIMEOUT_S)
+    if state.get("wait_launcher"):
+        cluster.head.run(state["wait_launcher"], timeout=LAUNCHER_EXIT_WAIT_S + 15)
+    if state.get("launch_log"):  # the launcher's output, kept only while it serves
+        cluster.head.run(f"rm -f {shlex.quote(state['launch_log'])}; true", timeout=10)
+    # `docker stop` returns before dockerd has removed a --rm container: wait, so that
+    # the next launch (this suite's or an operator's) finds the name free.
+    container = state.get("container")
+    left = wait_gone(cluster, container, sleep=sleep, now=now) if container else {}
+    if container and "running" in left.values():
+        # Started after the stop: the TERM reached the launcher's group while it was
+        # still starting the cluster (an interrupt during readiness), and a `docker
+        # run` it had sent went through after ours stopped the rest. The launcher is
+        # gone now (waited for above): one more stop catches what it left.
+        result = cluster.head.run(state["stop_command"], timeout=STOP_TIMEOUT_S)
+        left = wait_gone(cluster, container, sleep=sleep, now=now)
     if not result.ok:
         return f"launcher stop exited {result.rc}: {result.stderr[-500:]}"
     if left:

@@ -7,6 +7,7 @@ ValueError with the fix, and resolve names the source of the bad value."""
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -134,6 +135,27 @@ ModelHash = Literal["sampled", "full"]
 MODEL_HASHES: tuple[ModelHash, ...] = ("sampled", "full")
 AccuracyMode = Literal["quick", "math", "record"]
 ACCURACY_MODES: tuple[AccuracyMode, ...] = ("quick", "math", "record")
+LauncherName = Literal["launch-cluster", "sparkrun"]
+LAUNCHER_NAMES: tuple[LauncherName, ...] = ("launch-cluster", "sparkrun")
+
+
+def _launcher(raw: str) -> LauncherName:
+    value = raw.strip().lower().removesuffix(".sh")
+    for name in LAUNCHER_NAMES:
+        if value == name:
+            return name
+    raise ValueError(
+        "must be launch-cluster (eugr/spark-vllm-docker's launch-cluster.sh on the head: the "
+        "default) or sparkrun (the sparkrun CLI on this machine runs --spark-recipe)"
+    )
+
+
+def _words(raw: str) -> tuple[str, ...]:
+    """Command-line words, split as a POSIX shell splits them (quotes kept together)."""
+    try:
+        return tuple(shlex.split(raw))
+    except ValueError as exc:
+        raise ValueError(f"cannot split into arguments ({exc}): check the quotes") from None
 
 
 def _sim_engine(raw: str) -> SimEngine:
@@ -637,6 +659,30 @@ OPTIONS: tuple[Option, ...] = (
         "~/spark-vllm-docker/launch-cluster.sh",
         "launch-cluster.sh path on the head (its README clones to ~/spark-vllm-docker)",
         "PATH",
+    ),
+    Option(
+        "launcher",
+        _launcher,
+        "launch-cluster",
+        "what --spark-launch starts the cluster with: launch-cluster (launch-cluster.sh on "
+        "the head) or sparkrun (`sparkrun run RECIPE --hosts HEAD,WORKER... --offline "
+        "--no-follow` from this machine, RECIPE from --spark-recipe; `sparkrun stop` after)",
+        "launch-cluster|sparkrun",
+    ),
+    Option(
+        "sparkrun",
+        _path,
+        None,
+        "the sparkrun CLI that --spark-launcher=sparkrun runs (default: sparkrun on PATH)",
+        "PATH",
+    ),
+    Option(
+        "sparkrun-args",
+        _words,
+        (),
+        "more arguments for `sparkrun run`, after the suite's (e.g. '--no-auto-detect -o "
+        "max_model_len=8192'); a recipe's hooks and host paths need --trust given here",
+        "ARGS",
     ),
     Option(
         "ray",

@@ -28,6 +28,7 @@ from pytest_spark.settings.options import (
     AccuracyMode,
     DepthSweep,
     HostkeyCheck,
+    LauncherName,
     ModelHash,
     RayMode,
     SimEngine,
@@ -71,6 +72,9 @@ class Settings:
     launch: bool
     keep: bool
     launch_script: str
+    launcher: LauncherName  # --spark-launcher: launch-cluster or sparkrun
+    sparkrun: Path | None  # --spark-sparkrun: the sparkrun CLI (None: sparkrun on PATH)
+    sparkrun_args: tuple[str, ...]  # --spark-sparkrun-args, after the suite's
     ray: RayMode
     serve_log: str | None
     launch_nodes: tuple[str, ...]
