@@ -216,6 +216,10 @@ def test_a_baseline_of_another_cluster_is_left_out_with_a_note(tmp_path: Path) -
         assert store.load(other) is None
         assert words in store.passed_over(other)[0]
     assert store.load(sim) is not None and store.passed_over(sim) == []
+    for n in range(5):  # many: the first few named, the rest counted
+        store.save(key_of(head=f"198.18.{n + 1}.10"), fp)
+    said = store.passed_over(real)
+    assert len(said) == 4 and said[-1].startswith("3 more baselines in "), said
     # an entry from before the head and engine were kept: never this run's
     legacy = {"0123456789abcdef": {"fingerprint": fp.row(), "model": "qwen3.5-122b"}}
     (tmp_path / "accuracy-baselines.json").write_text(json.dumps(legacy))

@@ -445,6 +445,9 @@ def recorded_answers(answers: list[Answer]) -> list[dict[str, Any]]:
     return [a.recording().row() for a in answers]
 
 
+SHOWN_OTHERS = 3  # baselines of other keys named one by one in the notes
+
+
 class BaselineStore:
     """``--spark-accuracy-baseline=PATH`` (one baseline, compared with whatever its key),
     else the history's file (one per key), else nothing (``--spark-history=off``)."""
@@ -495,10 +498,15 @@ class BaselineStore:
         if isinstance(data.get(key.digest), dict):
             return []
         out = []
-        for entry in data.values():
-            if isinstance(entry, dict):
-                diff = key.differences(entry)
-                out.append(f"a baseline in {path} ({_made(entry)}) is not used: {'; '.join(diff)}")
+        others = [entry for entry in data.values() if isinstance(entry, dict)]
+        for entry in others[:SHOWN_OTHERS]:
+            diff = key.differences(entry)
+            out.append(f"a baseline in {path} ({_made(entry)}) is not used: {'; '.join(diff)}")
+        if len(others) > SHOWN_OTHERS:
+            out.append(
+                f"{len(others) - SHOWN_OTHERS} more baselines in {path} are of other keys "
+                "(other clusters, models, serve args, vLLM versions or engines)"
+            )
         return out
 
     def save(
