@@ -160,3 +160,20 @@ def test_the_contact_guard_sees_a_contact(pytester: pytest.Pytester, contacts: l
     pytester.makepyfile(test_checks="def test_api(spark_api):\n    pass\n")
     pytester.runpytest("--spark-api-url=http://127.0.0.1:9")
     assert contacts, "the guard saw nothing of a run that asks the API"
+
+
+def test_under_xdist_a_typo_is_the_usage_error_and_no_other_name_an_internal_error(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """xdist's workers collect, the controller does not: the category's typo is caught in
+    the controller at session start; another unknown name deselects as pytest does (a
+    worker's usage error would be an INTERNALERROR)."""
+    for name in nocontact.CLEARED:
+        monkeypatch.delenv(name, raising=False)
+    pytester.makepyfile(test_checks="import pytest\n\n@pytest.mark.link\ndef test_x():\n    pass\n")
+    api = "--spark-api-url=http://127.0.0.1:9"
+    line = one_usage_error(pytester.runpytest("-n", "2", api, "-m", "linkk"))
+    assert "did you mean link?" in line
+    result = pytester.runpytest("-n", "2", api, "-m", "nosuch")
+    assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED, result.stdout.str()
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
