@@ -199,7 +199,8 @@ def test_the_verdict_is_the_last_line_as_the_html_says_it(
     said = " ".join(line.strip() for line in last)
     page = html.unescape(path.read_text())
     assert f"{said}</div>" in page, said  # the HTML banner, word for word
-    assert "first: test_health_endpoint: GET http://admin:<redacted>@head" in said, said
+    # the first failure led by its figures (it names no node), then its message
+    assert "first: test_health_endpoint: 503 / <= 200; GET http://admin:<redacted>@" in said
 
 
 def test_a_passing_run_ends_with_its_verdict(pytester: pytest.Pytester) -> None:
@@ -293,7 +294,7 @@ def test_under_xdist_the_verdict_and_short_lines_are_the_controllers(
     )
     assert _after_stats(result.outlines) == [
         "Verdict: FAIL (1 of 2 checks run failed) in link; first: test_rate[spark-worker-1]: "
-        "spark-worker-1 enp1s0f1np1: rate low"
+        "spark-worker-1 enp1s0f1np1: 100 Gb/s / >= 200 Gb/s; rate low"
     ]
 
 
@@ -315,3 +316,25 @@ def test_junit_writes_each_finding_as_json(pytester: pytest.Pytester) -> None:
     assert found["test_allreduce_busbw"]["bound"] is None  # null, not None
     assert KEY not in path.read_text()
     assert degraded["message"].endswith("(key <redacted>)"), degraded
+
+
+def test_the_short_headline_leads_with_where_and_the_figures() -> None:
+    from pytest_spark.report.summary import short_headline, verdict_line
+
+    rate = {"node": "spark-head", "measured": 100.0, "expected": 200.0, "unit": "Gb/s"}
+    said = "spark-head enp1s0f1np1: link rate 100 Gb/s, expected >= 200 Gb/s\nfix: reseat"
+    assert short_headline({**rate, "level": "fail", "bound": ">=", "message": said}) == (
+        "spark-head enp1s0f1np1: 100 Gb/s / >= 200 Gb/s; link rate 100 Gb/s, expected >= 200 Gb/s"
+    )
+    other = "the cable is rated for 100G"  # a message that does not start with the node
+    assert short_headline({**rate, "level": "fail", "message": other}) == (
+        "spark-head: 100 Gb/s / >= 200 Gb/s; the cable is rated for 100G"
+    )
+    words = {"node": "spark-head", "level": "fail", "message": "no vllm process"}
+    assert short_headline(words) == "spark-head: no vllm process"  # no figures
+    assert short_headline({**rate, "level": "pass", "message": "ok\nmore"}) == "ok"
+    long = {**words, "message": "word " * 60, "nodeid": "t.py::test_x", "outcome": "failed"}
+    line = verdict_line({"checks": [{**long, "category": "link"}]})
+    headline = line.split("; first: test_x: ", 1)[1]
+    assert headline.startswith("spark-head: word word") and headline.endswith(" word...")
+    assert len(headline) <= 200  # cut at a word

@@ -108,6 +108,28 @@ def first_line(message: Any) -> str:
     return next((ln.strip() for ln in str(message or "").splitlines() if ln.strip()), "")
 
 
+def short_headline(record: dict[str, Any]) -> str:
+    """A failure's first line, led by what failed where and its figures when its finding
+    failed with figures: ``spark-head enp1s0f1np1: 100 Gb/s / >= 200 Gb/s; link rate ...``
+    (``record``: a results record or a finding: node, measured, expected, unit, bound,
+    level, message). The verdict line's and pytest's short test summary's, which cut it."""
+    headline = first_line(record.get("message"))
+    if record.get("level") != "fail":
+        return headline
+    node = str(record.get("node") or "")
+    figures = measured_expected(record)
+    where, sep, rest = headline.partition(": ")
+    if not (sep and node and where.startswith(node) and len(where) <= 60):
+        where, rest = node, headline  # the message does not start with where: the node
+    if figures:
+        lead = f"{where}: {figures}" if where else figures
+        return f"{lead}; {rest}" if rest else lead
+    return f"{where}: {rest}" if where else rest
+
+
+HEADLINE_MAX = 200  # the verdict line's first failure, cut at a word
+
+
 def _failing(doc: dict[str, Any]) -> str:
     """``: in accuracy, tool_calls; first test_x: headline`` for the FAIL verdict."""
     bad = [c for c in doc.get("checks") or () if c.get("outcome") in ("failed", "error")]
@@ -116,9 +138,9 @@ def _failing(doc: dict[str, Any]) -> str:
     categories = ", ".join(dict.fromkeys(str(c.get("category") or "uncategorised") for c in bad))
     first = bad[0]
     name = str(first.get("nodeid", "")).split("::", 1)[-1]
-    headline = first_line(first.get("message"))
-    if len(headline) > 200:
-        headline = headline[:197] + "..."
+    headline = short_headline(first)
+    if len(headline) > HEADLINE_MAX:
+        headline = headline[: HEADLINE_MAX - 3].rsplit(" ", 1)[0].rstrip(",;:") + "..."
     return f" in {categories}; first: {name}: {headline}"
 
 

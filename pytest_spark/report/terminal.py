@@ -13,7 +13,7 @@ import pytest
 
 from pytest_spark.report.figures import key_figures
 from pytest_spark.report.results import CATEGORY_PROP, category_of, finding_of
-from pytest_spark.report.summary import first_line, measured_expected, verdict_line
+from pytest_spark.report.summary import first_line, short_headline, verdict_line
 
 if TYPE_CHECKING:
     from pytest_spark.report.model import ReportOutcome
@@ -143,10 +143,10 @@ PYTEST_FAIL = "Failed: "  # pytest.fail's exception type, before every check's f
 
 
 def crash_line(report: Any) -> str | None:
-    """The line pytest's short test summary shows after a failed suite check's id (it
-    shows the first line of the failure, cut to the terminal's width): what failed where,
-    then the figures, ``spark-head enp1s0f1np1: 100 Gb/s / >= 200 Gb/s; link rate ...``,
-    instead of ``Failed: `` and the message's start. None: not a suite check's failure."""
+    """The line pytest's short test summary shows after a failed suite check's id (the
+    first line of the failure, cut to the terminal's width): ``summary.short_headline``,
+    what failed where and the figures first, instead of ``Failed: `` and the message's
+    start. None: not a suite check's failure."""
     props = dict(getattr(report, "user_properties", ()))
     if not (props.get(CATEGORY_PROP) or category_of(report.keywords)):
         return None
@@ -154,18 +154,10 @@ def crash_line(report: Any) -> str | None:
     if crash is None or not isinstance(crash.message, str):
         return None
     message = crash.message.removeprefix(PYTEST_FAIL)
-    headline = first_line(message)
     finding = finding_of(props)
-    node = str(finding.get("node") or "")
-    if finding.get("level") != "fail" or first_line(finding.get("message")) != headline:
-        return headline  # not the finding's failure (a fixture's, a skip's reason): as it is
-    figures = measured_expected(finding)
-    where, sep, rest = headline.partition(": ")
-    if not (sep and node and where.startswith(node) and len(where) <= 60):
-        where, rest = node, headline
-    if not figures:
-        return f"{where}: {rest}" if where else rest
-    return f"{where}: {figures}" + (f"; {rest}" if rest else "") if where else f"{figures}; {rest}"
+    if first_line(finding.get("message")) != first_line(message):
+        return first_line(message)  # not the finding's failure (a fixture's): as it is
+    return short_headline({**finding, "message": message})
 
 
 def shorten_crash_lines(tr: Any) -> None:
