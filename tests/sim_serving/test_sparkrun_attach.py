@@ -79,6 +79,23 @@ def test_two_jobs_need_spark_job_and_it_picks_one(
         sim.cli("job", "stop", "--cluster-id", other["cluster_id"], check=False)
 
 
+def test_xdist_workers_attach_to_the_job_the_controller_found(
+    sim: Any, job: dict[str, Any], run_suite: Any
+) -> None:
+    """Under xdist the controller finds the layout before its workers start; they read it
+    from the run directory (the per-node containers, the serve log)."""
+    run = run_suite(
+        "-n", "2", "tests_e2e/test_readiness.py", "tests_infra/test_preflight.py",
+        "tests_infra/test_loaded.py",
+    )  # fmt: skip
+    assert run.ret == 0 and not run.not_passed(), run.output[-4000:]
+    outcomes = {c["nodeid"]: c["outcome"] for c in run.results["checks"]}
+    for node in ("spark-head", "spark-worker-1"):
+        assert outcomes[f"tests_e2e/test_readiness.py::test_serving_container_running[{node}]"] == (
+            "passed"
+        )
+
+
 def test_rank_1_killed_in_its_running_container_is_one_failure_naming_it(
     sim: Any, job: dict[str, Any], run_suite: Any
 ) -> None:
