@@ -186,15 +186,23 @@ def test_metadata_has_the_arena_keys_and_null_where_unknown(tmp_path: Path) -> N
     }
     meta = metadata(doc, _sweep(), ArenaContext(profile="spark-arena-v2"))
     assert set(meta) == {"recipe", "cluster", "benchmark", "timing", "runtime_info"}
-    assert set(meta["recipe"]) == {"model", "container", "runtime", "hash"}
+    assert set(meta["recipe"]) == {"model", "container", "runtime", "hash", "file_sha256"}
     assert meta["recipe"]["model"] == "qwen" and meta["recipe"]["hash"] is None
-    assert meta["cluster"] == {"cluster_id": None, "node_count": 2, "tp": None}
+    assert meta["cluster"] == {
+        "cluster_id": None,
+        "node_count": 2,
+        "hosts": ["node-ca978112", "node-3e23e816"],  # sha256("a"), sha256("b"): redacted
+        "hosts_redacted": True,
+        "tp": None,
+    }
     bench = meta["benchmark"]
     assert bench["profile"] == "spark-arena-v2"
     assert bench["args"]["depth"] == [0, 1024, 4096] and bench["args"]["concurrency"] == [1, 2, 5]
     assert bench["args"]["pp"] == [512] and bench["args"]["tg"] == [32]
     assert bench["args"]["runs"] == 3 and bench["args"]["prefix_caching"] is False
-    assert meta["timing"]["started"] == "2026-12-05T22:00:00+00:00"
+    assert meta["timing"]["start"] == "2026-12-05T22:00:00+00:00"
+    assert meta["timing"]["end"] == "2026-12-05T22:00:12.500000+00:00"
+    assert meta["timing"]["duration"] == 12.5
     assert meta["runtime_info"]["vllm_version"] is None  # not recorded: null, not "unknown"
     written = write_arena(tmp_path / "arena", doc, ArenaContext(profile="p"))
     assert isinstance(written, list) and [p.name for p in written] == [
@@ -231,7 +239,8 @@ def test_a_recipe_gives_the_recipe_block(tmp_path: Path) -> None:
         "model": facts["model"],
         "container": facts["container"],
         "runtime": "vllm",
-        "hash": facts["hash"],
+        "hash": None,  # sparkrun's: of its own normalised export, not made here
+        "file_sha256": facts["hash"],
     }
     assert meta["cluster"]["tp"] == 2
 

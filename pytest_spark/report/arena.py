@@ -11,8 +11,9 @@ second benchmark.
   ttfr / est_ppt / e2e_ttft in ms; a figure a row does not have is empty (a pp row has no
   peak, a tg row no times), as llama-benchy leaves it.
 - ``DIR/metadata.json``: ``recipe`` {model, container, runtime, hash}, ``cluster``
-  {cluster_id, node_count, tp}, ``benchmark`` {profile, args}, ``timing``, ``runtime_info``
-  (the keys of sparkrun's Arena upload, REFERENCE 6a); a value the run does not know is
+  {cluster_id, node_count, hosts, tp}, ``benchmark`` {framework, profile, args}, ``timing``
+  {start, end, duration}, ``runtime_info``: the keys sparkrun 0.4.2 gives an Arena upload
+  (REFERENCE 6a; its ``benchmarking/base.py``, read); a value the run does not know is
   null, never guessed.
 
 Our sweep sends the context and the prompt as one fresh prefill (a nonce first: nothing is
@@ -29,6 +30,7 @@ import hashlib
 import io
 import json
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -203,22 +205,40 @@ def context_of(settings: Any) -> ArenaContext:
     )
 
 
+def _redacted(hosts: list[str]) -> list[str]:
+    """Hosts as sparkrun publishes them: ``node-`` and 8 hex of each one's sha256."""
+    return ["node-" + hashlib.sha256(h.encode()).hexdigest()[:8] for h in hosts]
+
+
+def _end(started: Any, duration: Any) -> str | None:
+    try:
+        start = datetime.fromisoformat(str(started))
+        return (start + timedelta(seconds=float(duration))).isoformat()
+    except (TypeError, ValueError):
+        return None
+
+
 def metadata(doc: dict[str, Any], report: dict[str, Any], ctx: ArenaContext) -> dict[str, Any]:
-    """``metadata.json``: sparkrun's Arena keys, from the results document and the run's
-    context; null where the run does not know."""
+    """``metadata.json`` in the shape sparkrun 0.4.2 gives an Arena upload (its
+    ``benchmarking/base.py``, read): ``recipe``, ``timing`` {start, end, duration},
+    ``cluster`` {cluster_id, node_count, hosts (redacted), tp}, ``benchmark`` {framework,
+    profile, args}, ``runtime_info``; null where the run does not know. ``recipe.hash``
+    stays null: sparkrun's is the sha256 of its own normalised export of the recipe, which
+    this run does not make; ``recipe.file_sha256`` is the recipe file's."""
     from pytest_spark.report.environment import environment
 
     cluster = as_dict(doc.get("cluster"))
     serving = as_dict(doc.get("serving"))
+    hosts = [
+        str(as_dict(n).get("address") or as_dict(n).get("name")) for n in cluster.get("nodes") or ()
+    ]
     serving_nodes = serving.get("nodes") or ()
-    nodes = len(serving_nodes) or len(cluster.get("nodes") or ()) or None
     env = environment(doc, None, None)
     cells = [as_dict(b) for b in report.get("benchmarks") or ()]
-    known = "unknown"
 
     def fact(key: str) -> Any:
         value = env.get(key)
-        return None if not value or str(value).startswith(known) else value
+        return None if not value or str(value).startswith("unknown") else value
 
     recipe = ctx.recipe
     return {
@@ -226,12 +246,26 @@ def metadata(doc: dict[str, Any], report: dict[str, Any], ctx: ArenaContext) -> 
             "model": recipe.get("model") or report.get("model"),
             "container": recipe.get("container") or ctx.image,
             "runtime": recipe.get("runtime"),
-            "hash": recipe.get("hash"),
+            "hash": None,
+            "file_sha256": recipe.get("hash"),
         },
-        "cluster": {"cluster_id": ctx.cluster_id, "node_count": nodes, "tp": ctx.tp},
+        "timing": {
+            "start": doc.get("started"),
+            "end": _end(doc.get("started"), doc.get("duration_s")),
+            "duration": doc.get("duration_s"),
+            "sweep_start": report.get("timestamp"),
+            "sweep_wall_s": round(sum(float(b.get("wall_s") or 0.0) for b in cells), 3),
+        },
+        "cluster": {
+            "cluster_id": ctx.cluster_id,
+            "node_count": len(serving_nodes) or len(hosts) or None,
+            "hosts": _redacted(hosts),
+            "hosts_redacted": True,
+            "tp": ctx.tp,
+        },
         "benchmark": {
-            "profile": ctx.profile,
             "framework": BENCHMARK_FRAMEWORK,
+            "profile": ctx.profile,
             "args": {
                 "depth": sorted({int(b.get("context_size") or 0) for b in cells}),
                 "pp": sorted({int(b.get("prompt_size") or 0) for b in cells}),
@@ -242,12 +276,6 @@ def metadata(doc: dict[str, Any], report: dict[str, Any], ctx: ArenaContext) -> 
                 "latency_mode": report.get("latency_mode", "none"),
             },
             "order": report.get("heat_order"),
-        },
-        "timing": {
-            "started": doc.get("started"),
-            "duration_s": doc.get("duration_s"),
-            "sweep_started": report.get("timestamp"),
-            "sweep_wall_s": round(sum(float(b.get("wall_s") or 0.0) for b in cells), 3),
         },
         "runtime_info": {
             "vllm_version": fact("vLLM version"),
