@@ -24,7 +24,12 @@ The IPv6 address is one of RFC 5180's benchmarking range (2001:2::/48, the IPv6 
 sim's fabric carries its IPv4 addresses alone; no check reads GIDs from ``ip addr``).
 
 Each port also has ``hw_counters`` (mlx5's RoCE counters, :data:`HW_COUNTERS`: steady, as
-on a healthy link). ``clear`` writes the healthy tables again.
+on a healthy link), ``state`` / ``phys_state`` / ``link_layer`` as mlx5 writes them (a
+cabled twin ``4: ACTIVE`` / ``5: LinkUp``, an unplugged port ``1: DOWN`` / ``3: Disabled``;
+written at ``up``, not rewritten by link faults), and each device its ``device/net/<netdev>``:
+sparkrun's RDMA detection (its ``ib_detect.sh``) reads these two to find the active HCAs and
+their netdevs, as on a Spark, and sets NCCL's and Gloo's interfaces from them.
+``clear`` writes the healthy tables again.
 """
 
 from __future__ import annotations
@@ -112,10 +117,21 @@ def entries(node: NodeSpec, dev: str, mode: str = "healthy") -> list[tuple[str, 
     return out
 
 
+PORT_UP = {"state": "4: ACTIVE", "phys_state": "5: LinkUp", "link_layer": "Ethernet"}
+PORT_UNPLUGGED = {"state": "1: DOWN", "phys_state": "3: Disabled", "link_layer": "Ethernet"}
+
+
 def write(node_dir: Path, node: NodeSpec, mode: str = "healthy") -> None:
-    """(Re)write the node's tree: every RDMA device, port 1, its whole GID table."""
-    for dev, _ in ALL_PORTS:
+    """(Re)write the node's tree: every RDMA device, its netdev, port 1, its state and its
+    whole GID table."""
+    cabled = {p.dev for p in node.fabric}
+    for dev, netdev in ALL_PORTS:
+        net = tree(node_dir) / dev / "device" / "net" / netdev
+        net.mkdir(parents=True, exist_ok=True)
         port = tree(node_dir) / dev / "ports" / "1"
+        port.mkdir(parents=True, exist_ok=True)
+        for name, value in (PORT_UP if dev in cabled else PORT_UNPLUGGED).items():
+            (port / name).write_text(value + "\n")
         gids, types = port / "gids", port / "gid_attrs" / "types"
         gids.mkdir(parents=True, exist_ok=True)
         types.mkdir(parents=True, exist_ok=True)
