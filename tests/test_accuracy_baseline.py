@@ -420,3 +420,14 @@ def test_an_echoing_model_fails_copy_through_the_suite(fake: FakeVllm, tmp_path:
     assert ret == 1 and failed(checks) == ["test_canaries_alone"], out[-3000:]
     said = checks["test_canaries_alone"]["message"]
     assert "answers wrong: 1 of 1 canaries" in said and "  - copy: " in said, said
+
+
+def test_a_baseline_file_that_is_not_one_is_one_failure(fake: FakeVllm, tmp_path: Path) -> None:
+    bad = tmp_path / "baseline.json"
+    bad.write_text("[1, 2]")
+    ret, out, checks = run_accuracy(fake, tmp_path, f"--spark-accuracy-baseline={bad}")
+    assert ret == 1 and failed(checks) == ["test_canaries_alone"], out[-3000:]
+    assert "not an accuracy baseline" in checks["test_canaries_alone"]["message"]
+    skipped = checks["test_logprob_fingerprint"]
+    assert skipped["outcome"] == "skipped", skipped
+    assert "test_canaries_alone has the evidence" in skipped["message"], skipped
