@@ -165,6 +165,7 @@ def run_benchy(opts: argparse.Namespace, base: str, tok_dir: Path, book: str, ou
         "--exact-tg",
         "--format", "csv",
         "--save-result", str(out),
+        *(["--enable-prefix-caching"] if opts.prefix_caching else []),
     ]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     if done.returncode != 0 or not out.exists():
@@ -201,6 +202,11 @@ def main() -> int:
     parser.add_argument("--tg", type=int, default=32)
     parser.add_argument("--concurrency", default="1,2,4")
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument(
+        "--prefix-caching",
+        action="store_true",
+        help="llama-benchy's --enable-prefix-caching (the Arena's), and ours",
+    )
     parser.add_argument("--benchy-venv", default="/tmp/benchy-venv")
     parser.add_argument("--record", help="copy llama-benchy's own CSV here")
     opts = parser.parse_args()
@@ -210,6 +216,7 @@ def main() -> int:
         tg=opts.tg,
         concurrency=tuple(int(c) for c in opts.concurrency.split(",")),
         runs=opts.runs,
+        prefix_caching=opts.prefix_caching,
     )
     work = Path(tempfile.mkdtemp(prefix="arena-bench-"))
     n = max(spec.depths) + spec.pp

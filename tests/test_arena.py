@@ -28,6 +28,7 @@ from pytest_spark.report.arena import (
 )
 from pytest_spark.serving.load.depth import (
     CellResult,
+    DepthResult,
     Fit,
     peak_rate,
     prompt,
@@ -97,6 +98,49 @@ def test_the_name_drops_depth_0_and_concurrency_when_the_run_has_only_1() -> Non
     assert arena_name("pp", 2048, 4096, 5, 10) == "pp2048 @ d4096 (c5)"
     assert arena_name("tg", 128, 4096, 5, 10) == "tg128 @ d4096 (c5)"
     assert arena_name("pp", 2048, 0, 1, 10) == "pp2048 (c1)"  # any c > 1 in the run: all named
+    assert arena_name("ctx_pp", 2048, 4096, 5, 10) == "ctx_pp @ d4096 (c5)"  # no size
+    assert arena_name("ctx_tg", 128, 4096, 1, 1) == "ctx_tg @ d4096"
+
+
+def test_with_prefix_caching_the_context_load_rows_come_first() -> None:
+    spec = DepthSweep((0, 1000), 100, 11, (1, 2), prefix_caching=True)
+    load = CellResult(1000, 2, [_record(0.0, 0.5, 1.5, 11, 1010)] * 2, 1, 2.0, context_phase=True)
+    over = CellResult(1000, 2, [_record(0.0, 0.1, 1.1, 11, 1100)] * 2, 1, 2.0)
+    fresh = CellResult(0, 1, [_record(0.0, 0.1, 1.1, 11, 100)], 0, 1.1)
+    # the prefill counts: the context alone, then the prompt alone over it
+    assert (load.expected_prompt(spec), over.expected_prompt(spec)) == (1000, 100)
+    assert fresh.expected_prompt(spec) == 100
+    no_cache = CellResult(1000, 1, [], 0, 0.0)
+    assert no_cache.expected_prompt(DepthSweep(pp=100)) == 1100  # both, one fresh prefill
+    result = DepthResult(spec, "m", cells=[over, fresh, load])
+    report = result.to_benchy()
+    assert report["prefix_caching_enabled"] is True
+    assert [(b["context_size"], b["is_context_prefill_phase"]) for b in report["benchmarks"]] == [
+        (0, False),
+        (1000, True),
+        (1000, False),
+    ]
+    assert report["heat_order"] == [[0, 1], [1000, 2]]  # a cell once, its phases together
+    names = [r["test_name"] for r in csv_rows(report)]
+    assert names == [
+        "pp100 (c1)",
+        "tg11 (c1)",
+        "ctx_pp @ d1000 (c2)",
+        "ctx_tg @ d1000 (c2)",
+        "pp100 @ d1000 (c2)",
+        "tg11 @ d1000 (c2)",
+    ]
+    # the prompt over the cached context: 100 tokens (the server's 1100 is 20 % off)
+    assert report["benchmarks"][2]["pp_req_throughput"]["values"] == [1000.0, 1000.0]
+    meta = metadata({"checks": []}, report, ArenaContext("spark-arena-v2"))
+    assert meta["benchmark"]["args"]["prefix_caching"] is True
+
+
+def test_a_context_load_is_the_prompts_own_prefix() -> None:
+    fit = Fit()
+    full, load = prompt("n-1", 300, 64, fit), prompt("n-1", 300, 64, fit, context_only=True)
+    assert load.endswith("\n.") and full.startswith(load[:-1])
+    assert not prompt("n-2", 300, 64, fit).startswith(load[:-1])  # another request's: not
 
 
 def _record(start: float, ttft: float, e2e: float, out: int, prompt_tokens: int) -> RequestRecord:
@@ -172,7 +216,10 @@ def test_the_fit_sends_as_many_words_as_the_server_counts_tokens() -> None:
 
 def test_the_option_takes_runs() -> None:
     assert depth_sweep("depths=0;pp=8;tg=2;c=1;runs=3") == DepthSweep((0,), 8, 2, (1,), runs=3)
-    assert depth_sweep("arena") == DepthSweep(runs=3)
+    assert depth_sweep("arena") == DepthSweep(runs=3, prefix_caching=True)
+    assert depth_sweep("depths=0;prefix=on") == DepthSweep((0,), prefix_caching=True)
+    with pytest.raises(ValueError, match="prefix is on or off"):
+        depth_sweep("prefix=maybe")
     with pytest.raises(ValueError, match="runs is at least 1"):
         depth_sweep("runs=0")
 
@@ -251,6 +298,7 @@ def test_the_spark_arena_v2_profile() -> None:
     assert sweep.run is True
     assert sweep.depths == (0, 4096, 8192, 16384, 32768, 65535, 100000)
     assert (sweep.pp, sweep.tg, sweep.concurrency, sweep.runs) == (2048, 128, (1, 2, 5, 10), 3)
+    assert sweep.prefix_caching is True  # the Arena's llama-benchy --enable-prefix-caching
     # the default's thresholds: it extends it
     assert profile.nccl == load_profile("dgx-spark-2node").nccl
     assert load_profile("dgx-spark-2node").depth_sweep.run is False
@@ -286,7 +334,8 @@ def test_the_profile_runs_the_sweep_and_the_option_still_wins(
     result.stdout.fnmatch_lines(
         [
             "*SWEEP DepthSweep(depths=(0, 4096, 8192, 16384, 32768, 65535, 100000), pp=2048, "
-            "tg=128, concurrency=(1, 2, 5, 10), cooldown_s=0.0, runs=3) FROM profile "
+            "tg=128, concurrency=(1, 2, 5, 10), cooldown_s=0.0, runs=3, prefix_caching=True) "
+            "FROM profile "
             "spark-arena-v2",
             f"ARENA {pytester.path / 'arena'} FROM environment SPARK_ARENA",
             # asked for, but no sweep ran (test_show is not the suite's): said, not failed

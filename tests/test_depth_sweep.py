@@ -26,7 +26,7 @@ pytestmark = pytest.mark.unit
 def test_the_option_reads_the_arena_profile_or_a_trimmed_spec() -> None:
     assert depth_sweep("off") is None
     arena = depth_sweep("arena")
-    assert arena == DepthSweep(runs=3)
+    assert arena == DepthSweep(runs=3, prefix_caching=True)
     assert arena.depths == (0, 4096, 8192, 16384, 32768, 65535, 100000)
     assert (arena.pp, arena.tg, arena.concurrency) == (2048, 128, (1, 2, 5, 10))
     small = depth_sweep("depths=0,256;pp=64;tg=8;c=1,2;cooldown=1.5s")

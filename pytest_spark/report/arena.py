@@ -16,11 +16,13 @@ second benchmark.
   (REFERENCE 6a; its ``benchmarking/base.py``, read); a value the run does not know is
   null, never guessed.
 
-Our sweep sends the context and the prompt as one fresh prefill (a nonce first: nothing is
-found in the prefix cache), which is llama-benchy's standard mode; the Arena's profile asks
-llama-benchy for ``--enable-prefix-caching`` (a context-load request first, then the prompt
-over the cached context: extra ``ctx_pp`` / ``ctx_tg`` rows). ``benchmark.args`` says which
-mode these figures are (``prefix_caching: false``).
+The Arena's profile runs llama-benchy with ``--enable-prefix-caching`` (sparkrun's default
+for it): at a depth above 0 a context-load request first (``ctx_pp @ d4096 (c5)``,
+``ctx_tg @ d4096 (c5)`` rows), then the prompt over the cached context (the ``pp`` row's
+t/s is then the prompt's tokens alone). The sweep does the same when its ``prefix_caching``
+is on (``--spark-depth-sweep=arena``, the spark-arena-v2 profile, ``prefix=on``); else every
+request is one fresh prefill of context and prompt (llama-benchy's standard mode).
+``benchmark.args.prefix_caching`` says which.
 """
 
 from __future__ import annotations
@@ -62,9 +64,10 @@ BENCHMARK_FRAMEWORK = "pytest-dgx-spark depth sweep (llama-benchy 0.4.0's figure
 
 
 def test_name(kind: str, size: int, depth: int, concurrency: int, max_concurrency: int) -> str:
-    """llama-benchy's row name: ``pp2048``, ``tg128 @ d4096``, ``pp2048 @ d4096 (c5)``."""
-    name = f"{kind}{size}"
-    if depth > 0:
+    """llama-benchy's row name: ``pp2048``, ``tg128 @ d4096``, ``pp2048 @ d4096 (c5)``; a
+    context-load row (kind ``ctx_pp`` / ``ctx_tg``) has no size: ``ctx_pp @ d4096 (c5)``."""
+    name = kind if kind.startswith("ctx_") else f"{kind}{size}"
+    if depth > 0 or kind.startswith("ctx_"):
         name += f" @ d{depth}"
     if max_concurrency > 1:
         name += f" (c{concurrency})"
@@ -99,15 +102,19 @@ def csv_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
         else max((int(b.get("concurrency") or 1) for b in cells), default=1)
     )
     rows = []
-    for b in sorted(
-        cells, key=lambda b: (int(b.get("context_size") or 0), int(b.get("concurrency") or 1))
-    ):
+
+    def order(b: dict[str, Any]) -> tuple[int, int, bool]:  # the context-load phase first
+        ctx = bool(b.get("is_context_prefill_phase"))
+        return int(b.get("context_size") or 0), int(b.get("concurrency") or 1), not ctx
+
+    for b in sorted(cells, key=order):
         depth, c = int(b.get("context_size") or 0), int(b.get("concurrency") or 1)
+        ctx = "ctx_" if b.get("is_context_prefill_phase") else ""
         if _mean_std(b.get("pp_throughput"))[0] is not None:
             rows.append(
                 _row(
                     model,
-                    test_name("pp", int(b.get("prompt_size") or 0), depth, c, top),
+                    test_name(f"{ctx}pp", int(b.get("prompt_size") or 0), depth, c, top),
                     t_s=b.get("pp_throughput"),
                     t_s_req=b.get("pp_req_throughput"),
                     ttfr=b.get("ttfr"),
@@ -122,7 +129,7 @@ def csv_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
             rows.append(
                 _row(
                     model,
-                    test_name("tg", int(b.get("response_size") or 0), depth, c, top),
+                    test_name(f"{ctx}tg", int(b.get("response_size") or 0), depth, c, top),
                     t_s=b.get("tg_throughput"),
                     t_s_req=b.get("tg_req_throughput"),
                     peak_ts=b.get("peak_throughput"),
@@ -272,7 +279,7 @@ def metadata(doc: dict[str, Any], report: dict[str, Any], ctx: ArenaContext) -> 
                 "tg": sorted({int(b.get("response_size") or 0) for b in cells}),
                 "concurrency": sorted({int(b.get("concurrency") or 1) for b in cells}),
                 "runs": report.get("runs"),
-                "prefix_caching": False,  # every request a fresh prefill (module doc)
+                "prefix_caching": bool(report.get("prefix_caching_enabled")),
                 "latency_mode": report.get("latency_mode", "none"),
             },
             "order": report.get("heat_order"),

@@ -256,7 +256,10 @@ class DepthSweep:
     """``--spark-depth-sweep``: context depth x concurrency, in the Spark Arena's shape.
     ``cooldown_s``: a pause after each cell (the heat-aware order interleaves the hot and
     cool cells either way). ``runs``: batches per cell (llama-benchy's --runs), each
-    ``concurrency`` requests at once."""
+    ``concurrency`` requests at once. ``prefix_caching``: llama-benchy's
+    --enable-prefix-caching, as the Arena runs it: at a depth above 0 each request's context
+    is sent alone first (the ``ctx_pp`` / ``ctx_tg`` figures), then the context and the
+    prompt (the ``pp`` / ``tg`` figures: the prompt over a cached context)."""
 
     depths: tuple[int, ...] = ARENA_DEPTHS
     pp: int = 2048
@@ -264,6 +267,7 @@ class DepthSweep:
     concurrency: tuple[int, ...] = ARENA_CONCURRENCY
     cooldown_s: float = 0.0
     runs: int = 1
+    prefix_caching: bool = False
 
 
 def _ints(key: str, text: str) -> tuple[int, ...]:
@@ -278,13 +282,13 @@ def _ints(key: str, text: str) -> tuple[int, ...]:
 
 def depth_sweep(raw: str) -> DepthSweep | None:
     """``off``; ``arena`` (the Spark Arena v2 profile); or ``KEY=V;KEY=V`` over it with
-    keys depths, pp, tg, c (concurrency), runs and cooldown:
-    ``depths=0,512;pp=256;tg=16;c=1,2;runs=3``."""
+    keys depths, pp, tg, c (concurrency), runs, prefix (on/off) and cooldown:
+    ``depths=0,512;pp=256;tg=16;c=1,2;runs=3;prefix=on``."""
     text = raw.strip()
     if text.lower() in OFF:
         return None
     if text.lower() in ("arena", "on", "true", "yes"):
-        return DepthSweep(runs=ARENA_RUNS)
+        return DepthSweep(runs=ARENA_RUNS, prefix_caching=True)
     fields: dict[str, Any] = {}
     for item in text.split(";"):
         key, sep, value = item.partition("=")
@@ -302,6 +306,11 @@ def depth_sweep(raw: str) -> DepthSweep | None:
             if n < 1:
                 raise ValueError(f"{item!r}: {key} is at least 1" + " token" * (key != "runs"))
             fields[key] = n
+        elif key == "prefix":
+            try:
+                fields["prefix_caching"] = _bool(value)
+            except ValueError:
+                raise ValueError(f"{item!r}: prefix is on or off") from None
         elif key == "cooldown":
             try:
                 fields["cooldown_s"] = float(value.strip().removesuffix("s"))
@@ -309,7 +318,7 @@ def depth_sweep(raw: str) -> DepthSweep | None:
                 raise ValueError(f"{item!r}: cooldown is seconds, e.g. cooldown=30") from None
         else:
             raise ValueError(
-                f"unknown key {key!r} in {item!r}: depths, pp, tg, c, runs or cooldown"
+                f"unknown key {key!r} in {item!r}: depths, pp, tg, c, runs, prefix or cooldown"
             )
     return DepthSweep(**fields)
 

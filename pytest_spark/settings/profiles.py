@@ -339,6 +339,7 @@ class DepthSweepSection:
     tg: int = 128  # tokens generated per request
     concurrency: tuple[int, ...] = (1, 2, 5, 10)  # requests sent at once
     runs: int = 3  # batches per cell
+    prefix_caching: bool = False  # llama-benchy's --enable-prefix-caching (the Arena's: true)
     cooldown_s: float = 0.0  # a pause after each cell
 
 

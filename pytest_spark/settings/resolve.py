@@ -271,6 +271,7 @@ def resolve(config: pytest.Config, environ: Mapping[str, str] | None = None) -> 
             concurrency=sweep.concurrency,
             cooldown_s=sweep.cooldown_s,
             runs=sweep.runs,
+            prefix_caching=sweep.prefix_caching,
         )
         sources["depth_sweep"] = f"profile {loaded.name}"
     apply_recipe(values, sources, env)  # --spark-recipe or the running sparkrun job's

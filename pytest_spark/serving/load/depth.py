@@ -11,7 +11,11 @@ concurrency 1/2/5/10).
   recorded (``prompt_tokens``).
 - Prefix-cache busting: every request starts with a nonce of its own (the run, the cell and
   its serial), so no request finds another's context in the prefix cache and every depth
-  is prefilled in full, as llama-benchy measures it with caching on.
+  is prefilled in full. With ``prefix_caching`` (llama-benchy's --enable-prefix-caching, the
+  Arena's setting), at a depth above 0 each run first sends every request's context alone
+  (its nonce, its context, a ".": the ``ctx_pp`` / ``ctx_tg`` figures, its own cell with
+  ``is_context_prefill_phase``), then the same context with the prompt: that prefill finds
+  its own context cached, and its pp figures are the prompt's ``pp`` tokens over it.
 - Heat-aware order (:func:`heat_order`): the cells are ranked by the work they give the GPU
   (``(depth + pp + tg) x concurrency`` tokens in flight) and run hottest, coolest, next
   hottest, next coolest...: a hot cell is always followed by a cool one, so a GPU that
@@ -89,23 +93,34 @@ class Fit:
         return max(1, round((pp - self.overhead) / self.per_word))
 
 
-def prompt(nonce: str, depth: int, pp: int, fit: Fit | None = None) -> str:
+def prompt(
+    nonce: str, depth: int, pp: int, fit: Fit | None = None, context_only: bool = False
+) -> str:
     """The nonce first (prefix-cache busting), ``depth`` tokens of context, ``pp`` tokens of
-    prompt (words, by ``fit``)."""
+    prompt (words, by ``fit``); ``context_only``: the context and a "." (llama-benchy's
+    context-load request), the same text up to the prompt."""
     fit = fit or Fit()
     n = len(_WORDS)
     context = " ".join(_WORDS[(i * 7 + len(nonce)) % n] for i in range(fit.context_words(depth)))
     ask = " ".join(_WORDS[(i * 3 + 1) % n] for i in range(fit.ask_words(pp)))
     head = f"[{nonce}] " + (f"Context: {context}\n" if depth else "")
+    if context_only:
+        return head + "."
     return head + "Continue this list of words for as long as you can: " + ask
 
 
 def request_body(
-    model: str, spec: DepthSweep, nonce: str, depth: int, fit: Fit | None = None
+    model: str,
+    spec: DepthSweep,
+    nonce: str,
+    depth: int,
+    fit: Fit | None = None,
+    context_only: bool = False,
 ) -> dict[str, Any]:
+    text = prompt(nonce, depth, spec.pp, fit, context_only)
     return {
         "model": model,
-        "messages": [{"role": "user", "content": prompt(nonce, depth, spec.pp, fit)}],
+        "messages": [{"role": "user", "content": text}],
         "max_tokens": spec.tg,
         "max_completion_tokens": spec.tg,
         "temperature": 0.0,
@@ -246,6 +261,7 @@ class CellResult:
     order: int  # its place in the run (0: first)
     wall_s: float
     run_of: list[int] = field(default_factory=list)  # each record's run (empty: all run 0)
+    context_phase: bool = False  # prefix caching: the context-load requests (ctx_pp, ctx_tg)
 
     @property
     def ok(self) -> list[RequestRecord]:
@@ -259,13 +275,23 @@ class CellResult:
             out.setdefault(run, []).append(record)
         return [out[k] for k in sorted(out)]
 
+    def expected_prompt(self, spec: DepthSweep) -> int:
+        """The prompt tokens its prefill figures count, as llama-benchy: the context in a
+        context-load cell, the prompt alone over a cached context, else both."""
+        if self.context_phase:
+            return self.depth
+        if spec.prefix_caching and self.depth > 0:
+            return spec.pp
+        return self.depth + spec.pp
+
     def to_benchy(self, spec: DepthSweep) -> dict[str, Any]:
         """One llama-benchy ``BenchmarkRun``: prefill and decode tok/s (total and per
         request), peak decode tok/s (total and per request), TTFR, est_ppt and e2e TTFT in ms.
         As llama-benchy: at concurrency 1 the totals are the per-request figures."""
-        m = run_metrics(self.batches(), self.depth + spec.pp)
+        expected = self.expected_prompt(spec)
+        m = run_metrics(self.batches(), expected)
         one = self.concurrency == 1
-        prompt_tokens = [float(r.prompt_tokens or self.depth + spec.pp) for r in self.ok]
+        prompt_tokens = [float(r.prompt_tokens or expected) for r in self.ok]
         pp = metric(m.pp_req if one else m.pp_batch)
         tg = metric(m.tg_req if one else m.tg_batch)
         return {
@@ -273,7 +299,7 @@ class CellResult:
             "context_size": self.depth,
             "prompt_size": spec.pp,
             "response_size": spec.tg,
-            "is_context_prefill_phase": False,
+            "is_context_prefill_phase": self.context_phase,
             "pp_throughput": pp,
             "pp_req_throughput": pp if one else metric(m.pp_req),
             "tg_throughput": tg,
@@ -305,21 +331,24 @@ class DepthResult:
 
     def to_benchy(self) -> dict[str, Any]:
         """The whole run as a llama-benchy report (its required fields, then ours)."""
-        cells = sorted(self.cells, key=lambda c: (c.depth, c.concurrency))
+        # llama-benchy's order: depth, concurrency, the context-load phase first
+        cells = sorted(self.cells, key=lambda c: (c.depth, c.concurrency, not c.context_phase))
         return {
             "version": "pytest-dgx-spark depth sweep (llama-benchy report fields)",
             "timestamp": self.started,
             "latency_mode": "none",  # TTFT as measured: no network latency subtracted
             "latency_ms": 0.0,
             "model": self.model,
-            "prefix_caching_enabled": bool(self.prefix_caching),
+            "prefix_caching_enabled": bool(self.prefix_caching or self.spec.prefix_caching),
             "max_concurrency": max(self.spec.concurrency),
             "benchmarks": [c.to_benchy(self.spec) for c in cells],
             "runs": self.spec.runs,
             "schema": SCHEMA,
             "prefix_cache_busting": "a unique nonce starts every request",
             "heat_order": [
-                [c.depth, c.concurrency] for c in sorted(self.cells, key=lambda c: c.order)
+                [c.depth, c.concurrency]
+                for c in sorted(self.cells, key=lambda c: c.order)
+                if not c.context_phase
             ],
             "cooldown_s": self.spec.cooldown_s,
             "tokens_per_word": round(self.fit.per_word, 4),
@@ -368,29 +397,39 @@ async def _run(api: ApiEndpoint, spec: DepthSweep, progress: Progress | None) ->
         out.fit = fit
         for i, (depth, c) in enumerate(heat_order(spec)):
             cell = CellResult(depth, c, [], i, 0.0)
+            ctx = CellResult(depth, c, [], i, 0.0, context_phase=True)
+            phases = [ctx, cell] if spec.prefix_caching and depth > 0 else [cell]
             for n in range(spec.runs):
                 if progress is not None:
                     progress(
                         f"depth sweep: depth {depth}, {c} concurrent (cell {i + 1}, "
                         f"run {n + 1}/{spec.runs})"
                     )
-                t0 = time.perf_counter()
-                records = await asyncio.gather(
-                    *(
-                        send_recorded(
-                            client,
-                            request_body(api.model, spec, f"{run}-{i}-{n}-{k}", depth, fit),
-                            t0,
-                            timeout=600.0,
-                            idle_timeout=120.0,
+                for phase in phases:
+                    t0 = time.perf_counter()
+                    records = await asyncio.gather(
+                        *(
+                            send_recorded(
+                                client,
+                                request_body(
+                                    api.model,
+                                    spec,
+                                    f"{run}-{i}-{n}-{k}",
+                                    depth,
+                                    fit,
+                                    context_only=phase.context_phase,
+                                ),
+                                t0,
+                                timeout=600.0,
+                                idle_timeout=120.0,
+                            )
+                            for k in range(c)
                         )
-                        for k in range(c)
                     )
-                )
-                cell.wall_s += time.perf_counter() - t0
-                cell.records.extend(records)
-                cell.run_of.extend([n] * len(records))
-            out.cells.append(cell)
+                    phase.wall_s += time.perf_counter() - t0
+                    phase.records.extend(records)
+                    phase.run_of.extend([n] * len(records))
+            out.cells.extend(phases)
             if spec.cooldown_s > 0:
                 await asyncio.sleep(spec.cooldown_s)
     return out
