@@ -21,6 +21,13 @@ Each side runs twice, in the order ours, llama-benchy, llama-benchy, ours (a dri
 machine's load weighs on both alike), and a figure is the mean of its two runs. Wall-clock
 figures on a shared machine: the busy CPU share is printed beside them.
 
+Measured 2026-12-05 against the emulator, depths 0,1024,4096, pp 512, tg 32, c 1,2,5, 3 runs,
+on the shared 2-core machine at 95-100 % busy: header and every test name identical in every
+run. Standard mode (18 rows): worst t/s 1.9 %, e2e TTFT 2.2 % in one run; 6.3 % / 6.1 % in
+another (load average 16; our pp at c5 slower). --prefix-caching (30 rows, load average
+24-27): t/s within 3 % on 26 of 30 rows, e2e TTFT within 3 % on 12 of 15, worst 6.9 % / 8.3 %
+(pp512 @ d4096 (c1): ours slower).
+
     .venv/bin/python benchmarks/arena_vs_llama_benchy.py [--depths 0,2048] [--pp 512]
         [--tg 32] [--concurrency 1,2,4] [--runs 3] [--record fixtures/arena/benchy.csv]
 """
