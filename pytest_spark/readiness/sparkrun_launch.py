@@ -66,7 +66,7 @@ def sparkrun_binary(settings: Settings) -> str:
                 "file: give the path of the sparkrun CLI (`which sparkrun`; this checkout's "
                 "scripts/setup-sparkrun installs one in .venv-sparkrun/bin/sparkrun)"
             )
-        return str(given)
+        return str(given.resolve())  # teardown may run from elsewhere
     found = shutil.which("sparkrun")
     if found is None:
         raise LaunchError(
