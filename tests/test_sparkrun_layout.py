@@ -255,3 +255,16 @@ def test_the_all_reduce_probes_each_node_in_its_own_rank_container() -> None:
     detect_launcher(nodes, container=per_node)
     assert f"{JOB}_node_0" in nodes[0].commands[0] and f"{JOB}_node_1" not in nodes[0].commands[0]
     assert f"{JOB}_node_1" in nodes[1].commands[0] and f"{JOB}_node_0" not in nodes[1].commands[0]
+
+
+def test_the_log_hint_names_the_serve_log_of_a_sparkrun_head() -> None:
+    from types import SimpleNamespace
+
+    from pytest_spark.readiness.serving import server_log_hint
+
+    settings: Any = SimpleNamespace(head="198.18.0.11", container="vllm_node", api_url=None)
+    layout = choose(found("one-job"), [HEAD, WORKER], "vllm_node", None)
+    hint = server_log_hint(settings, layout)
+    assert f"docker exec {JOB}_node_0 tail -n 100 {SPARKRUN_LOG}" in hint
+    assert "docker logs vllm_node" in server_log_hint(settings)
+    assert "docker logs vllm_node" in server_log_hint(settings, launcher_layout("vllm_node"))

@@ -150,24 +150,32 @@ def test_startup_within_budget(
 
 
 def test_health_endpoint(
-    spark_api: ApiEndpoint, spark_settings: Settings, spark_check: SparkCheck
+    request: pytest.FixtureRequest,
+    spark_api: ApiEndpoint,
+    spark_settings: Settings,
+    spark_check: SparkCheck,
 ) -> None:
     with spark_api.client() as client:
         response = body.get(client, "/health", cap=64 * 1024)
-    finding = (
-        Finding.passed(response.status_code, 200)
-        if response.status_code == 200
-        else Finding.failed(
+    if response.status_code == 200:
+        spark_check.require(Finding.passed(response.status_code, 200))
+        return
+    # where the head's log is: its container's, or a sparkrun rank's serve log file
+    cluster: Cluster | None = (
+        request.getfixturevalue("spark_cluster") if spark_settings.head else None
+    )
+    layout = cluster.layout_known if cluster is not None else None
+    spark_check.require(
+        Finding.failed(
             response.status_code,
             200,
             message=(
                 f"GET {spark_api.base_url}/health answered {response.status_code}: the "
                 "engine is not healthy (503 after an engine death); read "
-                f"{server_log_hint(spark_settings)}"
+                f"{server_log_hint(spark_settings, layout)}"
             ),
         )
     )
-    spark_check.require(finding)
 
 
 def test_served_model_matches_launch_args(
