@@ -15,7 +15,12 @@ telemetry).
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -42,9 +47,9 @@ if not os.access(SPARKRUN, os.X_OK):
     )
 
 
-def sim_recipe(sim: Any, dest: Path) -> Path:
-    """The fixture recipe with the sim's container mounts."""
-    data = yaml.safe_load(RECIPE.read_text())
+def sim_recipe(sim: Any, dest: Path, **changes: Any) -> Path:
+    """The fixture recipe with the sim's container mounts (and ``changes`` at its top)."""
+    data = {**yaml.safe_load(RECIPE.read_text()), **changes}
     volumes = ["/usr/local/sbin:/usr/local/sbin:ro", f"{sim.state_dir}:{sim.state_dir}:ro"]
     spec = importlib.util.find_spec("torch")
     if spec is not None and spec.origin:
@@ -112,3 +117,68 @@ def test_the_whole_suite_launched_by_sparkrun(
     if failed:
         assert "GLOO_SOCKET_IFNAME=mgmt0" in failed[ENV_CHECK], failed[ENV_CHECK][:600]
     assert not sparkrun_containers(sim), "teardown's sparkrun stop left containers"
+
+
+LAUNCH = ("--spark-launch", "--spark-launcher=sparkrun", "--spark-sparkrun-args=--no-auto-detect")
+
+
+def test_a_failed_start_is_one_failure_in_sparkruns_words(
+    sim: Any, run_suite: Any, sparkrun_home: Path, tmp_path: Path
+) -> None:
+    """An image no node has: sparkrun --offline refuses before it starts anything; the
+    suite says so once, in sparkrun's words, and every serving check skips citing it."""
+    recipe = sim_recipe(sim, tmp_path / "r.yaml", container="vllm-node:on-no-node")
+    run = run_suite(
+        "tests_e2e/test_readiness.py", *LAUNCH, f"--spark-recipe={recipe}",
+        f"--spark-sparkrun={SPARKRUN}", timeout=300,
+    )  # fmt: skip
+    failed = run.not_passed()
+    assert list(failed) == ["tests_e2e/test_readiness.py::test_cluster_serving"], failed
+    message = failed["tests_e2e/test_readiness.py::test_cluster_serving"]
+    assert message.startswith(
+        "sparkrun run exited 1: launch_inference failed: Offline launch cannot proceed"
+    ), message
+    assert "image vllm-node:on-no-node: missing on" in message, message
+    assert run.results["serving"]["stopped"] is True
+    assert not sparkrun_containers(sim)
+
+
+def test_sigterm_during_the_start_stops_the_job(
+    sim: Any, sparkrun_home: Path, tmp_path: Path
+) -> None:
+    """SIGTERM (CI cancelling a job) while sparkrun waits for its rank 0: sparkrun gets its
+    own SIGINT, the session ends interrupted (exit 2), and teardown's sparkrun stop finds
+    the job by its recipe's label (no id was printed to the suite yet) and removes it."""
+    env_slow = {**yaml.safe_load(RECIPE.read_text())["env"], "SPARKSIM_EMU_TIME_SCALE": "0.03"}
+    recipe = sim_recipe(sim, tmp_path / "slow.yaml", env=env_slow)
+    results = tmp_path / "results.json"
+    argv = [
+        sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+        "--rootdir", str(REPO), "-c", str(REPO / "pyproject.toml"),
+        str(REPO / "tests_e2e" / "test_readiness.py"),
+        f"--spark-head={sim.head['mgmt']}", f"--spark-workers={sim.worker['mgmt']}",
+        f"--spark-ssh-config={sim.cluster['ssh_config']}", "--spark-profile=sim",
+        *LAUNCH, f"--spark-recipe={recipe}", f"--spark-sparkrun={SPARKRUN}",
+        f"--spark-results={results}", "--spark-history=off",
+    ]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SPARK_", "PYTEST_"))}
+    proc = subprocess.Popen(
+        argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
+    assert proc.stdout is not None
+    seen = []
+    deadline = time.monotonic() + 180
+    for line in proc.stdout:  # sparkrun has started the containers, and waits for rank 0
+        seen.append(line)
+        if "sparkrun: Cluster:" in line or time.monotonic() > deadline:
+            break
+    assert any("sparkrun: Cluster:" in line for line in seen), "".join(seen)
+    assert sparkrun_containers(sim), "the job's containers run"
+    proc.send_signal(signal.SIGTERM)
+    rest, _ = proc.communicate(timeout=240)
+    output = "".join(seen) + rest
+    assert proc.returncode == 2, output[-4000:]
+    assert not sparkrun_containers(sim), output[-4000:]
+    serving = json.loads(results.read_text())["serving"]
+    assert serving["launched"] is True and serving["stopped"] is True, serving
+    assert serving["status"] == "launching" and "cluster_id" not in serving, serving
