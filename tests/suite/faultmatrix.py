@@ -32,7 +32,7 @@ from pytest_spark.access.simcontrol import SimCluster, sim_up
 from pytest_spark.report.results import CATEGORIES  # the table names the report's categories
 
 MATRIX = REPO / "docs" / "FAULT_MATRIX.md"
-COLUMNS = ("fault", "inject", "run", "fails", "node", "says", "because")
+COLUMNS = ("fault", "inject", "run", "fails", "node", "says", "because", "check")
 # Shorter sweeps keep CI time down; every check still runs. The matrix is about where a
 # fault is reported, not about bandwidth floors (tests/suite/test_nccl_suite.py holds those
 # at the full sweep): at 2 MiB the sim's healthy busbw (~0.11 GB/s) nears the profile's
@@ -65,6 +65,7 @@ class Row:
     node: str | None
     says: dict[str, str]  # category -> words one of its failures says ("*": every category)
     because: str | None
+    checks: tuple[str, ...] = ()  # the failing checks: test_x (any param) or test_x[param]
     causes: int = 1  # root causes: the failed + error checks outside may_fail, exactly
     over: int = 0  # failures over the causes, known and not yet folded into one (see the doc)
     mode: str = "ray"  # launch rows: --spark-ray=on (ray) or off (no-ray, issue #17)
@@ -131,6 +132,14 @@ def parse_matrix(text: str, heading: str = "## Matrix") -> list[Row]:
             raise ValueError(f"{MATRIX}: bad row {line!r}")
         if fails and counts["causes"] + counts["over"] < len(fails):
             raise ValueError(f"{MATRIX}: fewer failures allowed than failing categories: {line!r}")
+        checks = tuple(c.strip("`") for c in (_cell(values["check"]) or "").split())
+        if bool(checks) != bool(fails) or any(not c.startswith("test_") for c in checks):
+            raise ValueError(
+                f"{MATRIX}: a failing row names the checks that fail (test_...), a "
+                f"healthy row none: {line!r}"
+            )
+        if len(checks) > counts["causes"] + counts["over"]:
+            raise ValueError(f"{MATRIX}: more checks than failures allowed: {line!r}")
         rows.append(
             Row(
                 fault=values["fault"],
@@ -143,6 +152,7 @@ def parse_matrix(text: str, heading: str = "## Matrix") -> list[Row]:
                 node=_cell(values["node"]),
                 says=_says(_cell(values["says"]), fails + may_fail),
                 because=_cell(values["because"]),
+                checks=checks,
                 causes=counts["causes"],
                 over=counts["over"],
                 options=tuple(options),
@@ -499,6 +509,17 @@ def _names(check: dict[str, Any]) -> str:
     return f"{check.get('node') or ''} {check['message']}"
 
 
+def is_check(nodeid: str, check: str) -> bool:
+    """Whether the check ``nodeid`` is the row's ``check``: ``test_x[param]`` exactly, or
+    ``test_x`` whatever its parameters."""
+    name = nodeid.split("::")[-1]
+    return name == check or ("[" not in check and name.split("[", 1)[0] == check)
+
+
+def _is_row_check(row: Row, check: dict[str, Any]) -> bool:
+    return any(is_check(check["nodeid"], want) for want in row.checks)
+
+
 def check_row(row: Row, run: SuiteRun, baseline: dict[str, set[str]]) -> None:
     """The rules of docs/FAULT_MATRIX.md, held on one row's run. A healthy row records its
     skips in ``baseline`` (by run and mode): the rows after it may skip those too."""
@@ -556,6 +577,12 @@ def check_row(row: Row, run: SuiteRun, baseline: dict[str, set[str]]) -> None:
     stray = [f"{c['nodeid']}: {c['message'][:300]}" for c in bad if c["category"] not in row.fails]
     assert not stray, "failures outside the row's categories:\n" + "\n".join(stray)
     counted = [f"{c['nodeid']} ({c['outcome']}): {c['message'][:200]}" for c in bad]
+    # The checks that fail are the row's: another check failing in the same category (and
+    # saying the same words, on the same node) is not this row's verdict.
+    other = [line for c, line in zip(bad, counted, strict=True) if not _is_row_check(row, c)]
+    assert not other, f"failures of checks other than {' '.join(row.checks)}:\n" + "\n".join(other)
+    missing = [w for w in row.checks if not any(is_check(c["nodeid"], w) for c in bad)]
+    assert not missing, f"{missing} did not fail:\n" + "\n".join(counted)
     assert len(counted) == row.causes + row.over, (
         f"{len(counted)} failures for {row.causes} root cause(s)"
         + (f" + {row.over} known over" if row.over else "")

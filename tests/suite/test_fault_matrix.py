@@ -74,16 +74,18 @@ def test_matrix_covers_every_fault_the_issue_lists() -> None:
 
 
 def test_matrix_parser_rejects_what_it_cannot_hold_to() -> None:
-    head = "## Matrix\n\n| " + " | ".join(COLUMNS) + " |\n|---|---|---|---|---|---|---|\n"
+    head = "## Matrix\n\n| " + " | ".join(COLUMNS) + " |\n|---|---|---|---|---|---|---|---|\n"
     good = (
         "| x | engine http-5xx | serving | readiness tool_calls over=1 | - | tool_calls: 500 "
-        "| 500 |\n"
+        "| 500 | test_health test_tool_call[auto-plain] |\n"
     )
     (row,) = parse_matrix(head + good)
     assert row.inject == (("engine", "http-5xx"),) and row.fails == ("readiness", "tool_calls")
+    assert row.checks == ("test_health", "test_tool_call[auto-plain]")
     assert row.says == {"tool_calls": "500"} and row.node is None and row.id == "x"
     assert row.causes == 1 and row.over == 1  # one root cause unless the row says more
-    (row,) = parse_matrix(head + good.replace("tool_calls over=1 |", "tool_calls? |", 1))
+    maybe = good.replace("tool_calls over=1 |", "tool_calls? |", 1)
+    (row,) = parse_matrix(head + maybe.replace(" test_tool_call[auto-plain]", "", 1))
     assert row.fails == ("readiness",) and row.may_fail == ("tool_calls",)
     assert (row.causes, row.over) == (1, 0)
     (row,) = parse_matrix(head + good.replace("over=1", "causes=2 over=3", 1))
@@ -100,20 +102,65 @@ def test_matrix_parser_rejects_what_it_cannot_hold_to() -> None:
     (row,) = parse_matrix(head + good.replace("engine http-5xx", only, 1))
     assert row.only == ("readiness", "tool_calls") and row.inject == (("engine", "http-5xx"),)
     for bad in (
-        "| x | - | serving | - | - | - |\n",  # a cell missing
-        "| x | - | somewhere | - | - | - | - |\n",  # unknown run
-        "| x | - | launch | links | - | - | - |\n",  # unknown category
-        "| x | - | launch | link | - | nccl: slow | - |\n",  # says for a category not failing
-        "| x | - | launch | link nccls? | - | - | - |\n",  # unknown optional category
-        "| x | - | launch | link causes=x | - | - | - |\n",  # a count that is no number
-        "| x | - | launch | link roots=1 | - | - | - |\n",  # an unknown count
-        "| x | - | launch | link nccl causes=1 | - | - | - |\n",  # two categories, one failure
-        "| x | +opt soak=8s | launch | link | - | - | - |\n",  # +opt takes suite options only
-        "| x | +only nccl | launch | link | - | - | - |\n",  # +only leaves its failure out
-        "| x | +only links | launch | link | - | - | - |\n",  # +only: an unknown category
+        "| x | - | serving | - | - | - | - |\n",  # a cell missing
+        "| x | - | somewhere | - | - | - | - | - |\n",  # unknown run
+        "| x | - | launch | links | - | - | - | test_x |\n",  # unknown category
+        "| x | - | launch | link | - | nccl: slow | - | test_x |\n",  # says: not failing
+        "| x | - | launch | link nccls? | - | - | - | test_x |\n",  # unknown optional category
+        "| x | - | launch | link causes=x | - | - | - | test_x |\n",  # a count that is no number
+        "| x | - | launch | link roots=1 | - | - | - | test_x |\n",  # an unknown count
+        "| x | - | launch | link nccl causes=1 | - | - | - | test_x |\n",  # 2 categories, 1 failure
+        "| x | +opt soak=8s | launch | link | - | - | - | test_x |\n",  # +opt: suite options only
+        "| x | +only nccl | launch | link | - | - | - | test_x |\n",  # +only leaves its failure out
+        "| x | +only links | launch | link | - | - | - | test_x |\n",  # +only: unknown category
+        "| x | - | launch | link | - | - | - | - |\n",  # a failing row names no check
+        "| x | - | launch | - | - | - | - | test_x |\n",  # a healthy row names a check
+        "| x | - | launch | link | - | - | - | link_rate |\n",  # a check is a test_ function
+        "| x | - | launch | link | - | - | - | test_x test_y |\n",  # 2 checks, 1 failure
     ):
         with pytest.raises(ValueError):
             parse_matrix(head + bad)
+
+
+def test_a_row_holds_its_check_not_only_its_category() -> None:
+    """Issue 36 §7: a row passed on its category, count, words and node; another check of
+    the same category failing the same way passed it too. It names the check that fails."""
+    head = "## Matrix\n\n| " + " | ".join(COLUMNS) + " |\n|---|---|---|---|---|---|---|---|\n"
+    line = (
+        "| x | +only link | launch | link | spark-worker-1 | 100 Gb/s | 100G | test_link_rate |\n"
+    )
+    (row,) = parse_matrix(head + line)
+
+    def run(failed: str) -> SuiteRun:
+        def check(name: str, outcome: str, message: str) -> dict[str, Any]:
+            nodeid = f"tests_infra/test_links.py::{name}"
+            return {
+                **{"nodeid": nodeid, "category": "link", "node": "spark-worker-1"},
+                **{"outcome": outcome, "message": message, "crashed": None},
+            }
+
+        return SuiteRun(
+            1,
+            "",
+            {
+                "checks": [
+                    check(failed, "failed", "spark-worker-1 enp1s0f1np1: 100 Gb/s"),
+                    check("test_link_up[spark-head-twin0]", "passed", ""),
+                    check("test_roce_active[spark-head-twin0]", "skipped", "100G link"),
+                ]
+            },
+        )
+
+    check_row(row, run("test_link_rate[spark-worker-1-twin0]"), {})
+    with pytest.raises(AssertionError, match="other than test_link_rate"):
+        check_row(row, run("test_mtu[spark-worker-1-twin0]"), {})
+    exact = replace(row, checks=("test_link_rate[spark-head-twin0]",))
+    with pytest.raises(AssertionError, match=r"other than test_link_rate\[spark-head-twin0\]"):
+        check_row(exact, run("test_link_rate[spark-worker-1-twin0]"), {})
+    check_row(exact, run("test_link_rate[spark-head-twin0]"), {})
+    two = replace(row, checks=("test_link_rate", "test_mtu"), causes=2)
+    with pytest.raises(AssertionError, match=r"\['test_mtu'\] did not fail"):
+        check_row(two, run("test_link_rate[spark-worker-1-twin0]"), {})
 
 
 @pytest.fixture(scope="module")
