@@ -192,7 +192,9 @@ def timed_run(sim: SimCluster, extra: list[str]) -> Run:
     cpu = (after.ru_utime - usage.ru_utime) + (after.ru_stime - usage.ru_stime)
     execs, logins = _sshd_counts(sim)
     lines = proc.stdout.strip().splitlines()
-    summary = lines[-1].strip("= ") if lines else f"exit {proc.returncode}, no output"
+    # pytest's own last line ("1 failed, 24 passed in 5.10s"; the verdict line follows it)
+    stats = [ln for ln in lines if re.search(r" in [0-9.]+s( \([0-9:]+\))?( =+)?$", ln)] or lines
+    summary = stats[-1].strip("= ") if stats else f"exit {proc.returncode}, no output"
     return Run(
         nodes=len(sim.info["nodes"]),
         wall_s=wall,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -126,7 +127,12 @@ def main() -> int:
     parts["before the first fixture (start, sim up)"] = data["first"] - t0
     parts["after the last check (serving stop, sim down, exit)"] = (t0 + wall) - data["last"]
     ranked = sorted(parts.items(), key=lambda kv: -kv[1])
-    last = (proc.stdout.strip().splitlines() or ["(no output)"])[-1]
+    # pytest's own last line ("1 failed, 24 passed in 5.10s"; the verdict line follows it)
+    lines = proc.stdout.strip().splitlines() or ["(no output)"]
+    last = next(
+        (ln for ln in reversed(lines) if re.search(r" in [0-9.]+s( \([0-9:]+\))?( =+)?$", ln)),
+        lines[-1],
+    )
     print(f"whole suite {wall:.1f} s, exit {proc.returncode}: {last}")
     for name, took in ranked[: args.top]:
         print(f"  {took:6.1f} s  {100 * took / wall:4.1f}%  {name}")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -47,7 +48,12 @@ def run(concurrency: int, extra: list[str], out: Path) -> tuple[float, float, in
     functional = sum(
         c.get("duration_s") or 0.0 for c in doc["checks"] if c["category"] in FUNCTIONAL
     )
-    last = (proc.stdout.strip().splitlines() or ["(no output)"])[-1]
+    # pytest's own last line ("1 failed, 24 passed in 5.10s"; the verdict line follows it)
+    lines = proc.stdout.strip().splitlines() or ["(no output)"]
+    last = next(
+        (ln for ln in reversed(lines) if re.search(r" in [0-9.]+s( \([0-9:]+\))?( =+)?$", ln)),
+        lines[-1],
+    )
     return wall, functional, proc.returncode, last
 
 
