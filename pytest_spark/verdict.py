@@ -127,7 +127,11 @@ def cause_signature(finding: Finding, node: str) -> Hashable:
     """What makes two nodes' failures of one check the same cause: the measured value,
     the expected one, the unit and the message (which carries the fix), with the node's
     own name and its process ids (a dockerd's pid differs on every node, never the cause)
-    left out. Evidence is each node's own and is not compared."""
+    left out. Evidence is each node's own and is not compared, except its ``cause`` when the
+    check names one (e.g. the stray sparkrun job whose rank container differs per node):
+    then that is the signature."""
+    if finding.evidence.get("cause"):
+        return json.dumps([finding.level, finding.evidence["cause"]])
     measured = finding.measured
     if isinstance(measured, dict):
         measured = {k: v for k, v in measured.items() if not str(k).endswith("pid")}

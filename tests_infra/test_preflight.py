@@ -47,6 +47,7 @@ from pytest_spark.infra.preflight.gather import (
     all_preflight,
     clock_samples,
     fabric_of,
+    roce_ports,
     serving_env,
     ssh_from_head,
 )
@@ -305,6 +306,7 @@ def _env_finding(cluster: Cluster, node: Node, head_env: dict[str, str] | None =
         nodes=len(cluster.nodes),
         reference=(head, head_env) if head_env is not None and node.name != head else None,
         recipe_env=(recipe.origin, recipe.fixed_env()) if recipe is not None else None,
+        ports=roce_ports(cluster, node),
     )
 
 

@@ -8,7 +8,8 @@ when the check cannot be made (its reason says why and which check covers it).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from pytest_spark.infra.finding import Finding
@@ -115,6 +116,31 @@ def _describe(c: ContainerInfo, now: float | None) -> str:
     return f"container {c.name} (image {c.image}, up {human_duration(c.uptime_s(now))}{restart})"
 
 
+# sparkrun's rank containers: ``<cluster id>_node_<rank>`` (vllm-distributed), ``_head`` /
+# ``_worker`` (Ray), ``_solo`` (one node); the cluster id is the name's stem.
+_SPARKRUN_RANK = re.compile(r"^(sparkrun_.+)_(?:node_\d+|head|worker|solo)$")
+
+
+def _job_of(name: str) -> str | None:
+    m = _SPARKRUN_RANK.match(name)
+    return m[1] if m else None
+
+
+def _stray_sparkrun_jobs(
+    container: str, holders: Iterable[ContainerInfo]
+) -> dict[str, list[ContainerInfo]]:
+    """When every holder is a rank container of another sparkrun job than the tested
+    ``container``'s: those jobs (cluster id -> containers here); else empty."""
+    mine = _job_of(container)
+    jobs: dict[str, list[ContainerInfo]] = {}
+    for c in holders:
+        job = _job_of(c.name)
+        if mine is None or job is None or job == mine:
+            return {}
+        jobs.setdefault(job, []).append(c)
+    return jobs
+
+
 def check_gpu_holders(
     node: str, docker: DockerFacts, gpu: GpuFacts, container: str, now: float | None = None
 ) -> Finding | Skip:
@@ -128,6 +154,7 @@ def check_gpu_holders(
     by_pid = {pid: c for c in docker.containers for pid in c.pids}
     holders: list[str] = []
     stale: dict[str, ContainerInfo] = {}
+    outside = 0
     for proc in gpu.processes or ():
         if proc.pid in own:
             continue
@@ -136,6 +163,7 @@ def check_gpu_holders(
             stale[c.id] = c
             holders.append(f"pid {proc.pid} {proc.name} in {_describe(c, now)}")
         else:
+            outside += 1
             where = "outside any container" if docker.up else "(docker not answering)"
             age = f", running {human_duration(proc.etime_s)}" if proc.etime_s is not None else ""
             holders.append(f"pid {proc.pid} {proc.name} {where}{age}")
@@ -173,6 +201,23 @@ def check_gpu_holders(
             message=f"{node}: {count} GPU process(es), all in {container}"
             if count
             else f"{node}: no GPU processes, no other GPU container",
+        )
+    stray = _stray_sparkrun_jobs(container, stale.values())
+    if stray and not outside:
+        jobs = ", ".join(sorted(stray))
+        return Finding.failed(
+            {"holders": holders, "sparkrun jobs": sorted(stray)},
+            f"nothing but {container} on the GPU",
+            node=node,
+            message=(
+                f"{node}: sparkrun job {jobs} runs beside the tested job "
+                f"{_job_of(container)}: {'; '.join(holders)}; expected no "
+                "other serve on this box (two serves share the GPU and its memory: a job left "
+                f"running after `sparkrun stop --all`, sparkrun#229). Stop it: sparkrun stop "
+                f"{' / '.join(sorted(stray))} (every node of it), or here docker rm -f "
+                f"{' '.join(c.name for cs in stray.values() for c in cs)}"
+            ),
+            evidence={"cause": f"sparkrun job {jobs} beside {_job_of(container)}"},
         )
     names = [c.name for c in stale.values()]
     fix = (
@@ -507,6 +552,98 @@ def _matches(name: str, items: list[str], exact: bool) -> bool:
 
 ENV_VERDICT = "test_serving_env_matches_fabric"
 
+# A netdev's physical port: its twins differ only by the PCI-domain prefix (``enP2p1s0f1np1``
+# and ``enp1s0f1np1``; ``roceP2p1s0f1`` and ``rocep1s0f1``).
+_DOMAIN = re.compile(r"^(en|roce)P\d+p")
+
+
+def _port_of(name: str) -> str:
+    return _DOMAIN.sub(lambda m: f"{m[1]}p", name)
+
+
+def node_own_fabric(
+    node: str,
+    env: Mapping[str, str],
+    ports: Sequence[tuple[str, str, bool]],
+    netdevs: Sequence[str] = (),
+) -> tuple[list[str], str]:
+    """The serving environment judged against this node's own ``ibdev2netdev`` (``ports``:
+    (RDMA device, netdev, Up)), not the head's nor the cluster's: (problems, the fix).
+
+    - A device in NCCL_IB_HCA, or an interface in NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME,
+      on a port with no Up twin on this node (or no such device here): the head's values
+      pushed to a worker cabled on the other QSFP port (sparkrun#135: sparkrun sets every
+      rank's env from the head's detection). One Down twin of a port that is Up is the
+      link checks' finding, not this.
+    - A socket interface of the node (``netdevs``) with no RDMA device (the management /
+      default-route link):
+      NCCL's bootstrap and gloo run over it, and serving dies when it drops (sparkrun PR
+      #219: the WiFi)."""
+    up = [(d, n) for d, n, ok in ports if ok]
+    if not up:
+        return [], ""
+    up_ports = {_port_of(n) for _, n in up}
+    rdma_netdevs = {n for _, n, _ in ports}
+    here = ", ".join(f"{d} ==> {n}" for d, n in up)
+    problems: list[str] = []
+    fixes: list[str] = []
+    hca = env.get("NCCL_IB_HCA", "")
+    if hca and not hca.strip().startswith("^"):
+        _, _, _, items = _nccl_list(hca)
+        named = [i.split(":", 1)[0] for i in items]
+        known = {d: n for d, n, _ in ports}
+        off = [d for d in named if d in known and _port_of(known[d]) not in up_ports]
+        missing = [d for d in named if not any(k.startswith(d) for k in known)]
+        if off or missing:
+            problems.append(
+                f"NCCL_IB_HCA={hca} names "
+                + ", ".join(
+                    [f"{d} (port not Up on {node})" for d in off]
+                    + [f"{d} (no such device on {node})" for d in missing]
+                )
+                + f"; Up on {node} (ibdev2netdev): {here}"
+            )
+            fixes.append(f"NCCL_IB_HCA={','.join(d for d, _ in up)}")
+    mgmt: dict[str, list[str]] = {}
+    mgmt_fixes: list[str] = []
+    for key in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
+        value = env.get(key, "")
+        if not value or value.strip().startswith("^"):
+            continue
+        _, _, _, items = _nccl_list(value)
+        names = [i.split(":", 1)[0] for i in items]
+        off = [n for n in names if n in rdma_netdevs and _port_of(n) not in up_ports]
+        if off:
+            problems.append(
+                f"{key}={value} names {', '.join(off)}, whose port is not Up on {node}; "
+                f"Up on {node} (ibdev2netdev): {here}"
+            )
+            fixes.append(f"{key}={up[0][1]}")
+        for n in netdevs:
+            if n not in rdma_netdevs and any(n.startswith(i) for i in names):
+                mgmt.setdefault(n, []).append(key)
+    for name, keys in mgmt.items():
+        problems.append(
+            f"{name} ({', '.join(keys)}) is not a fabric interface: no RDMA device on it "
+            f"in {node}'s ibdev2netdev (the management / default-route link): NCCL's "
+            "bootstrap and gloo run over it and serving dies when it drops (sparkrun PR "
+            f"#219: the WiFi); the fabric interfaces Up on {node}: " + ", ".join(n for _, n in up)
+        )
+        mgmt_fixes += [f"{k}={up[0][1]}" for k in keys]
+    fix = ""
+    if fixes:
+        fix += (
+            f"; on {node} set its own {' '.join(dict.fromkeys(fixes))} (sparkrun passes the "
+            "head's values to every rank, sparkrun#135: give this host its own, or cable "
+            "every node on the same port)"
+        )
+    if mgmt:
+        fix += (
+            f"; set {' '.join(dict.fromkeys(mgmt_fixes))} on every rank: the fabric "
+            "interface, not the default route"
+        )
+    return problems, fix
+
 
 def same_env_as(node: str, finding: Finding, owner: str, owner_finding: Finding) -> str | None:
     """The skip reason of a node whose serving environment is wrong exactly as ``owner``'s
@@ -627,6 +764,7 @@ def check_serving_env(
     nodes: int = 2,
     reference: tuple[str, Mapping[str, str]] | None = None,
     recipe_env: tuple[str, Mapping[str, str]] | None = None,
+    ports: Sequence[tuple[str, str, bool]] = (),
 ) -> Finding:
     """NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME, NCCL_IB_HCA and UCX_NET_DEVICES in the
     serving environment name the fabric interfaces (``fabric_ifs``) and RDMA devices
@@ -640,7 +778,10 @@ def check_serving_env(
     origin and its fixed ``env:`` entries, settings.recipe), each of them as the recipe sets
     it (sparkrun passes them to every rank). ``source``: where ``env`` was read (the rank
     process's /proc environ), for the message. ``node_ifs`` maps each netdev of the node
-    to whether it carries an IPv4 address."""
+    to whether it carries an IPv4 address. ``ports``: the node's own ``ibdev2netdev``
+    (device, netdev, Up), to judge the env against this node's cabling
+    (:func:`node_own_fabric`); a port with no Up twin here is then not asked for in
+    NCCL_IB_HCA (another node is cabled on it)."""
     if env is None:
         return Finding.failed(
             "no container",
@@ -653,6 +794,10 @@ def check_serving_env(
         )
     fabric = set(fabric_ifs)
     devs = set(fabric_devs)
+    if any(up for _, _, up in ports):
+        up_ports = {_port_of(n) for _, n, up in ports if up}
+        netdev_of = {d: n for d, n, _ in ports}
+        devs = {d for d in devs if d not in netdev_of or _port_of(netdev_of[d]) in up_ports}
     keys = (
         "NCCL_SOCKET_IFNAME",
         "GLOO_SOCKET_IFNAME",
@@ -705,6 +850,8 @@ def check_serving_env(
         problems += env_differences(env, *reference)
     recipe_problems = recipe_env_differences(env, *recipe_env) if recipe_env else []
     problems += recipe_problems
+    own_problems, own_fix = node_own_fabric(node, env, ports, sorted(node_ifs))
+    problems += own_problems
     for key in FORCED_KEYS:
         if env.get(key):
             measured[key] = env[key]
@@ -730,6 +877,7 @@ def check_serving_env(
                     if recipe_problems
                     else ""
                 )
+                + own_fix
             ),
         )
     return Finding.passed(

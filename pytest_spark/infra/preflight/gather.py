@@ -139,3 +139,9 @@ def fabric_of(cluster: Cluster, node: Node) -> tuple[list[str], list[str], dict[
     devs = [m.dev for m in facts.roce if m.netdev in ifs]
     names = set(facts.ip_links) | set(facts.ip_addrs)
     return ifs, list(dict.fromkeys(devs)), {n: bool(facts.ip_addrs.get(n)) for n in names}
+
+
+def roce_ports(cluster: Cluster, node: Node) -> list[tuple[str, str, bool]]:
+    """The node's own ``ibdev2netdev``: (RDMA device, netdev, Up), for judging its serving
+    environment against its own cabling (not the head's)."""
+    return [(m.dev, m.netdev, m.up) for m in node_link_facts(cluster, node).roce]
