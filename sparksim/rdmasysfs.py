@@ -130,8 +130,8 @@ def write(node_dir: Path, node: NodeSpec, mode: str = "healthy") -> None:
         net.mkdir(parents=True, exist_ok=True)
         port = tree(node_dir) / dev / "ports" / "1"
         port.mkdir(parents=True, exist_ok=True)
-        for name, value in (PORT_UP if dev in cabled else PORT_UNPLUGGED).items():
-            (port / name).write_text(value + "\n")
+        for field, text in (PORT_UP if dev in cabled else PORT_UNPLUGGED).items():
+            (port / field).write_text(text + "\n")
         gids, types = port / "gids", port / "gid_attrs" / "types"
         gids.mkdir(parents=True, exist_ok=True)
         types.mkdir(parents=True, exist_ok=True)
