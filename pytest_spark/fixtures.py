@@ -174,7 +174,9 @@ def spark_api_state(
             base, tunnel = route_to_api(cluster, settings.port)
         endpoint = discover(base, api_key=key, model=settings.model, timeout=settings.http_timeout)
         layout = _layout_if_known(pytestconfig)
-        failing = engine_failing(endpoint, log_hint=server_log_hint(settings, layout))
+        known = pytestconfig.stash.get(CLUSTER_KEY, None) if settings.head else None
+        head = known.head.name if known is not None else None
+        failing = engine_failing(endpoint, log_hint=server_log_hint(settings, layout), node=head)
         if failing is not None:
             raise ApiError(failing)
     except ApiError as exc:

@@ -126,6 +126,21 @@ def build_parser() -> argparse.ArgumentParser:
     p_job.add_argument("--serve-args", default=None, help="the vllm serve line (default: sim's)")
     p_job.add_argument("--nnodes", type=positive_int, default=None, help="ranks (default: all)")
     p_job.add_argument("--cluster-id", default=None, help="stop: this job only (default: all)")
+    p_job.add_argument(
+        "--master-addr",
+        default=None,
+        help="every rank's --master-addr (default: the head's fabric address); a loopback "
+        "address reproduces sparkrun#249 (the headless ranks never join)",
+    )
+    p_job.add_argument(
+        "--no-serve",
+        type=int,
+        action="append",
+        default=[],
+        metavar="RANK",
+        help="leave this rank's container on sleep infinity, its vllm serve never exec'd "
+        "(sparkrun#292); repeatable",
+    )
 
     p_fault = sub.add_parser("fault", parents=[common], help="inject or clear a fault")
     kinds = Kinds(p_fault.add_subparsers(dest="kind", required=True, metavar="KIND"), common)
@@ -222,6 +237,8 @@ def run(argv: list[str] | None = None) -> int:
             recipe=args.recipe,
             serve_args=args.serve_args,
             nnodes=args.nnodes,
+            master_addr=args.master_addr,
+            no_serve=tuple(args.no_serve),
         )
         print(json.dumps(job, indent=2))
         return 0

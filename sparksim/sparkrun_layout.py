@@ -114,15 +114,26 @@ def start_job(
     recipe: str = DEFAULT_RECIPE,
     serve_args: str | None = None,
     nnodes: int | None = None,
+    master_addr: str | None = None,
+    no_serve: tuple[int, ...] = (),
 ) -> dict[str, Any]:
     """Stand the job up on the first ``nnodes`` nodes (default: every node); returns what
-    it started (``cluster_id``, each node's container)."""
+    it started (``cluster_id``, each node's container).
+
+    Two of sparkrun's field failures: ``master_addr`` replaces the head's fabric address
+    on every rank's ``--master-addr`` (a loopback one is sparkrun#249: each headless rank
+    dials its own loopback and never joins, the head waits on its store); a rank in
+    ``no_serve`` keeps its container on ``sleep infinity`` and never gets its ``vllm
+    serve`` (sparkrun#292: no serve process, no serve log)."""
     if serving.enabled() is not None:
         raise SimError(f"no serving stack on this sim: {serving.enabled()}")
     nodes = list(topo.nodes[: nnodes or len(topo.nodes)])
     args = serve_args or engines.serve_args(state_dir) or serving.SERVE_ARGS
     job = cluster_id(intent, [n.mgmt for n in nodes], recipe)
-    master = nodes[0].fabric[0].addr
+    master = master_addr or nodes[0].fabric[0].addr
+    unknown = set(no_serve) - set(range(len(nodes)))
+    if unknown:
+        raise SimError(f"--no-serve {sorted(unknown)}: the job has ranks 0..{len(nodes) - 1}")
     labels = {
         LABEL: job,
         "sparkrun.runtime": RUNTIME,
@@ -138,6 +149,8 @@ def start_job(
             _docker(e, *run_argv(state_dir, node, job, rank, labels))
             started[node.name] = container_name(job, rank)
         for rank, node in enumerate(nodes):
+            if rank in no_serve:
+                continue
             e = serving.engine(state_dir, node)
             command = serve_command(args, len(nodes), rank, master)
             _docker(e, "exec", "-d", started[node.name], "bash", "-c", command)
@@ -150,6 +163,7 @@ def start_job(
         "containers": started,
         "serve_log": SERVE_LOG,
         "master": f"{master}:{MASTER_PORT}",
+        "no_serve": sorted(no_serve),
         "labels": labels,
     }
 

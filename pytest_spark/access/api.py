@@ -212,12 +212,16 @@ def discover(
     )
 
 
-def engine_failing(endpoint: ApiEndpoint, log_hint: str = "the server's own log") -> str | None:
+def engine_failing(
+    endpoint: ApiEndpoint, log_hint: str = "the server's own log", node: str | None = None
+) -> str | None:
     """One tiny chat completion: ``None`` unless the server answers it with a 5xx (the
-    engine fails every request: a dead or broken engine behind a live HTTP server). Any
-    other oddity is left to the checks that read responses; they say what is wrong.
-    ``log_hint``: where the engine's own account is (the head's ``docker logs``, when the
-    suite knows the head)."""
+    engine fails every request: a dead or broken engine behind a live HTTP server) or does
+    not answer it within the HTTP timeout (a hung engine behind a live HTTP server: /health
+    and /v1/models answer, the model does not; sparkrun#252). Any other oddity is left to
+    the checks that read responses; they say what is wrong. ``log_hint``: where the
+    engine's own account is (the head's ``docker logs``, when the suite knows the head);
+    ``node``: the node that serves the API (the head), named first."""
     request = {
         "model": endpoint.model,
         "max_tokens": 1,
@@ -229,6 +233,18 @@ def engine_failing(endpoint: ApiEndpoint, log_hint: str = "the server's own log"
             response = body.request(
                 client, "POST", "/v1/chat/completions", json=request, cap=64 * 1024
             )
+    except httpx.TimeoutException:
+        where = f"{node}: " if node else ""
+        return (
+            f"{where}the model does not answer: {endpoint.base_url} answers /v1/models "
+            f"({endpoint.model!r}) but a 1-token chat completion got no answer in "
+            f"{endpoint.timeout:g} s. measured: no response within {endpoint.timeout:g} s; "
+            "expected: a 1-token answer within the HTTP timeout (--spark-http-timeout). The "
+            "engine takes requests and never runs them (containers stay up and `sparkrun "
+            f"status` green meanwhile, sparkrun#252). fix: {log_hint} says where it stopped "
+            "(a hung step, a rank stuck in a collective); restart the job (`sparkrun stop`, "
+            "then run it again)"
+        )
     except httpx.HTTPError:
         return None  # not a verdict on the engine: the checks' own requests will say
     if response.status_code < 500:

@@ -82,6 +82,35 @@ PROCESS_NAMES = {"vllm": "vllm serve", "ray": "ray"}
 HEAD_EXIT_SENTINEL = "/tmp/.launch-cluster-head-exit"
 MISSING_LIMIT_S = 30.0  # a container still missing this long (at least hang_timeout) is gone
 ATTACH_MISSING_S = 5.0  # attached: a container missing this long after the wait began is gone
+LOOPBACK = re.compile(r"^(127\.\d+\.\d+\.\d+|localhost|localhost\.localdomain|::1|\[::1\])$", re.I)
+
+
+def serve_flag(words: list[str], flag: str) -> str | None:
+    """``--flag VALUE`` or ``--flag=VALUE`` in a command line's words (the last one wins,
+    as with argparse)."""
+    found = None
+    for i, word in enumerate(words):
+        if word == flag and i + 1 < len(words):
+            found = words[i + 1]
+        elif word.startswith(flag + "="):
+            found = word.split("=", 1)[1]
+    return found
+
+
+def loopback_master(process: str) -> tuple[str, int, str] | None:
+    """``(address, nnodes, rank)`` when ``process`` (a ``docker top`` args line) is a
+    multi-node ``vllm serve`` whose ``--master-addr`` is a loopback address: its ranks on
+    other nodes dial their own loopback and can never join (sparkrun#249)."""
+    if not re.search(r"\bvllm serve\b", process):
+        return None
+    try:
+        words = shlex.split(process)
+    except ValueError:
+        words = process.split()
+    nnodes, addr = serve_flag(words, "--nnodes"), serve_flag(words, "--master-addr")
+    if not (nnodes and nnodes.isdigit() and int(nnodes) > 1 and addr and LOOPBACK.match(addr)):
+        return None
+    return addr, int(nnodes), serve_flag(words, "--node-rank") or "0"
 
 
 class StartupFailed(Exception):
@@ -501,6 +530,7 @@ class ReadinessWait:
                 self.seen.add(name)
             if probe.health is not None:
                 health = probe.health
+        self._loopback_master(probes)
         self.launcher_exited = self.launcher_exited or any(
             p.launcher_alive is False for p in probes.values()
         )
@@ -705,6 +735,38 @@ class ReadinessWait:
             {**self.watch.snapshot_tails(), "launcher": log.splitlines()[-15:]},
         )
 
+    def _loopback_master(self, probes: Mapping[str, NodeProbe]) -> None:
+        """A multi-node ``vllm serve`` with a loopback ``--master-addr`` can never
+        rendezvous (sparkrun#249): vLLM only says so after its store's ~600 s timeout.
+        Read from the ranks' command lines at once; the rank named is the first that
+        runs on another node than the head (it dials its own loopback)."""
+        if self.watch.failure is not None:
+            return
+        found = {
+            name: hit
+            for name, probe in probes.items()
+            for hit in [next(filter(None, map(loopback_master, probe.processes or ())), None)]
+            if hit is not None
+        }
+        if not found:
+            return
+        name = next((n for n in found if n != self.head.name), next(iter(found)))
+        addr, nnodes, rank = found[name]
+        ranks = ", ".join(f"{n} (rank {found[n][2]})" for n in found)
+        head = self.head.name
+        self._rank_dead(
+            name,
+            f"--master-addr {addr} is a loopback address on a {nnodes}-node job (--nnodes "
+            f"{nnodes}): rank {rank} on {name} dials its own {addr}, never {head}'s store, and "
+            f"can never join (sparkrun#249; vLLM says only `DistStoreError ... 1/{nnodes} "
+            f"clients joined` after ~600 s). measured: `vllm serve ... --master-addr {addr}` "
+            f"on {ranks}; expected: an address of {head} that every node reaches (its fabric IP)",
+            f"give sparkrun the head by an address the workers reach, not 127.0.0.1/localhost "
+            f"(the first host of the cluster in ~/.config/sparkrun/clusters/NAME.yaml or "
+            f"--hosts: {head}'s fabric IP, and a hostname that does not resolve to 127.0.1.1 "
+            "in /etc/hosts), then `sparkrun stop` and run it again",
+        )
+
     def _processes(self, name: str, probe: NodeProbe, now: float) -> None:
         """A serving process seen and gone in a running container is a dead rank; none
         at all is one once the launcher is dead (attached: after ``MISSING_LIMIT_S``)."""
@@ -730,10 +792,24 @@ class ReadinessWait:
         elif (
             not kinds
             and (
-                self.launcher_exited or (self.spec.launcher_pid is None and idle > MISSING_LIMIT_S)
+                self.launcher_exited
+                or (self.spec.launcher_pid is None and idle > self._idle_limit(name, probe))
             )
             and self._may_blame(name)
         ):
+            if self._never_started(name, probe):
+                self._rank_dead(
+                    name,
+                    f"the container is up but its vllm serve never started (sparkrun#292): "
+                    f"measured: no vllm process in the running container {container!r} for "
+                    f"{idle:.0f} s and its serve log {self.spec.serve_log} empty or absent; "
+                    "expected: a `vllm serve` rank exec'd into every job container",
+                    f"sparkrun left {container} on its PID 1 `sleep infinity` without exec'ing "
+                    "vllm serve: `sparkrun stop` and run the job again; if it recurs, check the "
+                    "exec'd command (`sparkrun -vvv run RECIPE --dry-run`) and the run's output "
+                    f"on {name}",
+                )
+                return
             self._rank_dead(
                 name,
                 f"no vllm or ray process in the running container {container!r}"
@@ -746,6 +822,25 @@ class ReadinessWait:
                 "`docker exec` of vLLM (or Ray) failed or it died before this wait; "
                 "its log tail below says why; restart the cluster",
             )
+
+    def _idle_limit(self, name: str, probe: NodeProbe) -> float:
+        """How long an attached rank's running container may show no serving process: a
+        sparkrun rank whose serve never started is called at half the hang timeout (at
+        most ``MISSING_LIMIT_S``), before its peers' wait for it reads as their stall."""
+        if self._never_started(name, probe):
+            return min(MISSING_LIMIT_S, self.spec.hang_timeout / 2)
+        return MISSING_LIMIT_S
+
+    def _never_started(self, name: str, probe: NodeProbe) -> bool:
+        """A sparkrun rank whose serve never started: no serving process ever seen in its
+        container and nothing ever read from its serve log (absent or empty), as against
+        one that died (its log has lines, its process is gone)."""
+        return (
+            self.spec.serve_log is not None
+            and not self.serving.get(name)
+            and self.serve_offsets.get(name, 0) == 0
+            and not probe.log_text.strip()
+        )
 
     def _health(self, health: str, probes: Mapping[str, NodeProbe]) -> None:
         """/health answers but not 200: 5xx is a dead engine (its gone or empty rank named

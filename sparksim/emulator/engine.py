@@ -179,6 +179,7 @@ class Engine:
         leaves while queued (``gone()``) leaves the queue (BrokenPipeError), as vLLM
         aborts a waiting request whose client disconnected."""
         start = time.monotonic()
+        self._hung(gone)
         if not self._slots.acquire(blocking=False):
             with self._lock:
                 self.metrics.waiting += 1
@@ -193,6 +194,23 @@ class Engine:
         if self.faults.active("preempt-under-load") and self.metrics.running > 1:
             self.metrics.preempted()  # KV cache short under a batch: vLLM recomputes it
         return time.monotonic() - start
+
+    def _hung(self, gone: Callable[[], bool] | None) -> None:
+        """``engine-hang``: the request waits, never scheduled, while the fault lasts (the
+        API server still answers /health: vLLM's health check asks only whether the engine
+        core is dead, not whether it steps); a client that leaves leaves the queue."""
+        if not self.faults.active("engine-hang"):
+            return
+        with self._lock:
+            self.metrics.waiting += 1
+        try:
+            while self.faults.active("engine-hang") and not self.dead:
+                if gone is not None and gone():
+                    raise BrokenPipeError("the client left while the engine hung")
+                time.sleep(0.1)
+        finally:
+            with self._lock:
+                self.metrics.waiting -= 1
 
     def release(self, prompt_tokens: int, done: int, aborted: bool) -> None:
         self._slots.release()

@@ -34,6 +34,9 @@ RUN_FAULTS = {
     "worker-death": "RayActorError + EngineDeadError in the log, /health 503, requests 500",
     "slow-decode": "1-stream decode rate / 10 (a per-step cost the batch shares)",
     "http-5xx": "chat and text completions answer HTTP 500",
+    "engine-hang": "the engine stops stepping after ready: /health and /v1/models answer 200, "
+    "every completion request waits unanswered until its client gives up (containers up, "
+    "sparkrun status green: sparkrun#252)",
     "malformed-sse": "one SSE data line carries invalid JSON",
     "truncated-stream": "connection closed mid-stream, no [DONE]",
     "invalid-json-body": "non-streaming body is not valid JSON (HTTP 200)",
