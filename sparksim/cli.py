@@ -141,6 +141,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="leave this rank's container on sleep infinity, its vllm serve never exec'd "
         "(sparkrun#292); repeatable",
     )
+    p_job.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="set on every rank over sparkrun's NCCL env, e.g. GLOO_SOCKET_IFNAME=mgmt0 "
+        "(sparkrun PR #219); repeatable",
+    )
+    p_job.add_argument(
+        "--env-node",
+        nargs=2,
+        action="append",
+        default=[],
+        metavar=("NODE", "KEY=VALUE"),
+        help="set on NODE's rank only, e.g. a worker's NCCL_IB_HCA naming a port not cabled "
+        "there (sparkrun#135); repeatable",
+    )
 
     p_fault = sub.add_parser("fault", parents=[common], help="inject or clear a fault")
     kinds = Kinds(p_fault.add_subparsers(dest="kind", required=True, metavar="KIND"), common)
@@ -239,6 +256,7 @@ def run(argv: list[str] | None = None) -> int:
             nnodes=args.nnodes,
             master_addr=args.master_addr,
             no_serve=tuple(args.no_serve),
+            env=_job_env(args.env, args.env_node),
         )
         print(json.dumps(job, indent=2))
         return 0
@@ -254,6 +272,17 @@ def run(argv: list[str] | None = None) -> int:
     for msg in msgs:
         print(msg)
     return 0
+
+
+def _job_env(every: list[str], per_node: list[list[str]]) -> dict[str, dict[str, str]]:
+    """``--env KEY=VALUE`` (every rank, key ``*``) and ``--env-node NODE KEY=VALUE``."""
+    out: dict[str, dict[str, str]] = {}
+    for node, item in [("*", e) for e in every] + [(n, e) for n, e in per_node]:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SimError(f"--env {item!r}: expected KEY=VALUE")
+        out.setdefault(node, {})[key] = value
+    return out
 
 
 def _emu_knob(raw: str) -> tuple[str, str]:

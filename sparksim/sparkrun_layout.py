@@ -32,7 +32,7 @@ from typing import Any
 
 from . import docker, engines, image, models, serving
 from .netns import SimError
-from .topology import NodeSpec, Topology
+from .topology import NodeSpec, Topology, resolve_node
 
 LAYOUTS = ("sparkrun",)
 SERVE_LOG = "/tmp/sparkrun_serve.log"
@@ -71,6 +71,22 @@ def nccl_env(node: NodeSpec) -> dict[str, str]:
     }
 
 
+def env_for(node: NodeSpec, env: dict[str, dict[str, str]] | None) -> dict[str, str]:
+    """The variables a job start sets over sparkrun's on ``node``: ``env["*"]`` on every
+    rank, then ``env[NODE]`` (its name: :func:`start_job` resolves what the CLI takes) on
+    that node's. Two of sparkrun's
+    field failures are made so, on the rank's real environment: the head's
+    ``NCCL_IB_HCA`` / ``NCCL_SOCKET_IFNAME`` pushed to a worker cabled on the other port
+    (sparkrun#135: on the sim, the worker's uncabled port, Down there, as the other port is
+    on a worker cabled the other way), and GLOO/NCCL on the management interface (PR #219:
+    ``GLOO_SOCKET_IFNAME=mgmt0``)."""
+    out = dict((env or {}).get("*", {}))
+    for key, values in (env or {}).items():
+        if key == node.name:
+            out.update(values)
+    return out
+
+
 def _docker(e: docker.Engine, *args: str, timeout: float = 120) -> str:
     proc = subprocess.run(
         ["docker", "-H", e.host, *args], capture_output=True, text=True, timeout=timeout
@@ -81,9 +97,15 @@ def _docker(e: docker.Engine, *args: str, timeout: float = 120) -> str:
 
 
 def run_argv(
-    state_dir: Path, node: NodeSpec, job: str, rank: int, labels: dict[str, str]
+    state_dir: Path,
+    node: NodeSpec,
+    job: str,
+    rank: int,
+    labels: dict[str, str],
+    env: dict[str, str] | None = None,
 ) -> list[str]:
-    """The rank's ``docker run`` (after ``docker -H``), as sparkrun builds it."""
+    """The rank's ``docker run`` (after ``docker -H``), as sparkrun builds it; ``env`` over
+    sparkrun's NCCL environment (:func:`env_for`)."""
     argv = ["run", "-d", "--name", container_name(job, rank)]
     for key, value in {**labels, "sparkrun.rank": str(rank)}.items():
         argv += ["--label", f"{key}={value}"]
@@ -92,7 +114,7 @@ def run_argv(
         "-e", "HOME=/tmp", "--security-opt", "no-new-privileges", "--cap-add", "SYS_PTRACE",
         "--ulimit", ULIMIT,
     ]  # fmt: skip
-    for key, value in nccl_env(node).items():
+    for key, value in {**nccl_env(node), **(env or {})}.items():
         argv += ["-e", f"{key}={value}"]
     argv += shlex.split(serving.sshd_env(state_dir, node)["VLLM_SPARK_EXTRA_DOCKER_ARGS"])
     argv += ["--rm", image.IMAGE, "bash", "-c", "sleep infinity"]
@@ -116,6 +138,7 @@ def start_job(
     nnodes: int | None = None,
     master_addr: str | None = None,
     no_serve: tuple[int, ...] = (),
+    env: dict[str, dict[str, str]] | None = None,
 ) -> dict[str, Any]:
     """Stand the job up on the first ``nnodes`` nodes (default: every node); returns what
     it started (``cluster_id``, each node's container).
@@ -134,6 +157,10 @@ def start_job(
     unknown = set(no_serve) - set(range(len(nodes)))
     if unknown:
         raise SimError(f"--no-serve {sorted(unknown)}: the job has ranks 0..{len(nodes) - 1}")
+    try:
+        env = {k if k == "*" else resolve_node(topo, k).name: v for k, v in (env or {}).items()}
+    except ValueError as exc:
+        raise SimError(f"--env-node: {exc}") from None
     labels = {
         LABEL: job,
         "sparkrun.runtime": RUNTIME,
@@ -146,7 +173,7 @@ def start_job(
     try:
         for rank, node in enumerate(nodes):
             e = serving.engine(state_dir, node)
-            _docker(e, *run_argv(state_dir, node, job, rank, labels))
+            _docker(e, *run_argv(state_dir, node, job, rank, labels, env_for(node, env)))
             started[node.name] = container_name(job, rank)
         for rank, node in enumerate(nodes):
             if rank in no_serve:

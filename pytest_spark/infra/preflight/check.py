@@ -601,7 +601,6 @@ def node_own_fabric(
                     [f"{d} (port not Up on {node})" for d in off]
                     + [f"{d} (no such device on {node})" for d in missing]
                 )
-                + f"; Up on {node} (ibdev2netdev): {here}"
             )
             fixes.append(f"NCCL_IB_HCA={','.join(d for d, _ in up)}")
     mgmt: dict[str, list[str]] = {}
@@ -614,14 +613,13 @@ def node_own_fabric(
         names = [i.split(":", 1)[0] for i in items]
         off = [n for n in names if n in rdma_netdevs and _port_of(n) not in up_ports]
         if off:
-            problems.append(
-                f"{key}={value} names {', '.join(off)}, whose port is not Up on {node}; "
-                f"Up on {node} (ibdev2netdev): {here}"
-            )
+            problems.append(f"{key}={value} names {', '.join(off)}, whose port is not Up on {node}")
             fixes.append(f"{key}={up[0][1]}")
         for n in netdevs:
             if n not in rdma_netdevs and any(n.startswith(i) for i in names):
                 mgmt.setdefault(n, []).append(key)
+    if fixes:
+        problems.append(f"Up on {node} (ibdev2netdev): {here}")
     for name, keys in mgmt.items():
         problems.append(
             f"{name} ({', '.join(keys)}) is not a fabric interface: no RDMA device on it "
