@@ -75,6 +75,19 @@ def test_http_5xx(faulty: Any) -> None:
     assert emu.chat(SAY).status == 200
 
 
+def test_engine_hang_answers_health_and_models_but_no_completion(faulty: Any) -> None:
+    """sparkrun#252: the API server up, the engine stuck: /health and /v1/models 200, a
+    completion never answered (its client times out); answered again once cleared."""
+    emu = faulty("engine-hang")
+    assert emu.request("GET", "/health").status == 200
+    assert emu.request("GET", "/v1/models").status == 200
+    body = {"model": "qwen", **SAY, "max_tokens": 1}
+    with pytest.raises(TimeoutError):
+        emu.request("POST", "/v1/chat/completions", body, timeout=1.0)
+    set_faults(emu, [])
+    assert emu.chat(SAY).status == 200
+
+
 def test_slow_decode_divides_the_rate(faulty: Any) -> None:
     emu = faulty("slow-decode", decode_tok_s=200)
     t = time.monotonic()
