@@ -738,8 +738,9 @@ class ReadinessWait:
     def _loopback_master(self, probes: Mapping[str, NodeProbe]) -> None:
         """A multi-node ``vllm serve`` with a loopback ``--master-addr`` can never
         rendezvous (sparkrun#249): vLLM only says so after its store's ~600 s timeout.
-        Read from the ranks' command lines at once; the rank named is the first that
-        runs on another node than the head (it dials its own loopback)."""
+        Read from the ranks' command lines at once. Only a rank on another node than the
+        head counts (it dials its own loopback): the head's store listens on every
+        address, so the head's own loopback --master-addr alone is no fault."""
         if self.watch.failure is not None:
             return
         found = {
@@ -748,9 +749,9 @@ class ReadinessWait:
             for hit in [next(filter(None, map(loopback_master, probe.processes or ())), None)]
             if hit is not None
         }
-        if not found:
+        name = next((n for n in found if n != self.head.name), None)
+        if name is None:
             return
-        name = next((n for n in found if n != self.head.name), next(iter(found)))
         addr, nnodes, rank = found[name]
         ranks = ", ".join(f"{n} (rank {found[n][2]})" for n in found)
         head = self.head.name
