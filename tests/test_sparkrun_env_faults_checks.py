@@ -14,7 +14,12 @@ import pytest
 
 from pytest_spark.infra.finding import Finding
 from pytest_spark.infra.links.parse import parse_ibdev2netdev
-from pytest_spark.infra.preflight.check import Skip, check_gpu_holders, check_serving_env
+from pytest_spark.infra.preflight.check import (
+    OWN_CABLING,
+    Skip,
+    check_gpu_holders,
+    check_serving_env,
+)
 from pytest_spark.infra.preflight.probe import DockerFacts, GpuFacts, parse_preflight_probe
 from pytest_spark.verdict import cause_signature
 
@@ -77,6 +82,9 @@ def test_head_env_on_a_worker_cabled_the_other_way_fails_on_the_worker_only() ->
         "cable every node on the same port)"
     )
     assert worker.measured["NCCL_IB_HCA"] == "rocep1s0f1,roceP2p1s0f1"
+    # wrong whatever the links say: the suite does not skip it for a down fabric twin
+    assert "names rocep1s0f1 (port not Up" in worker.evidence[OWN_CABLING]
+    assert OWN_CABLING not in head.evidence
 
 
 def test_before_the_cluster_wide_judgement_missed_it_and_blamed_the_head() -> None:

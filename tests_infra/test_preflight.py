@@ -28,6 +28,7 @@ from pytest_spark.infra.loaded.gather import rank_env
 from pytest_spark.infra.modelhash.gather import full_hash_listings
 from pytest_spark.infra.preflight.check import (
     ENV_VERDICT,
+    OWN_CABLING,
     Skip,
     check_clock_skew,
     check_disk,
@@ -368,4 +369,8 @@ def test_serving_env_matches_fabric(
                 if f is not None and same_env_as(name, f, head.name, finding)
             ]
             finding = same_env_note(finding, same)
+    if finding.evidence.get(OWN_CABLING):
+        # names a port this node has no Up twin of while another is Up here (sparkrun#135),
+        # or a non-fabric interface (PR #219): wrong whatever the links say
+        spark_check.require(finding)
     require_unless_twin_down(spark_cluster, finding, spark_check)

@@ -551,6 +551,9 @@ def _matches(name: str, items: list[str], exact: bool) -> bool:
 
 
 ENV_VERDICT = "test_serving_env_matches_fabric"
+# The evidence key of a serving-env failure judged against the node's own cabling
+# (:func:`node_own_fabric`): wrong whatever the links, so never a down link's consequence.
+OWN_CABLING = "against this node's cabling"
 
 # A netdev's physical port: its twins differ only by the PCI-domain prefix (``enP2p1s0f1np1``
 # and ``enp1s0f1np1``; ``roceP2p1s0f1`` and ``rocep1s0f1``).
@@ -863,6 +866,7 @@ def check_serving_env(
             measured,
             expected,
             node=node,
+            evidence={OWN_CABLING: "; ".join(own_problems)} if own_problems else None,
             message=(
                 f"{node}: {where} environment does not match the fabric: "
                 f"{'; '.join(problems)}; expected the fabric interfaces "
