@@ -205,10 +205,11 @@ class Active:
             raise pytest.UsageError(nothing_collected(session.config))
 
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
-        from pytest_spark.settings.expectations import expectations_lines
+        from pytest_spark.settings.expectations import coverage_lines, expectations_lines
 
         settings = config.stash[SETTINGS_KEY]
         return [
+            *coverage_lines(settings.profile, settings.head, settings.workers, settings.sim),
             *expectations_lines(settings.profile, settings.source("threshold"), settings.recipe),
             *suite_header(config),
         ]

@@ -76,3 +76,18 @@ def expectations_lines(
     if recipe is not None:
         lines += [f"pytest-dgx-spark: {note}" for note in recipe.notes]
     return lines
+
+
+def coverage_lines(
+    profile: Profile, head: str | None, workers: tuple[str, ...], sim: bool
+) -> list[str]:
+    """The header's warning when fewer nodes are given than the profile is for
+    (``[preflight] nodes``): a head alone checks the head alone."""
+    want, given = profile.preflight.nodes, 1 + len(workers)
+    if sim or head is None or given >= want:
+        return []
+    return [
+        f"pytest-dgx-spark: WARNING: {given} node given ({', '.join((head, *workers))}), "
+        f"profile {profile.name} is for {want}: the other nodes' links, fitness and ranks go "
+        "unchecked. Name them: --spark-workers=HOST,... (or --spark-cluster=NAME)"
+    ]

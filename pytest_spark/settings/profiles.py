@@ -81,6 +81,7 @@ class PreflightSection:
     max_disk_used_pct: float
     max_clock_skew_s: float
     max_link_flaps_24h: int
+    nodes: int = 0  # the nodes the profile is for (0: any number); fewer given: a header line
 
 
 @dataclass(frozen=True)

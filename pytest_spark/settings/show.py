@@ -57,6 +57,7 @@ UNITS = {
     "nccl.iters": "iters",
     "nccl.warmup": "iters",
     "preflight.gpus_per_node": "GPUs",
+    "preflight.nodes": "nodes",
     "preflight.max_link_flaps_24h": "flaps",
     "gpu_health.warn_xids": "Xid",
     "gpu_health.nvrm_burst_lines": "lines",
