@@ -1,12 +1,15 @@
 """Three faults from sparkrun's tracker, judged on recorded probe outputs (field reference
 6a): the head's NCCL_IB_HCA / NCCL_SOCKET_IFNAME on a worker cabled the other way
-(sparkrun#135), GLOO/NCCL on the management interface (PR #219), and another sparkrun job
+(sparkrun#135), GLOO/NCCL on the WiFi (PR #219; sparkrun's own init over the wired
+management link passes with a note), and another sparkrun job
 left running beside the tested one (#229). Each is one failure naming the node, what was
 measured, what was expected and the fix; ``ports=()`` (no ibdev2netdev given) is the check
 as it judged before, cluster-wide, kept here as the "before" these were measured against."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,7 +17,9 @@ import pytest
 
 from pytest_spark.infra.finding import Finding
 from pytest_spark.infra.links.parse import parse_ibdev2netdev
+from pytest_spark.infra.links.probe import link_probe_command, parse_link_probe
 from pytest_spark.infra.preflight.check import (
+    MGMT_INIT,
     OWN_CABLING,
     Skip,
     check_gpu_holders,
@@ -52,10 +57,20 @@ def ports(text: str) -> list[tuple[str, str, bool]]:
     return [(m.dev, m.netdev, m.up) for m in parse_ibdev2netdev(text)]
 
 
-def judge(node: str, env: dict[str, str], ibdev: str, fabric: list[str]) -> Finding:
+def judge(
+    node: str, env: dict[str, str], ibdev: str, fabric: list[str], wireless: tuple[str, ...] = ()
+) -> Finding:
     devs = [d for d, n, _ in ports(ibdev) if n in fabric]
+    node_ifs = {**NODE_IFS, **dict.fromkeys(wireless, True)}
     return check_serving_env(
-        node, "sparkrun_x_1_node_1", env, fabric, devs, NODE_IFS, ports=ports(ibdev)
+        node,
+        "sparkrun_x_1_node_1",
+        env,
+        fabric,
+        devs,
+        node_ifs,
+        ports=ports(ibdev),
+        wireless=wireless,
     )
 
 
@@ -135,28 +150,84 @@ def test_healthy_sparkrun_env_passes() -> None:
 
 
 # ------------------------------------------------------------ PR #219 the default route
+# A Spark's WiFi netdev (wlP9s9, as DGX Spark hosts name it; its wired port is enP7s7).
+WIFI = "wlP9s9"
+F1 = ["enp1s0f1np1", "enP2p1s0f1np1"]
+# What sparkrun 0.4.2 sets when the workers reach the head's management address
+# (runtimes/_init_network.py, orchestration/infiniband.py): the management interface for
+# gloo / TP and first in NCCL_SOCKET_IFNAME, the data over RDMA (NCCL_NET=IB).
+MGMT_FIRST = {
+    **SPARKRUN_ENV,
+    "NCCL_SOCKET_IFNAME": "mgmt0,enp1s0f1np1,enP2p1s0f1np1",
+    "GLOO_SOCKET_IFNAME": "mgmt0",
+    "TP_SOCKET_IFNAME": "mgmt0",
+}
+# eugr's launch-cluster.sh: every socket variable its ETH_IF (the fabric), no NCCL_NET.
+EUGR_ENV = {k: v for k, v in SPARKRUN_ENV.items() if k != "NCCL_NET"}
 
 
 @pytest.mark.parametrize(
     "keys", [("GLOO_SOCKET_IFNAME",), ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")]
 )
-def test_gloo_on_the_management_interface(keys: tuple[str, ...]) -> None:
-    env = {**SPARKRUN_ENV, **dict.fromkeys(keys, "mgmt0")}
-    f = judge(H, env, HEAD_IBDEV, ["enp1s0f1np1", "enP2p1s0f1np1"])
+def test_gloo_on_the_wifi_is_one_failure(keys: tuple[str, ...]) -> None:
+    env = {**SPARKRUN_ENV, **dict.fromkeys(keys, WIFI)}
+    f = judge(H, env, HEAD_IBDEV, F1, wireless=(WIFI,))
     assert f.level == "fail" and f.node == H
     m = f.message
-    assert f"mgmt0 ({', '.join(keys)}) is not a fabric interface: no RDMA device on it" in m
-    assert "serving dies when it drops (sparkrun PR #219" in m
+    assert f"{WIFI} ({', '.join(keys)}) is wireless: serving dies when it drops (sparkrun " in m
+    assert "PR #219)" in m and "not a fabric interface" not in m
     assert f"the fabric interfaces Up on {H}: enP2p1s0f1np1, enp1s0f1np1" in m
     assert m.endswith(
         f"; set {' '.join(k + '=enP2p1s0f1np1' for k in keys)} on every rank: the fabric "
         "interface, not the default route"
     )
-    assert f.measured["GLOO_SOCKET_IFNAME"] == "mgmt0"
+    assert f.measured["GLOO_SOCKET_IFNAME"] == WIFI
+    assert f.evidence[OWN_CABLING]  # wrong whatever the links say
+
+
+def test_the_wifi_first_in_sparkruns_layout_still_fails() -> None:
+    env = {**MGMT_FIRST, "NCCL_SOCKET_IFNAME": f"{WIFI},enp1s0f1np1", "GLOO_SOCKET_IFNAME": WIFI}
+    f = judge(H, env, HEAD_IBDEV, F1, wireless=(WIFI,))
+    assert f.level == "fail"
+    assert f"{WIFI} (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME) is wireless" in f.message
+
+
+def test_sparkruns_management_first_init_passes_with_a_note() -> None:
+    """A healthy sparkrun job: never called broken, and the note says what it rides on."""
+    for node in (H, W):
+        f = judge(node, MGMT_FIRST, HEAD_IBDEV, F1, wireless=(WIFI,))  # a WiFi, not named
+        assert f.level == "pass", f.message
+        note = f.evidence[MGMT_INIT]
+        assert note.startswith(f"{node}: NCCL_NET=IB carries the data over RDMA")
+        assert "wired management link mgmt0 (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME)" in note
+        assert "serving depends on that link too" in note
+        assert "GLOO_SOCKET_IFNAME=enP2p1s0f1np1 NCCL_SOCKET_IFNAME=enP2p1s0f1np1" in note
+
+
+def test_a_fabric_only_env_has_no_note() -> None:
+    f = judge(H, SPARKRUN_ENV, HEAD_IBDEV, F1)
+    assert f.level == "pass" and MGMT_INIT not in f.evidence
+
+
+@pytest.mark.parametrize(
+    "keys", [("GLOO_SOCKET_IFNAME",), ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")]
+)
+def test_eugr_layout_on_the_management_interface_fails_as_before(keys: tuple[str, ...]) -> None:
+    """launch-cluster.sh sets every socket variable to its ETH_IF (the fabric) and no
+    NCCL_NET: mgmt0 there is a departure from the launcher, a failure as before PR #219's
+    check (which failed ``GLOO_SOCKET_IFNAME=mgmt0`` whatever the layout)."""
+    env = {**EUGR_ENV, **dict.fromkeys(keys, "mgmt0")}
+    f = judge(H, env, HEAD_IBDEV, F1)
+    assert f.level == "fail" and f.node == H
+    m = f.message
+    assert f"mgmt0 ({', '.join(keys)}) is not a fabric interface: no RDMA device on it" in m
+    assert "serving dies when it drops (sparkrun PR #219)" in m
+    assert "GLOO_SOCKET_IFNAME=mgmt0" in m
+    assert MGMT_INIT not in f.evidence
 
 
 def test_before_gloo_on_mgmt_said_only_the_value() -> None:
-    env = {**SPARKRUN_ENV, "GLOO_SOCKET_IFNAME": "mgmt0"}
+    env = {**EUGR_ENV, "GLOO_SOCKET_IFNAME": "mgmt0"}
     f = check_serving_env(H, "c", env, ["enp1s0f1np1"], ["rocep1s0f1"], NODE_IFS)
     assert f.level == "fail" and "not a fabric interface" not in f.message
 
@@ -225,3 +296,41 @@ def test_a_non_sparkrun_holder_keeps_the_generic_words() -> None:
     f = check_gpu_holders(W, probe.docker, probe.gpu, f"{MINE}_node_1")
     assert isinstance(f, Finding) and "held outside the serving container" in f.message
     assert "cause" not in f.evidence
+
+
+# ------------------------------------------------------------- the probe's wireless netdevs
+
+
+def _probe(tmp_path: Path, path_dirs: list[Path]) -> frozenset[str]:
+    env = {**os.environ, "PATH": ":".join([*map(str, path_dirs), os.environ["PATH"]])}
+    out = subprocess.run(
+        link_probe_command(sysfs=str(tmp_path / "sys")),
+        shell=True,
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    ).stdout
+    return parse_link_probe(out).wireless
+
+
+def test_the_link_probe_finds_wireless_netdevs_in_sysfs_and_iw(tmp_path: Path) -> None:
+    net = tmp_path / "sys" / "class" / "net"
+    (net / WIFI / "phy80211").mkdir(parents=True)
+    (net / "wlan1").mkdir()
+    (net / "wlan1" / "wireless").write_text("")
+    (net / "enP7s7").mkdir()
+    (net / "mgmt0").mkdir()
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    iw = tools / "iw"  # first on PATH: not this machine's
+    iw.write_text("#!/bin/sh\n")
+    iw.chmod(0o755)
+    assert _probe(tmp_path, [tools]) == {WIFI, "wlan1"}
+    # iw dev's own format: a netdev that sysfs does not mark (a veth, as on the sim)
+    iw.write_text("#!/bin/sh\nprintf 'phy#0\\n\\tInterface mgmt0\\n\\t\\tifindex 3\\n'\n")
+    assert _probe(tmp_path, [tools]) == {WIFI, "wlan1", "mgmt0"}
+    (net / WIFI / "phy80211").rmdir()
+    (net / "wlan1" / "wireless").unlink()
+    iw.write_text("#!/bin/sh\n")
+    assert not _probe(tmp_path, [tools])

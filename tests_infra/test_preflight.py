@@ -8,6 +8,8 @@ the head to the workers. Facts come from one probe round trip per node (cached).
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 
 from pytest_spark import (
@@ -28,7 +30,9 @@ from pytest_spark.infra.loaded.gather import rank_env
 from pytest_spark.infra.modelhash.gather import full_hash_listings
 from pytest_spark.infra.preflight.check import (
     ENV_VERDICT,
+    MGMT_INIT,
     OWN_CABLING,
+    ManagementInitNote,
     Skip,
     check_clock_skew,
     check_disk,
@@ -51,6 +55,7 @@ from pytest_spark.infra.preflight.gather import (
     roce_ports,
     serving_env,
     ssh_from_head,
+    wireless_ifs,
 )
 from pytest_spark.infra.preflight.probe import ClockSample, ModelListing, NodePreflight, model_dir
 from pytest_spark.readiness.launch import (
@@ -308,6 +313,7 @@ def _env_finding(cluster: Cluster, node: Node, head_env: dict[str, str] | None =
         reference=(head, head_env) if head_env is not None and node.name != head else None,
         recipe_env=(recipe.origin, recipe.fixed_env()) if recipe is not None else None,
         ports=roce_ports(cluster, node),
+        wireless=wireless_ifs(cluster, node),
     )
 
 
@@ -369,8 +375,11 @@ def test_serving_env_matches_fabric(
                 if f is not None and same_env_as(name, f, head.name, finding)
             ]
             finding = same_env_note(finding, same)
+    if finding.ok and finding.evidence.get(MGMT_INIT):
+        # sparkrun's init over the wired management link: passes, and says so
+        warnings.warn(ManagementInitNote(finding.evidence[MGMT_INIT]), stacklevel=1)
     if finding.evidence.get(OWN_CABLING):
         # names a port this node has no Up twin of while another is Up here (sparkrun#135),
-        # or a non-fabric interface (PR #219): wrong whatever the links say
+        # or a wireless / non-fabric interface (PR #219): wrong whatever the links say
         spark_check.require(finding)
     require_unless_twin_down(spark_cluster, finding, spark_check)

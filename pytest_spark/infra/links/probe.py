@@ -12,10 +12,12 @@ lines (:mod:`pytest_spark.infra.probe`)::
     @@pytest-spark-links@@ end NAME rc=N
 
 Sections: ``ibdev2netdev``, ``ibstat``, ``ibv_devinfo``, ``rdma_link``, ``ip_link``
-(``ip -j link``), ``ip_addr`` (``ip -j addr``), then per RoCE netdev ``ethtool:IF``,
-``carrier:IF`` and ``carrier_changes:IF`` (sysfs). A missing tool gives ``rc=127`` and
-``TOOL: command not found`` on its stderr; every other section still runs. A tool that
-hangs is stopped after 10 s (``rc=124``) where coreutils ``timeout`` exists.
+(``ip -j link``), ``ip_addr`` (``ip -j addr``), ``wireless`` (the netdevs with a
+``wireless`` or ``phy80211`` entry in sysfs, only where there is one) and ``iw_dev`` (``iw
+dev``, only where installed: the wireless netdevs by the nl80211 tool), then per RoCE
+netdev ``ethtool:IF``, ``carrier:IF`` and ``carrier_changes:IF`` (sysfs). A missing tool
+gives ``rc=127`` and ``TOOL: command not found`` on its stderr; every other section still
+runs. A tool that hangs is stopped after 10 s (``rc=124``) where coreutils ``timeout`` exists.
 
 :func:`parse_link_probe` turns that output into :class:`NodeLinkFacts`, with one
 :class:`PortFacts` per RoCE netdev joining what every tool said about it.
@@ -81,6 +83,12 @@ s ibv_devinfo ibv_devinfo
 s rdma_link rdma link
 s ip_link ip -j link
 s ip_addr ip -j addr
+w=''
+for d in "$S"/class/net/*; do
+  if [ -e "$d/wireless" ] || [ -e "$d/phy80211" ]; then w="$w ${d##*/}"; fi
+done
+[ -n "$w" ] && s wireless echo $w
+command -v iw >/dev/null 2>&1 && s iw_dev iw dev
 ifs=$( {
   $T ibdev2netdev 2>/dev/null | awk '$4 == "==>" {print $5}'
   for d in "$S"/class/infiniband/*/device/net/*; do [ -e "$d" ] && echo "${d##*/}"; done
@@ -163,6 +171,8 @@ class NodeLinkFacts:
     carrier_changes: dict[str, int] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
     ports: dict[str, PortFacts] = field(default_factory=dict)
+    # netdevs that are wireless (sysfs ``wireless`` / ``phy80211``, or ``iw dev``)
+    wireless: frozenset[str] = frozenset()
 
     @property
     def missing_tools(self) -> tuple[str, ...]:
@@ -288,7 +298,24 @@ def parse_link_probe(text: str) -> NodeLinkFacts:
         changes,
         errors,
         ports,
+        _wireless(sections),
     )
+
+
+def _wireless(sections: dict[str, ProbeSection]) -> frozenset[str]:
+    """The wireless netdevs: sysfs's ``wireless`` / ``phy80211`` entries, then ``iw dev``'s
+    ``Interface NAME`` lines (either source alone suffices; a missing ``iw`` is no error)."""
+    names: set[str] = set()
+    found = sections.get("wireless")
+    if found is not None and found.rc == 0:
+        names |= set(found.stdout.split())
+    iw = sections.get("iw_dev")
+    if iw is not None and iw.rc == 0:
+        for line in iw.stdout.splitlines():
+            words = line.split()
+            if len(words) == 2 and words[0] == "Interface":
+                names.add(words[1])
+    return frozenset(names)
 
 
 def _port_facts(facts: NodeLinkFacts, netdev: str, ip_link_known: bool) -> PortFacts:

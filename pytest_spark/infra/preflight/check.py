@@ -9,10 +9,10 @@ when the check cannot be made (its reason says why and which check covers it).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from pytest_spark.infra.finding import Finding
+from pytest_spark.infra.finding import CheckNote, Finding
 from pytest_spark.infra.preflight.probe import (
     SAMPLES,
     CarrierCounters,
@@ -569,6 +569,7 @@ def node_own_fabric(
     env: Mapping[str, str],
     ports: Sequence[tuple[str, str, bool]],
     netdevs: Sequence[str] = (),
+    wireless: Collection[str] = (),
 ) -> tuple[list[str], str]:
     """The serving environment judged against this node's own ``ibdev2netdev`` (``ports``:
     (RDMA device, netdev, Up)), not the head's nor the cluster's: (problems, the fix).
@@ -578,10 +579,12 @@ def node_own_fabric(
       pushed to a worker cabled on the other QSFP port (sparkrun#135: sparkrun sets every
       rank's env from the head's detection). One Down twin of a port that is Up is the
       link checks' finding, not this.
-    - A socket interface of the node (``netdevs``) with no RDMA device (the management /
-      default-route link):
-      NCCL's bootstrap and gloo run over it, and serving dies when it drops (sparkrun PR
-      #219: the WiFi)."""
+    - A socket interface of the node (``netdevs``) with no RDMA device that is wireless
+      (``wireless``: sysfs or ``iw dev``): NCCL's bootstrap and gloo run over the WiFi, and
+      serving dies when it drops (sparkrun PR #219). A wired one (the management link) is
+      a problem only outside sparkrun's management-first layout (:func:`management_first`:
+      sparkrun inits over the management link by design, data over RDMA; eugr's
+      launch-cluster.sh sets every socket variable to the fabric, its ETH_IF)."""
     up = [(d, n) for d, n, ok in ports if ok]
     if not up:
         return [], ""
@@ -623,13 +626,24 @@ def node_own_fabric(
                 mgmt.setdefault(n, []).append(key)
     if fixes:
         problems.append(f"Up on {node} (ibdev2netdev): {here}")
-    for name, keys in mgmt.items():
-        problems.append(
-            f"{name} ({', '.join(keys)}) is not a fabric interface: no RDMA device on it "
-            f"in {node}'s ibdev2netdev (the management / default-route link): NCCL's "
-            "bootstrap and gloo run over it and serving dies when it drops (sparkrun PR "
-            f"#219: the WiFi); the fabric interfaces Up on {node}: " + ", ".join(n for _, n in up)
-        )
+    sparkrun_mgmt = management_first(env)
+    for name, keys in list(mgmt.items()):
+        if name in wireless:
+            problems.append(
+                f"{name} ({', '.join(keys)}) is wireless: serving dies when it drops (sparkrun "
+                f"PR #219): NCCL's bootstrap and gloo run over it; the fabric interfaces Up on "
+                f"{node}: " + ", ".join(n for _, n in up)
+            )
+        elif sparkrun_mgmt:
+            del mgmt[name]  # sparkrun's management-first init: a note, not a problem
+            continue
+        else:
+            problems.append(
+                f"{name} ({', '.join(keys)}) is not a fabric interface: no RDMA device on it "
+                f"in {node}'s ibdev2netdev (the management / default-route link): NCCL's "
+                "bootstrap and gloo run over it and serving dies when it drops (sparkrun PR "
+                f"#219); the fabric interfaces Up on {node}: " + ", ".join(n for _, n in up)
+            )
         mgmt_fixes += [f"{k}={up[0][1]}" for k in keys]
     fix = ""
     if fixes:
@@ -644,6 +658,61 @@ def node_own_fabric(
             "interface, not the default route"
         )
     return problems, fix
+
+
+def management_first(env: Mapping[str, str]) -> bool:
+    """sparkrun's layout (orchestration/infiniband.py, runtimes/_init_network.py): data over
+    RDMA (``NCCL_NET=IB``) and the socket variables naming the management / default-route
+    interface first, for NCCL's bootstrap and the distributed init, by design. eugr's
+    launch-cluster.sh never sets NCCL_NET: there a non-fabric socket interface is a
+    departure from what the launcher sets (its ETH_IF, the fabric)."""
+    return env.get("NCCL_NET", "").strip().lower() == "ib"
+
+
+# The evidence key of a passing serving env whose init runs over a wired management link
+# (sparkrun's default): the check warns it as a CheckNote (ManagementInitNote).
+MGMT_INIT = "management-link init"
+
+
+class ManagementInitNote(CheckNote):
+    """The serving env passed with NCCL's bootstrap / gloo on a wired management link
+    (sparkrun's management-first init): serving depends on that link too."""
+
+
+def management_init_note(
+    node: str,
+    env: Mapping[str, str],
+    node_ifs: Mapping[str, bool],
+    fabric: Collection[str],
+    wireless: Collection[str],
+    up_fabric: Sequence[str],
+) -> str | None:
+    """The note of a serving env that names a wired non-fabric interface of the node in
+    GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME in sparkrun's management-first layout; None
+    when it names none (or not in that layout: there it is a problem)."""
+    if not management_first(env):
+        return None
+    seen: dict[str, list[str]] = {}
+    for key in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+        value = env.get(key, "")
+        if not value or value.strip().startswith("^"):
+            continue
+        _, _, exact, items = _nccl_list(value)
+        for n in node_ifs:
+            if n not in fabric and n not in wireless and _matches(n, items, exact):
+                seen.setdefault(n, []).append(key)
+    if not seen:
+        return None
+    names = ", ".join(f"{n} ({', '.join(k)})" for n, k in seen.items())
+    target = up_fabric[0] if up_fabric else (sorted(fabric)[0] if fabric else "the fabric")
+    return (
+        f"{node}: NCCL_NET=IB carries the data over RDMA, and the init (NCCL's bootstrap, "
+        f"gloo) runs over the wired management link {names}: sparkrun's default "
+        "(runtimes/_init_network.py prefers the management address), so serving depends on "
+        f"that link too. To pin it to the fabric, set GLOO_SOCKET_IFNAME={target} "
+        f"NCCL_SOCKET_IFNAME={target} (and TP_SOCKET_IFNAME) in the recipe's env: "
+        "(sparkrun puts it over its own)"
+    )
 
 
 def same_env_as(node: str, finding: Finding, owner: str, owner_finding: Finding) -> str | None:
@@ -766,6 +835,7 @@ def check_serving_env(
     reference: tuple[str, Mapping[str, str]] | None = None,
     recipe_env: tuple[str, Mapping[str, str]] | None = None,
     ports: Sequence[tuple[str, str, bool]] = (),
+    wireless: Collection[str] = (),
 ) -> Finding:
     """NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME, NCCL_IB_HCA and UCX_NET_DEVICES in the
     serving environment name the fabric interfaces (``fabric_ifs``) and RDMA devices
@@ -782,7 +852,10 @@ def check_serving_env(
     to whether it carries an IPv4 address. ``ports``: the node's own ``ibdev2netdev``
     (device, netdev, Up), to judge the env against this node's cabling
     (:func:`node_own_fabric`); a port with no Up twin here is then not asked for in
-    NCCL_IB_HCA (another node is cabled on it)."""
+    NCCL_IB_HCA (another node is cabled on it). ``wireless``: the node's wireless netdevs
+    (sysfs / ``iw dev``): one named in a socket variable fails (sparkrun PR #219: serving
+    died when the WiFi dropped); a wired non-fabric one in sparkrun's management-first
+    layout (:func:`management_first`) passes with a note (evidence ``MGMT_INIT``)."""
     if env is None:
         return Finding.failed(
             "no container",
@@ -809,6 +882,8 @@ def check_serving_env(
     measured = {k: env.get(k) for k in keys}
     problems = []
 
+    # sparkrun's wired management-link init is by design (a note); a wireless link never
+    mgmt_first = management_first(env)
     sock = env.get("NCCL_SOCKET_IFNAME")
     if not sock:
         problems.append(
@@ -817,7 +892,11 @@ def check_serving_env(
     else:
         _, exclude, exact, items = _nccl_list(sock)
         chosen = [n for n in node_ifs if _matches(n, items, exact) != exclude]
-        wrong = [n for n in chosen if n not in fabric and node_ifs.get(n)]
+        wrong = [
+            n
+            for n in chosen
+            if n not in fabric and node_ifs.get(n) and (n in wireless or not mgmt_first)
+        ]
         if exclude or not any(n in fabric for n in chosen) or wrong:
             problems.append(
                 f"NCCL_SOCKET_IFNAME={sock} selects {', '.join(chosen) or 'no interface'}"
@@ -825,7 +904,11 @@ def check_serving_env(
     gloo = env.get("GLOO_SOCKET_IFNAME")
     if not gloo:
         problems.append("GLOO_SOCKET_IFNAME unset (gloo binds the hostname's interface)")
-    elif not all(i.strip() in fabric for i in gloo.split(",") if i.strip()):
+    elif not all(
+        i in fabric or (mgmt_first and i in node_ifs and i not in wireless)
+        for i in (j.strip() for j in gloo.split(","))
+        if i
+    ):
         problems.append(f"GLOO_SOCKET_IFNAME={gloo}")
     hca = env.get("NCCL_IB_HCA")
     if not hca:
@@ -851,7 +934,7 @@ def check_serving_env(
         problems += env_differences(env, *reference)
     recipe_problems = recipe_env_differences(env, *recipe_env) if recipe_env else []
     problems += recipe_problems
-    own_problems, own_fix = node_own_fabric(node, env, ports, sorted(node_ifs))
+    own_problems, own_fix = node_own_fabric(node, env, ports, sorted(node_ifs), wireless)
     problems += own_problems
     for key in FORCED_KEYS:
         if env.get(key):
@@ -882,12 +965,15 @@ def check_serving_env(
                 + own_fix
             ),
         )
-    return Finding.passed(
+    up_fabric = [n for _, n, ok in ports if ok and n in fabric] or sorted(fabric)
+    note = management_init_note(node, env, node_ifs, fabric, wireless, up_fabric)
+    passed = Finding.passed(
         measured,
         expected,
         node=node,
         message=(f"{node}: {container} uses {sock} (NCCL/gloo) and {hca} (NCCL_IB_HCA)"),
     )
+    return replace(passed, evidence={MGMT_INIT: note}) if note else passed
 
 
 # ------------------------------------------------------------------------- 9. link flaps

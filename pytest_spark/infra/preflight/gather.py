@@ -141,6 +141,11 @@ def fabric_of(cluster: Cluster, node: Node) -> tuple[list[str], list[str], dict[
     return ifs, list(dict.fromkeys(devs)), {n: bool(facts.ip_addrs.get(n)) for n in names}
 
 
+def wireless_ifs(cluster: Cluster, node: Node) -> frozenset[str]:
+    """The node's wireless netdevs (sysfs, or ``iw dev``), from its link probe."""
+    return node_link_facts(cluster, node).wireless
+
+
 def roce_ports(cluster: Cluster, node: Node) -> list[tuple[str, str, bool]]:
     """The node's own ``ibdev2netdev``: (RDMA device, netdev, Up), for judging its serving
     environment against its own cabling (not the head's)."""
