@@ -216,6 +216,10 @@ def test_the_short_summary_leads_with_what_failed_where(
     """pytest's short test summary shows a failure's first line cut to the terminal: it
     showed "Failed: " and the message's start ("Faile..." at 80 columns). A suite check's
     line leads with its node and figures; a plain test's failure stays pytest's own."""
+    # pytest cuts the line to the terminal only off CI (_pytest.terminal: running_on_ci()):
+    # the project's own CI sets CI=true, and there every line is whole
+    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.delenv("BUILD_NUMBER", raising=False)
     pytester.makepyfile(
         test_plain="def test_plain():\n    assert 1 == 2\n",
         test_suite="""
