@@ -16,7 +16,7 @@ from typing import Any
 
 from . import cluster, engines, serving, sparkrun_layout
 from .emulator.config import Knobs
-from .faults import alike, fabric, gpu, host, launch, link, mem, perturb, rdma, reach
+from .faults import alike, fabric, gpu, host, launch, link, mem, perturb, rdma, reach, wifi
 from .faults import launcher as launcher_faults
 from .faults import serving as serving_faults
 from .faults.common import Kinds, positive_int
@@ -26,11 +26,13 @@ from .topology import MAX_NODES, TOPOLOGIES
 # The fault modules besides link (sparksim/faults/): each has KINDS, add_parsers(kinds),
 # apply(state_dir, topo, args) and clear(state_dir, topo).
 FAULTS = (
-    serving_faults, host, alike, reach, gpu, mem, fabric, rdma, perturb, launch, launcher_faults
+    serving_faults, host, alike, reach, gpu, mem, fabric, rdma, perturb, launch, launcher_faults,
+    wifi,
 )  # fmt: skip
 # `fault clear`: the network state last (link.clear resets state.json and faults.json).
 CLEAR_ORDER = (
-    launch, reach, mem, alike, host, serving_faults, fabric, rdma, perturb, launcher_faults, link
+    launch, reach, mem, alike, host, serving_faults, fabric, rdma, perturb, launcher_faults, wifi,
+    link,
 )  # fmt: skip
 
 

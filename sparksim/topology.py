@@ -50,7 +50,7 @@ ALL_PORTS: tuple[tuple[str, str], ...] = (
 
 TOPOLOGIES = ("direct", "switch")
 NETNS_RE = re.compile(r"^spk(\d+)-(?:n(\d+)|sw)$")
-LINK_RE = re.compile(r"^spk(\d+)(?:br|n\d+m|f\d|n\d+f\d)$")
+LINK_RE = re.compile(r"^spk(\d+)(?:br|n\d+m|n\d+w|f\d|n\d+f\d)$")  # n\d+w: faults/wifi.py
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,11 @@ exactly one failure in the categories that judge it, naming node, measured, expe
   f0 port's names, the port with no cable there (Down in its ibdev2netdev), as a worker
   cabled the other way has the head's port Down. (The emulator does not bind NCCL or gloo
   to these names: the serve stays up, where real vLLM would hang at NCCL init.)
-- PR #219, GLOO/NCCL on the default-route interface: every rank's GLOO_SOCKET_IFNAME and
-  NCCL_SOCKET_IFNAME name the sim's management interface.
+- PR #219, GLOO/NCCL on the default-route WiFi: every node gets a WiFi netdev
+  (``spark-sim fault wifi``: ``wlP9s9`` Up with an address, listed by the node's ``iw
+  dev``) and every rank's GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME name it. The same
+  variables on the wired management interface (sparkrun's own management-first init) pass,
+  with a note.
 - #229, a job left running after ``sparkrun stop --all``: a second job on both nodes,
   ``--spark-job`` picking the first; the other's rank containers are one failure (the same
   job on both nodes: one cause), the picked job's own ranks no strangers.
@@ -30,7 +33,9 @@ CABLED_OTHER_WAY = [
     *("--env-node", W, "NCCL_SOCKET_IFNAME=enp1s0f0np0"),
     *("--env-node", W, "GLOO_SOCKET_IFNAME=enp1s0f0np0"),
 ]
-DEFAULT_ROUTE = ["--env", "GLOO_SOCKET_IFNAME=mgmt0", "--env", "NCCL_SOCKET_IFNAME=mgmt0"]
+WIFI = "wlP9s9"  # a DGX Spark's WiFi netdev (sparksim/faults/wifi.py)
+ON_WIFI = ["--env", f"GLOO_SOCKET_IFNAME={WIFI}", "--env", f"NCCL_SOCKET_IFNAME={WIFI}"]
+ON_MGMT = ["--env", "GLOO_SOCKET_IFNAME=mgmt0", "--env", "NCCL_SOCKET_IFNAME=mgmt0,enp1s0f1np1"]
 
 
 def _start(sim: Any, *args: str) -> dict[str, Any]:
@@ -81,19 +86,43 @@ def test_head_env_on_a_worker_cabled_the_other_way(sim: Any, run_suite: Any) -> 
     assert f"on {W} set its own NCCL_IB_HCA=" in message
 
 
-def test_gloo_and_nccl_on_the_default_route(sim: Any, run_suite: Any) -> None:
-    job = _start(sim, *DEFAULT_ROUTE)
+def test_gloo_and_nccl_on_the_wifi(sim: Any, run_suite: Any) -> None:
+    for node in _names(sim):
+        sim.cli("fault", "wifi", node)
     try:
-        run = _run(run_suite, job)
+        job = _start(sim, *ON_WIFI)
+        try:
+            assert f"Interface {WIFI}" in sim.out(_names(sim)[0], "iw dev")
+            run = _run(run_suite, job)
+        finally:
+            sim.cli("job", "stop", check=False)
     finally:
-        sim.cli("job", "stop", check=False)
+        sim.cli("fault", "clear", check=False)
     failed = run.not_passed()
     assert list(failed) == [
         "tests_infra/test_preflight.py::test_serving_env_matches_fabric[spark-head]"
     ], run.output[-6000:]
     message = next(iter(failed.values()))
-    assert "mgmt0 (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME) is not a fabric interface" in message
+    assert (
+        f"{WIFI} (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME) is wireless: serving dies when it "
+        "drops (sparkrun PR #219)"
+    ) in message, message
     assert f"The same environment on {W}" in message
+
+
+def test_gloo_and_nccl_on_the_wired_management_link_pass_with_a_note(
+    sim: Any, run_suite: Any
+) -> None:
+    """sparkrun's own management-first init (NCCL_NET=IB, the data over RDMA): no failure."""
+    job = _start(sim, *ON_MGMT)
+    try:
+        run = _run(run_suite, job)
+    finally:
+        sim.cli("job", "stop", check=False)
+    assert run.ret == 0 and not run.not_passed(), run.output[-4000:]
+    nodeid = "tests_infra/test_preflight.py::test_serving_env_matches_fabric[spark-head]"
+    check = next(c for c in run.results["checks"] if c["nodeid"] == nodeid)
+    assert any("wired management link mgmt0" in n for n in check.get("notes", [])), check
 
 
 def test_a_job_left_running_beside_the_picked_one(sim: Any, run_suite: Any) -> None:
