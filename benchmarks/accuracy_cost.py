@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from common import free_port
 
 from pytest_spark.access.api import ApiEndpoint
 from pytest_spark.serving.validate.accuracyprobe import AccuracyProbe
@@ -34,12 +35,6 @@ from pytest_spark.settings.profiles import load_profile
 REPO = Path(__file__).resolve().parents[1]
 PACES = {"spark": "31.5", "sim": "40"}
 BUDGET_S = 60.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def start(decode: str) -> tuple[subprocess.Popen[str], int]:

@@ -42,13 +42,14 @@ import json
 import os
 import random
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
+
+from common import free_port, machine_cpu_s
 
 REPO = Path(__file__).resolve().parents[1]
 SIM_DIR = REPO / "sparksim"
@@ -100,18 +101,6 @@ tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
 tok.decoder = decoders.WordPiece(prefix="##")  # joins the words with spaces
 tok.save(sys.argv[1] + "/tokenizer.json")
 """
-
-
-def machine_cpu_s() -> float:
-    with open("/proc/stat") as stat:
-        fields = [int(v) for v in stat.readline().split()[1:]]
-    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def serve_text(text: str) -> tuple[http.server.ThreadingHTTPServer, str]:

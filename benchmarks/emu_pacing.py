@@ -22,12 +22,13 @@ import argparse
 import http.client
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+
+from common import free_port, machine_cpu_s
 
 REPO = Path(__file__).resolve().parents[1]
 SIM_DIR = REPO / "sparksim"
@@ -37,19 +38,6 @@ from sparksim.emulator.config import Knobs  # noqa: E402
 from sparksim.emulator.generation import StepModel  # noqa: E402
 
 PUBLISHED_1, PUBLISHED_4 = 31.5, 59.7  # tok/s, bjk110 vllm-spark README (REFERENCE.md)
-
-
-def machine_cpu_s() -> float:
-    """CPU seconds every core of this machine has spent busy so far (/proc/stat)."""
-    with open("/proc/stat") as stat:
-        fields = [int(v) for v in stat.readline().split()[1:]]
-    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def one_stream(port: int, tokens: int, out: list[float]) -> None:

@@ -18,11 +18,12 @@ import argparse
 import http.client
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from common import free_port, machine_cpu_s
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -31,19 +32,6 @@ sys.path.insert(0, str(REPO / "tests" / "emulator"))
 from sparksim.emulator.specdecode import SpecModel  # noqa: E402
 
 CONFIG = {"method": "mtp", "num_speculative_tokens": 3}
-
-
-def machine_cpu_s() -> float:
-    """CPU seconds every core of this machine has spent busy so far (/proc/stat)."""
-    with open("/proc/stat") as stat:
-        fields = [int(v) for v in stat.readline().split()[1:]]
-    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def start(rate: float, spec: bool, fault: str | None) -> tuple[subprocess.Popen[bytes], int]:

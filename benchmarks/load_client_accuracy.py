@@ -30,7 +30,6 @@ import asyncio
 import json
 import os
 import resource
-import socket
 import subprocess
 import sys
 import tempfile
@@ -39,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from common import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -52,12 +52,6 @@ from pytest_spark.serving.load.sweep import (  # noqa: E402
     RequestRecord,
     request_body,
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def start_emulator(rate: float, ttft: float, log: Path) -> tuple[subprocess.Popen[bytes], str]:

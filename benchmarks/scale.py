@@ -45,6 +45,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from common import machine_cpu_s
+
 from pytest_spark.access.simcontrol import SimCluster, sim_up
 
 REPO = Path(__file__).resolve().parents[1]
@@ -73,14 +75,6 @@ class Run:
     @property
     def logins_per_node(self) -> float:
         return sum(self.logins.values()) / self.nodes
-
-
-def machine_cpu_s() -> float:
-    """CPU seconds every core of this machine has spent busy so far (/proc/stat)."""
-    with open("/proc/stat") as stat:
-        fields = [int(v) for v in stat.readline().split()[1:]]
-    idle = fields[3] + fields[4]  # idle + iowait
-    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
 def _children(pid: int) -> list[int]:
