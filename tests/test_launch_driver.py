@@ -13,8 +13,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from conn_fakes import FakeConn
 
-from pytest_spark.access.base import CommandResult
 from pytest_spark.access.cluster import Cluster, Node
 from pytest_spark.access.files import write_json
 from pytest_spark.infra.server.parse import mode_of_processes, parse_serve_args
@@ -131,20 +131,6 @@ def test_parse_dotenv() -> None:
 
 
 # -- standup's steps on a scripted head -------------------------------------------------------
-class FakeConn:
-    def __init__(self, name: str, answer: Callable[[str], tuple[int, str, str]]) -> None:
-        self.name, self.answer = name, answer
-        self.commands: list[str] = []
-
-    def run(self, command: str, *, timeout: float | None = None) -> CommandResult:
-        self.commands.append(command)
-        rc, out, err = self.answer(command)
-        return CommandResult(self.name, command, rc, out, err)
-
-    def close(self) -> None:
-        pass
-
-
 class FakeCluster(Cluster):
     def __init__(self, *answers: Callable[[str], tuple[int, str, str]]) -> None:
         names = ["spark-head"] + [f"spark-worker-{i}" for i in range(1, len(answers))]

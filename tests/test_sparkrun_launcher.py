@@ -18,8 +18,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from conn_fakes import FakeConn
 
-from pytest_spark.access.base import CommandResult
 from pytest_spark.access.cluster import Cluster, Node
 from pytest_spark.access.files import write_json
 from pytest_spark.readiness.launch import LAUNCHERS, STATE, LaunchClusterSh, stop_if_launched
@@ -73,20 +73,6 @@ def fake_sparkrun(tmp_path: Path, output: str, rc: int = 0, sleep: float = 0) ->
     )
     script.chmod(0o755)
     return script
-
-
-class FakeConn:
-    def __init__(self, name: str, answer: Callable[[str], tuple[int, str, str]]) -> None:
-        self.name, self.answer = name, answer
-        self.commands: list[str] = []
-
-    def run(self, command: str, *, timeout: float | None = None) -> CommandResult:
-        self.commands.append(command)
-        rc, out, err = self.answer(command)
-        return CommandResult(self.name, command, rc, out, err)
-
-    def close(self) -> None:
-        pass
 
 
 class FakeCluster(Cluster):
