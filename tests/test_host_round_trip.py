@@ -59,6 +59,7 @@ class LocalCluster(Cluster):
             image=None,
             model_dir=None,
             serve_args=None,
+            recipe=None,
             source=lambda attr: "default",
         )
         self._cache = {}

@@ -17,6 +17,7 @@ import pytest
 
 from pytest_spark.infra.errors import ParseError
 from pytest_spark.infra.finding import Finding
+from pytest_spark.infra.loaded import container_probe
 from pytest_spark.infra.loaded.check import check_nccl_loaded, check_vllm_tree
 from pytest_spark.infra.loaded.container_probe import nccl_paths_in
 from pytest_spark.infra.loaded.elf_parse import build_id_of
@@ -30,6 +31,7 @@ from pytest_spark.infra.loaded.probe import (
     loaded_probe_command,
     parse_loaded_json,
     parse_loaded_probe,
+    recipe_env_names,
 )
 from pytest_spark.infra.preflight.check import Skip, check_serving_env
 from pytest_spark.infra.roundtrip import host_probe_commands
@@ -98,10 +100,41 @@ def test_nccl_paths_in_maps_keeps_two_files_once_each() -> None:
 
 def test_probe_rides_in_the_shared_round_trip() -> None:
     settings = SimpleNamespace(
-        container="vllm_node", image=None, model_dir=None, serve_args=None, source=lambda a: "x"
+        container="vllm_node",
+        image=None,
+        model_dir=None,
+        serve_args=None,
+        recipe=None,
+        source=lambda a: "x",
     )
     commands = host_probe_commands(settings)  # type: ignore[arg-type]
     assert commands["loaded"] == loaded_probe_command(container="vllm_node")
+
+
+def test_the_recipes_env_names_ride_to_the_container_probe(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A sparkrun recipe's env: entries (PYTHONPATH, HF_HUB_OFFLINE...) are compared by the
+    serving-env check: the loaded probe reads them from the rank's /proc environ too (it
+    kept only NCCL/GLOO/vLLM names, and a healthy real-sparkrun launch failed saying the
+    recipe's PYTHONPATH was unset)."""
+    recipe = SimpleNamespace(fixed_env=lambda: {"PYTHONPATH": "/opt/x", "HF_HUB_OFFLINE": "1"})
+    settings = SimpleNamespace(
+        container="c", image=None, model_dir=None, serve_args=None, recipe=recipe,
+        source=lambda a: "x",
+    )  # fmt: skip
+    names = recipe_env_names(settings)  # type: ignore[arg-type]
+    assert names == ("HF_HUB_OFFLINE", "PYTHONPATH")
+    command = host_probe_commands(settings)["loaded"]  # type: ignore[arg-type]
+    assert command == loaded_probe_command(container="c", env_names=names)
+    assert command != loaded_probe_command(container="c")
+    # the container side: the walk keeps a name it is given, and only then
+    env = b"NCCL_NET=IB\0PYTHONPATH=/opt/x\0HOME=/tmp\0HF_TOKEN=s\0"
+    reads = {"/proc/7/environ": env}
+    monkeypatch.setattr(container_probe, "_read", lambda path, mode="rb": reads.get(path))
+    assert container_probe._env("7") == {"NCCL_NET": "IB"}
+    kept = container_probe._env("7", ("PYTHONPATH", "HF_TOKEN"))
+    assert kept == {"NCCL_NET": "IB", "PYTHONPATH": "/opt/x"}  # a secret's name stays hidden
 
 
 def test_parse_loaded_probe_container_not_running() -> None:

@@ -21,7 +21,7 @@ from pytest_spark.infra.alike.probe import alike_probe_command
 from pytest_spark.infra.errors import ParseError
 from pytest_spark.infra.fdlimit.probe import fdlimit_probe_command
 from pytest_spark.infra.kernel.probe import kernel_probe_command
-from pytest_spark.infra.loaded.probe import loaded_probe_command
+from pytest_spark.infra.loaded.probe import loaded_probe_command, recipe_env_names
 from pytest_spark.infra.memory.probe import memory_probe_command
 from pytest_spark.infra.preflight.probe import model_dir, preflight_probe_command
 from pytest_spark.infra.probe import joint_probe
@@ -49,7 +49,7 @@ def host_probe_commands(settings: Settings, container: str | None = None) -> dic
         "memory": memory_probe_command(),
         "fdlimit": fdlimit_probe_command(container=name),
         "kernel": kernel_probe_command(),
-        "loaded": loaded_probe_command(container=name),
+        "loaded": loaded_probe_command(container=name, env_names=recipe_env_names(settings)),
     }
 
 

@@ -8,10 +8,11 @@ not taken for it), and the serving processes as the readiness watch names them (
 serve``, ``VLLM::`` titles, Ray's ``ray::`` workers) even before they load NCCL. For each:
 its PID, its command line (cut), the libnccl paths it mapped and its NCCL/GLOO/UCX/TP/
 vLLM/Ray environment (``/proc/PID/environ``; names holding KEY, TOKEN, SECRET or PASSWORD
-left out). For each mapped file: its size and Build ID (read from the file's PT_NOTE, a
-few KiB). The vllm package tree (found with ``importlib.util.find_spec``, nothing
-imported): its files' SHA-256 in path order; a file over 8 MiB (the native extensions) is
-hashed by its size and its first and last MiB, which keeps a node under a second.
+left out; names given as arguments are kept too: a sparkrun recipe's ``env:`` entries).
+For each mapped file: its size and Build ID (read from the file's PT_NOTE, a few KiB).
+The vllm package tree (found with ``importlib.util.find_spec``, nothing imported): its
+files' SHA-256 in path order; a file over 8 MiB (the native extensions) is hashed by its
+size and its first and last MiB, which keeps a node under a second.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import importlib.util
 import json
 import os
 import re
+import sys
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -43,14 +45,14 @@ def _read(path: str, mode: str = "rb") -> Any:
         return None
 
 
-def _env(pid: str) -> dict[str, str]:
+def _env(pid: str, extra: tuple[str, ...] = ()) -> dict[str, str]:
     raw = _read(f"/proc/{pid}/environ") or b""
     out = {}
     for item in raw.split(b"\0"):
         name, sep, value = item.decode("utf-8", "replace").partition("=")
         if not sep or HIDDEN.search(name):
             continue
-        if name.startswith(ENV_PREFIXES) or name in ENV_NAMES:
+        if name.startswith(ENV_PREFIXES) or name in ENV_NAMES or name in extra:
             out[name] = value
     return out
 
@@ -126,6 +128,7 @@ def main() -> None:
     start = time.monotonic()
     procs: list[dict[str, Any]] = []
     me = os.getpid()
+    extra = tuple(sys.argv[1:])  # python3 -c SCRIPT NAME...: more environment names to keep
     for entry in sorted(os.listdir("/proc"), key=lambda s: (len(s), s)):
         if not entry.isdigit() or int(entry) == me:
             continue
@@ -134,7 +137,9 @@ def main() -> None:
         paths = nccl_paths_in(_read(f"/proc/{entry}/maps", "r") or "")
         if not paths and not SERVING.search(cmd):
             continue
-        procs.append({"pid": int(entry), "cmd": cmd[:300], "nccl": paths, "env": _env(entry)})
+        procs.append(
+            {"pid": int(entry), "cmd": cmd[:300], "nccl": paths, "env": _env(entry, extra)}
+        )
     libs = {p: _lib(p) for proc in procs for p in proc["nccl"]}
     tree = _vllm_tree()
     print(

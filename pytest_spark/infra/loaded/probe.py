@@ -11,11 +11,16 @@ from __future__ import annotations
 import inspect
 import json
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from pytest_spark.infra.errors import ParseError
 from pytest_spark.infra.loaded import container_probe, elf_parse
 from pytest_spark.infra.probe import probe_script, split_probe
+
+if TYPE_CHECKING:
+    from pytest_spark.settings.resolve import Settings
 
 __all__ = [
     "MARKER",
@@ -27,6 +32,7 @@ __all__ = [
     "loaded_probe_command",
     "parse_loaded_json",
     "parse_loaded_probe",
+    "recipe_env_names",
 ]
 
 MARKER = "@@pytest-spark-loaded@@"
@@ -34,11 +40,19 @@ FUTURE = "from __future__ import annotations\n"
 NOT_RUNNING_RC = 3
 
 _BODY = r"""
-s loaded sh -c 'r=$(docker inspect --type container -f "{{.State.Running}}" "$1" 2>/dev/null)
+s loaded sh -c 'c=$1 p=$2; shift 2
+  r=$(docker inspect --type container -f "{{.State.Running}}" "$c" 2>/dev/null)
   [ "$r" = true ] || { echo "not running" >&2; exit @RC@; }
-  exec docker exec "$1" python3 -c "$2"' _ @CONTAINER@ @SCRIPT@
+  exec docker exec "$c" python3 -c "$p" "$@"' _ @CONTAINER@ @SCRIPT@@NAMES@
 rm -f "$t"
 """
+
+
+def recipe_env_names(settings: Settings) -> tuple[str, ...]:
+    """The names of the sparkrun recipe's fixed ``env:`` entries (none without a recipe):
+    the serving-env check compares them, so the loaded probe reads them too."""
+    recipe = settings.recipe
+    return tuple(sorted(recipe.fixed_env())) if recipe is not None else ()
 
 
 def inner_script() -> str:
@@ -47,13 +61,18 @@ def inner_script() -> str:
     return inspect.getsource(elf_parse) + "\n\n" + walk
 
 
-def loaded_probe_command(*, container: str, timeout_s: int = 10) -> str:
+def loaded_probe_command(
+    *, container: str, timeout_s: int = 10, env_names: Sequence[str] = ()
+) -> str:
     """The node's loaded probe as one ``sh -c`` command; ``container``: the serving
-    container's name."""
+    container's name; ``env_names``: environment names to read beside the NCCL/GLOO/vLLM
+    ones (a sparkrun recipe's ``env:``, :func:`recipe_env_names`)."""
+    names = "".join(f" {shlex.quote(n)}" for n in sorted(set(env_names)))
     body = (
         _BODY.replace("@RC@", str(NOT_RUNNING_RC))
         .replace("@CONTAINER@", shlex.quote(container))
         .replace("@SCRIPT@", shlex.quote(inner_script()))
+        .replace("@NAMES@", names)
     )
     return probe_script(MARKER, "loaded", timeout_s, body)
 
