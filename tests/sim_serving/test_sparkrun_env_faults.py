@@ -32,8 +32,6 @@ CABLED_OTHER_WAY = [
     *("--env-node", W, "NCCL_SOCKET_IFNAME=enp1s0f0np0"),
     *("--env-node", W, "GLOO_SOCKET_IFNAME=enp1s0f0np0"),
 ]
-WIFI = "wlP9s9"  # a DGX Spark's WiFi netdev (sparksim/faults/wifi.py)
-ON_WIFI = ["--env", f"GLOO_SOCKET_IFNAME={WIFI}", "--env", f"NCCL_SOCKET_IFNAME={WIFI}"]
 ON_MGMT = ["--env", "GLOO_SOCKET_IFNAME=mgmt0", "--env", "NCCL_SOCKET_IFNAME=mgmt0,enp1s0f1np1"]
 
 
