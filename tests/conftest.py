@@ -36,6 +36,9 @@ SHARED_RUN_MODULES = (
     "suite/test_switch_suite.py",
     "test_serving_suite.py",
 )
+# Modules whose later tests read an earlier one's result (the sparkrun jobs table: the
+# healthy row's skips are the other rows' baseline): one unit too, split they would skip.
+ORDERED_MODULES = ("suite/test_sparkrun_faults.py",)
 
 
 def tier_of(path: Path, needs_sim: bool) -> str:
@@ -83,9 +86,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def work_unit(nodeid: str) -> str:
-    """The xdist work unit of a test: its module for SHARED_RUN_MODULES, else the test."""
+    """The xdist work unit of a test: its module for SHARED_RUN_MODULES and
+    ORDERED_MODULES, else the test."""
     module = nodeid.split("::", 1)[0]
-    shared = {f"{TESTS.name}/{relative}" for relative in SHARED_RUN_MODULES}
+    shared = {f"{TESTS.name}/{r}" for r in (*SHARED_RUN_MODULES, *ORDERED_MODULES)}
     return module if module in shared else nodeid
 
 

@@ -39,6 +39,11 @@ def test_shared_run_modules_are_one_work_unit_each() -> None:
         module = f"tests/{relative}"
         assert t.work_unit(f"{module}::test_a[x-y]") == module
         assert t.work_unit(f"{module}::test_b") == module
+    for relative in t.ORDERED_MODULES:
+        assert (TESTS / relative).exists(), f"{relative} in ORDERED_MODULES is not there"
+        module = f"tests/{relative}"
+        assert t.work_unit(f"{module}::test_a[healthy]") == module
+        assert t.work_unit(f"{module}::test_a[fault]") == module
     matrix = "tests/suite/test_fault_matrix.py"
     assert t.work_unit(f"{matrix}::test_fault[healthy-launch]") == matrix
     other = "tests/suite/test_link_suite.py::test_spark_sim_option_stands_up_and_tears_down"
