@@ -119,7 +119,12 @@ def test_probe_runs_here_and_finds_no_dockerd_without_one(tmp_path: Path) -> Non
 
 def test_probe_rides_in_the_host_round_trip() -> None:
     settings = SimpleNamespace(
-        container="vllm_node", image=None, model_dir=None, serve_args=None, source=lambda a: "x"
+        container="vllm_node",
+        image=None,
+        model_dir=None,
+        serve_args=None,
+        recipe=None,
+        source=lambda a: "x",
     )
     commands = host_probe_commands(settings)  # type: ignore[arg-type]
     assert commands["fdlimit"] == fdlimit_probe_command(container="vllm_node")

@@ -13,6 +13,8 @@ SCALE = Path(__file__).resolve().parents[1] / "benchmarks" / "scale.py"
 
 
 def load() -> ModuleType:
+    if str(SCALE.parent) not in sys.path:  # as `python benchmarks/scale.py` has it (common.py)
+        sys.path.append(str(SCALE.parent))
     spec = importlib.util.spec_from_file_location("bench_scale", SCALE)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
