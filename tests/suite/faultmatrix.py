@@ -237,6 +237,19 @@ class Stack:
         launch = self.sim.info["launch"]
         fabric = ",".join(f"198.19.0.{i + 1}" for i in range(len(self.sim.info["nodes"])))
         node_ssh(self.sim, self.sim.head, f"{launch['script']} -n {fabric} stop")
+        # The kept launch's own launcher (backgrounded on the head) runs its stop trap once
+        # its exec ends: landed after the next launch's `docker run`, it stopped that new
+        # head container (the final rehearsal's one red row: "No such container: vllm_node"
+        # right after the launcher started it). Wait until no launcher is left on the head
+        # and no vllm_node exists in any state on any node (--rm removes it after stop).
+        base = Path(launch["script"]).name  # [l]aunch-cluster.sh: pgrep not finding itself
+        pattern = shlex.quote(f"[{base[0]}]{re.escape(base[1:])}")
+        gone = (
+            f"for i in $(seq 60); do if ! pgrep -f {pattern} >/dev/null && "
+            '[ -z "$(docker ps -aq -f name=^vllm_node$)" ]; then exit 0; fi; sleep 0.5; done'
+        )
+        for node in self.sim.info["nodes"]:
+            node_ssh(self.sim, node["mgmt"], gone, timeout=60)
 
 
 # Rows run side by side, each lane on a sim of its own: a row mostly waits (on the
