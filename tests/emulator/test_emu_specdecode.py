@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 import pytest
+from pacer_fakes import FakeTime
 
 from conftest import Emu
 from pytest_spark.serving.load import specdec
@@ -38,19 +39,6 @@ def _decode(emu: Emu) -> None:
     }
     resp = emu.chat(body)
     assert resp.json()["usage"]["completion_tokens"] == TOKENS
-
-
-class FakeTime:
-    """The pacer's clock: sleeping moves it forward, nothing else does."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def clock(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
 
 
 def paced_decode_s(spec: SpecModel | None, tokens: int = TOKENS, rate: float = 100.0) -> float:

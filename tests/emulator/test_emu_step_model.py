@@ -5,6 +5,7 @@ published 1.9x at 4 streams on two Sparks) while the 1-stream rate stays the kno
 from __future__ import annotations
 
 import pytest
+from pacer_fakes import FakeTime
 
 from sparksim.emulator.config import Knobs
 from sparksim.emulator.engine import step_model
@@ -19,19 +20,6 @@ def default_model(rate: float = 40.0, extra_s: float = 0.0) -> StepModel:
     return StepModel(
         rate, k.step_expert_share, k.step_expert_pick, k.step_kv_s_per_token, extra_s=extra_s
     )
-
-
-class FakeTime:
-    """The pacer's clock: sleeping moves it forward, nothing else does."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def clock(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
 
 
 def paced_aggregate(model: StepModel, streams: int, tokens: int, prompt: int = 128) -> float:
