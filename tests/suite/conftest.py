@@ -137,6 +137,16 @@ def node_ssh(sim: SimCluster, node: str, command: str, timeout: float = 60) -> s
     return node_run(sim, node, command, timeout).stdout
 
 
+def stop_serving(sim: SimCluster) -> None:
+    """The sim's launch stopped with launch-cluster.sh's own ``stop`` on the head, whatever
+    state a test left it in (a cut head: the connect gives up after 5 s)."""
+    subprocess.run(
+        ["ssh", "-F", str(sim.ssh_config), "-o", "ConnectTimeout=5", sim.head,
+         f"{sim.info['launch']['script']} -n 198.19.0.1,198.19.0.2 stop"],
+        capture_output=True, timeout=120,
+    )  # fmt: skip
+
+
 def serving_containers(sim: SimCluster, name: str = "vllm_node") -> dict[str, str]:
     """Each node's running container ids named ``name`` ("" where none runs)."""
     return {

@@ -23,7 +23,13 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, launch_args, serving_containers, sim_fault  # type: ignore[import-not-found]
+from conftest import (  # type: ignore[import-not-found]
+    REPO,
+    launch_args,
+    serving_containers,
+    sim_fault,
+    stop_serving,
+)
 from pytest_spark.access.retry import for_connection
 from pytest_spark.access.simcontrol import SimCluster
 from pytest_spark.readiness.launch import STOP_TIMEOUT_S
@@ -120,15 +126,6 @@ def start_suite(sim: SimCluster, tmp_path: Path, *args: str) -> LiveRun:
 def loading(line: str) -> bool:
     """The launch is under way and the readiness watch polls every node."""
     return "vLLM startup:" in line
-
-
-def stop_serving(sim: SimCluster) -> None:
-    """What the session could not stop itself (a cut head): stopped here, after the fault."""
-    subprocess.run(
-        ["ssh", "-F", str(sim.ssh_config), "-o", "ConnectTimeout=5", sim.head,
-         f"{sim.info['launch']['script']} -n 198.19.0.1,198.19.0.2 stop"],
-        capture_output=True, timeout=120,
-    )  # fmt: skip
 
 
 def _loading_sim(sim: SimCluster, fault: str) -> Iterator[SimCluster]:

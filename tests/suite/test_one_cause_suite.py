@@ -10,7 +10,6 @@ pytest subprocess, verdicts from the JSON results):
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,7 @@ from conftest import (  # type: ignore[import-not-found]
     run_suite,
     serving_containers,
     sim_fault,
+    stop_serving,
 )
 from pytest_spark.access.simcontrol import SimCluster
 
@@ -84,17 +84,7 @@ def test_a_stopped_worker_is_one_failure_not_a_memory_one(sim: SimCluster, tmp_p
             sim=sim,
         )
     finally:
-        subprocess.run(
-            [
-                "ssh",
-                "-F",
-                str(sim.ssh_config),
-                sim.head,
-                f"{launch['script']} -n 198.19.0.1,198.19.0.2 stop",
-            ],
-            capture_output=True,
-            timeout=120,
-        )
+        stop_serving(sim)
         for node in (sim.head, *sim.workers):
             node_ssh(sim, node, f"docker rm -f {launch['container']} >/dev/null 2>&1")
         sim_fault(sim, "clear")

@@ -25,6 +25,7 @@ from conftest import (  # type: ignore[import-not-found]
     run_suite,
     serving_containers,
     sim_fault,
+    stop_serving,
 )
 from pytest_spark.access.simcontrol import SimCluster
 
@@ -80,17 +81,7 @@ def test_keep_then_attach_then_worker_death(sim: SimCluster, tmp_path: Path) -> 
         assert "serving container exited on spark-worker-1" in message, message
         assert "/health answers 503" in message and "TP rank" in message
     finally:
-        subprocess.run(
-            [
-                "ssh",
-                "-F",
-                str(sim.ssh_config),
-                sim.head,
-                f"{sim.info['launch']['script']} -n 198.19.0.1,198.19.0.2 stop",
-            ],
-            capture_output=True,
-            timeout=120,
-        )
+        stop_serving(sim)
         sim_fault(sim, "clear")
     assert list(serving_containers(sim).values()) == ["", ""]
 
