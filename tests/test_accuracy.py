@@ -8,20 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_spark.serving.validate.accuracy import (
-    Answer,
-    Baseline,
-    Fingerprint,
-    FingerprintError,
-    MathScore,
-    canaries,
-    check_alone,
-    check_fingerprint,
-    check_math,
-    check_under_load,
-    fingerprint_of,
-    math_problems,
-)
+from pytest_spark.serving.validate.accuracy import Answer, canaries, check_alone, check_under_load
 from pytest_spark.serving.validate.accuracyprobe import (
     BaselineKey,
     BaselineStore,
@@ -29,6 +16,14 @@ from pytest_spark.serving.validate.accuracyprobe import (
     expected_canaries,
     load_concurrency,
 )
+from pytest_spark.serving.validate.fingerprint import (
+    Baseline,
+    Fingerprint,
+    FingerprintError,
+    check_fingerprint,
+    fingerprint_of,
+)
+from pytest_spark.serving.validate.mathset import MathScore, check_math, math_problems
 from pytest_spark.settings.profiles import CANARY_KINDS, AccuracySection, ProfileError, load_profile
 
 SERVER = "qwen at http://198.18.0.1:8000"

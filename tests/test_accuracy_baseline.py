@@ -28,9 +28,7 @@ import pytest
 from pytest_spark.access.api import ApiEndpoint
 from pytest_spark.serving.validate.accuracy import (
     Answer,
-    Baseline,
     Canary,
-    Fingerprint,
     canaries,
     check_alone,
     check_under_load,
@@ -42,6 +40,7 @@ from pytest_spark.serving.validate.accuracyprobe import (
     baseline_key,
     recorded_answers,
 )
+from pytest_spark.serving.validate.fingerprint import Baseline, Fingerprint
 
 REPO = Path(__file__).resolve().parents[1]
 RECORDED = REPO / "fixtures" / "vllm" / "vllm-0.32.0-cpu"

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from pytest_spark.serving.validate.accuracy import FingerprintError, fingerprint_of
+from pytest_spark.serving.validate.fingerprint import FingerprintError, fingerprint_of
 
 RECORDED = Path(__file__).resolve().parent.parent / "fixtures" / "vllm" / "vllm-0.32.0-cpu"
 

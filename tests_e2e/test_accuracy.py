@@ -26,11 +26,7 @@ from pytest_spark import Finding, Settings, SparkCheck, verdict_in_session
 from pytest_spark.serving import ServingError
 from pytest_spark.serving.validate.accuracy import (
     ALONE_VERDICT,
-    Baseline,
-    FingerprintError,
     check_alone,
-    check_fingerprint,
-    check_math,
     check_under_load,
     no_baseline_hint,
 )
@@ -41,6 +37,8 @@ from pytest_spark.serving.validate.accuracyprobe import (
     BaselineStore,
     recorded_answers,
 )
+from pytest_spark.serving.validate.fingerprint import Baseline, FingerprintError, check_fingerprint
+from pytest_spark.serving.validate.mathset import check_math
 
 pytestmark = pytest.mark.accuracy
 

@@ -14,17 +14,10 @@ import pytest
 
 from conftest import Emu
 from pytest_spark.access.api import ApiEndpoint
-from pytest_spark.serving.validate.accuracy import (
-    Baseline,
-    canaries,
-    check_alone,
-    check_fingerprint,
-    check_math,
-    check_under_load,
-    grade_math,
-    math_problems,
-)
+from pytest_spark.serving.validate.accuracy import canaries, check_alone, check_under_load
 from pytest_spark.serving.validate.accuracyprobe import AccuracyProbe
+from pytest_spark.serving.validate.fingerprint import Baseline, check_fingerprint
+from pytest_spark.serving.validate.mathset import check_math, grade_math, math_problems
 from pytest_spark.settings.profiles import AccuracySection
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "sparksim"))
@@ -125,7 +118,11 @@ def test_logprob_drift_moves_the_fingerprint_only(qwen: Emu, faulty: Any) -> Non
 
 def test_echo_logprobs_give_the_same_fingerprint(qwen: Emu) -> None:
     """OpenAI's echo + logprobs, for servers without vLLM's prompt_logprobs."""
-    from pytest_spark.serving.validate.accuracy import ECHO_BODY, FINGERPRINT_BODY, fingerprint_of
+    from pytest_spark.serving.validate.fingerprint import (
+        ECHO_BODY,
+        FINGERPRINT_BODY,
+        fingerprint_of,
+    )
 
     echo = fingerprint_of(
         qwen.request("POST", "/v1/completions", {"model": "qwen", **ECHO_BODY}).json()

@@ -1,32 +1,30 @@
-"""Does the served model answer correctly? Canaries, a logprob fingerprint, a math set (pure).
+"""Does the served model answer correctly? The canaries, graded exactly (pure).
 
 A cluster can be up, linked, fast and parse-clean and still compute garbage: a corrupt
 tensor-parallel all-reduce, a broken quantized kernel, CUDA graphs with speculative
 decoding, a chat-template mismatch. Guided decoding keeps tool-call and structured-output
 JSON valid whatever the weights compute, so only the *values* of answers tell. Three reads:
 
-- **Canaries**: greedy (temperature 0) prompts whose answers need no world knowledge and
-  are graded exactly: arithmetic at graded difficulty, counting, copying and reversing a
+- **Canaries** (here): greedy (temperature 0) prompts whose answers need no world knowledge
+  and are graded exactly: arithmetic at graded difficulty, counting, copying and reversing a
   random string, sorting five numbers, and a structured-output answer whose value is a
   computed sum (a garble gate guided decoding cannot hide). Built once from a fixed seed:
   every run, alone and under load, asks the same questions.
-- **A fingerprint**: the teacher-forced logprobs of a fixed passage (vLLM's
-  ``prompt_logprobs`` on ``/v1/completions``, or ``echo`` with ``logprobs``): the mean
-  token logprob and the share of positions where the passage's token is the model's
-  top-1. Compared with a baseline recorded on an accepted run of the same model, serve
-  args and vLLM version: numeric drift in models too small for the canaries.
-- **Math** (opt-in): seeded grade-school word problems with exact integer answers,
-  scored against the profile's expected accuracy within a tolerance, as vLLM's
-  ``tests/evals/gsm8k`` gates its releases (tolerance 0.08).
+- **A fingerprint** (``fingerprint``): the teacher-forced logprobs of a fixed passage,
+  compared with a baseline recorded on an accepted run of the same model, serve args and
+  vLLM version: numeric drift in models too small for the canaries.
+- **Math** (``mathset``, opt-in): seeded grade-school word problems with exact integer
+  answers, scored against the profile's expected accuracy within a tolerance.
+
+The advice for wrong answers (``advice``), by where they showed, is shared by all three.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import random
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from pytest_spark.infra.finding import Finding
@@ -114,11 +112,11 @@ class Canary:
             value = _json_value(text, "sum")
             return value == int(self.expected), None if value is None else str(value)
         if self.kind in ("add", "multiply", "arithmetic"):
-            numbers = _integers(text)
+            numbers = integers_in(text)
             got = numbers[-1] if numbers else None
             return got == int(self.expected), None if got is None else str(got)
         if self.kind in ("count", "sort"):
-            numbers = _integers(text)
+            numbers = integers_in(text)
             joined = " ".join(map(str, numbers)) if numbers else None
             return joined == self.expected, joined
         if self.kind == "copy":
@@ -126,7 +124,7 @@ class Canary:
             # (quotes, backticks and a closing full stop aside). Its last word is not enough:
             # a model that echoes the prompt ends with the string too.
             bare = _bare(text)
-            return bare == self.expected, _clip(bare, 60) if bare else None
+            return bare == self.expected, clip(bare, 60) if bare else None
         words = re.findall(r"[A-Za-z0-9]+", text)
         last = words[-1] if words else None
         return last == self.expected, last
@@ -145,7 +143,7 @@ def _bare(text: str) -> str:
     return text.rstrip(".").strip()
 
 
-def _integers(text: str) -> list[int]:
+def integers_in(text: str) -> list[int]:
     """The integers written in ``text`` (``10,063`` is one), in order."""
     return [int(m.replace(",", "")) for m in re.findall(r"-?\d{1,3}(?:,\d{3})+|-?\d+", text)]
 
@@ -297,7 +295,7 @@ class Answer:
         return None
 
     def quoted(self) -> str:
-        got = "no answer" if self.error else repr(_clip(self.content or ""))
+        got = "no answer" if self.error else repr(clip(self.content or ""))
         if self.error:
             got += f" ({self.error})"
         if self.held_to_record:
@@ -334,7 +332,8 @@ class Answer:
         return row
 
 
-def _clip(text: str, n: int = 160) -> str:
+def clip(text: str, n: int = 160) -> str:
+    """``text`` on one line, at most ``n`` characters: an answer quoted in a message."""
     text = " ".join(text.split())
     return text if len(text) <= n else text[: n - 3] + "..."
 
@@ -484,300 +483,3 @@ def check_under_load(
             "under load": json.dumps([[a.row() for a in copies] for copies in loaded], indent=1)
         },
     )
-
-
-# ---- the fingerprint ---------------------------------------------------------------
-
-PASSAGE = (
-    "The river runs past the old mill and under the stone bridge before it reaches the "
-    "town. In spring the water is high and brown, and the children are told to keep away "
-    "from the bank. In summer it is low and clear, and the same children wade across it "
-    "to the island, where they build small dams from the round grey stones. The miller's "
-    "wheel has not turned for fifty years, but the building still stands, and every "
-    "autumn the town holds its market in the yard beside it. People come from the "
-    "villages in the hills to sell apples, cheese and wool, and the baker sells bread "
-    "from a cart by the gate. When the market closes, the lamps are lit along the bridge, "
-    "and the river carries their light down towards the sea."
-)
-
-
-@dataclass(frozen=True)
-class Fingerprint:
-    """Teacher-forced logprobs of the built-in passage."""
-
-    mean_logprob: float  # mean of the passage tokens' logprobs (the first has none)
-    top1_agreement: float  # share of positions whose token is the model's top-1
-    tokens: int  # positions scored
-    source: str  # "prompt_logprobs" or "echo"
-
-    def row(self) -> dict[str, Any]:
-        return {
-            "mean_logprob": round(self.mean_logprob, 6),
-            "top1_agreement": round(self.top1_agreement, 6),
-            "tokens": self.tokens,
-            "source": self.source,
-        }
-
-    @classmethod
-    def from_row(cls, row: dict[str, Any]) -> Fingerprint:
-        return cls(
-            float(row["mean_logprob"]),
-            float(row["top1_agreement"]),
-            int(row["tokens"]),
-            str(row.get("source", "")),
-        )
-
-
-FINGERPRINT_BODY = {
-    "prompt": PASSAGE,
-    "max_tokens": 1,
-    "temperature": 0,
-    "prompt_logprobs": 1,  # vLLM: each prompt token's logprob and rank, + the top-1
-}
-ECHO_BODY = {"prompt": PASSAGE, "max_tokens": 1, "temperature": 0, "echo": True, "logprobs": 1}
-
-
-class FingerprintError(ValueError):
-    """A completion that carries no usable prompt logprobs."""
-
-
-def fingerprint_of(data: dict[str, Any]) -> Fingerprint:
-    """The fingerprint of a ``/v1/completions`` answer to FINGERPRINT_BODY (vLLM's
-    ``choices[0].prompt_logprobs``: per prompt token ``{token_id: {logprob, rank,
-    decoded_token}}``, None first) or to ECHO_BODY (OpenAI's ``logprobs``: ``tokens``,
-    ``token_logprobs`` and ``top_logprobs`` over the echoed prompt and the answer)."""
-    choices = data.get("choices")
-    choice = choices[0] if isinstance(choices, list) and choices else None
-    if not isinstance(choice, dict):
-        raise FingerprintError("the completion has no choices[0]")
-    prompt = choice.get("prompt_logprobs") or data.get("prompt_logprobs")
-    if isinstance(prompt, list) and prompt:
-        return _from_prompt_logprobs(prompt)
-    logprobs = choice.get("logprobs")
-    if isinstance(logprobs, dict) and logprobs.get("token_logprobs"):
-        usage = data.get("usage") or {}
-        return _from_echo(logprobs, int(usage.get("prompt_tokens") or 0))
-    raise FingerprintError(
-        "no prompt logprobs in the answer (neither choices[0].prompt_logprobs nor an echoed "
-        "choices[0].logprobs)"
-    )
-
-
-def _from_prompt_logprobs(positions: list[Any]) -> Fingerprint:
-    logps: list[float] = []
-    top1 = 0
-    for entry in positions[1:]:
-        if not isinstance(entry, dict) or not entry:
-            continue
-        ranked = [v for v in entry.values() if isinstance(v, dict)]
-        # The prompt's own token is the one with the highest rank number when the top-1
-        # differs from it (vLLM lists the prompt token and the top-k): rank 1 is top-1.
-        own = max(ranked, key=lambda v: int(v.get("rank") or 1), default=None)
-        if own is None or not isinstance(own.get("logprob"), int | float):
-            continue
-        logps.append(max(float(own["logprob"]), -100.0))  # -inf: masked, count it as -100
-        top1 += int(own.get("rank") or 1) == 1
-    if not logps:
-        raise FingerprintError("prompt_logprobs holds no scored position")
-    return Fingerprint(sum(logps) / len(logps), top1 / len(logps), len(logps), "prompt_logprobs")
-
-
-def _from_echo(logprobs: dict[str, Any], prompt_tokens: int) -> Fingerprint:
-    values = logprobs.get("token_logprobs") or []
-    tokens = logprobs.get("tokens") or []
-    tops = logprobs.get("top_logprobs") or []
-    end = prompt_tokens or len(values)
-    logps: list[float] = []
-    top1 = 0
-    for i in range(1, min(end, len(values))):
-        value = values[i]
-        if not isinstance(value, int | float):
-            continue
-        logps.append(max(float(value), -100.0))
-        top = tops[i] if i < len(tops) and isinstance(tops[i], dict) else {}
-        best = max(top.items(), key=lambda kv: kv[1])[0] if top else None
-        top1 += best is not None and i < len(tokens) and best == tokens[i]
-    if not logps:
-        raise FingerprintError("the echoed logprobs hold no scored position")
-    return Fingerprint(sum(logps) / len(logps), top1 / len(logps), len(logps), "echo")
-
-
-@dataclass(frozen=True)
-class Baseline:
-    """What a run is compared with, and where it came from: a fingerprint and the canaries'
-    recorded answers (either may be missing: a record run with the fingerprint off, or a
-    baseline from before answers were recorded)."""
-
-    fingerprint: Fingerprint | None
-    origin: str  # "the history, recorded ..." or a path
-    canaries: tuple[Recorded, ...] | None = None
-
-    def recorded(self, canary: Canary) -> Recorded | None:
-        """The recorded answer to the same question (kind and prompt), if any."""
-        for entry in self.canaries or ():
-            if entry.kind == canary.kind and entry.prompt == canary.prompt:
-                return entry
-        return None
-
-
-def check_fingerprint(
-    now: Fingerprint,
-    baseline: Baseline | None,
-    *,
-    max_logprob_delta: float,
-    max_top1_delta: float,
-    server: str,
-    api_only: bool = False,
-) -> Finding:
-    """This run's fingerprint against the baseline: the mean logprob within
-    ``max_logprob_delta`` (nats) and the top-1 agreement within ``max_top1_delta``."""
-    figures = (
-        f"mean logprob {now.mean_logprob:.4f}, top-1 agreement {now.top1_agreement:.3f} "
-        f"over {now.tokens} tokens"
-    )
-    if baseline is None or baseline.fingerprint is None:
-        return Finding.passed(
-            round(now.mean_logprob, 4),
-            None,
-            "nats/token",
-            message=f"{server}: {figures}; no baseline yet: this run's is recorded",
-        )
-    base = baseline.fingerprint
-    d_logprob = now.mean_logprob - base.mean_logprob
-    d_top1 = now.top1_agreement - base.top1_agreement
-    versus = (
-        f"{figures}; baseline ({baseline.origin}) {base.mean_logprob:.4f} and "
-        f"{base.top1_agreement:.3f}: {d_logprob:+.4f} nats/token, {d_top1:+.3f} top-1"
-    )
-    if abs(d_logprob) <= max_logprob_delta and abs(d_top1) <= max_top1_delta:
-        return Finding.passed(
-            round(now.mean_logprob, 4),
-            round(base.mean_logprob, 4),
-            "nats/token",
-            message=f"{server}: fingerprint within tolerance: {versus}",
-        )
-    if now.tokens != base.tokens:
-        cause = (
-            f"the passage was {now.tokens} tokens here and {base.tokens} in the baseline: "
-            "another tokenizer or chat template, so another model or revision: record a "
-            "new baseline for it"
-        )
-    else:
-        cause = advice("drift", api_only)
-    return Finding.failed(
-        round(now.mean_logprob, 4),
-        round(base.mean_logprob, 4),
-        "nats/token",
-        message=(
-            f"{server}: the model's numbers moved from its baseline: {versus} (tolerance "
-            f"{max_logprob_delta} nats/token, {max_top1_delta} top-1).\nLikely layer: {cause}"
-        ),
-    )
-
-
-# ---- the math set ------------------------------------------------------------------
-
-NAMES = ("Ana", "Ben", "Chen", "Dara", "Eli", "Femi", "Gita", "Hugo", "Ines", "Joss")
-ITEMS = ("apples", "books", "marbles", "stickers", "pencils", "shells", "cards", "coins")
-
-
-@dataclass(frozen=True)
-class Problem:
-    question: str
-    answer: int
-
-
-def math_problems(n: int, seed: int = SEED) -> list[Problem]:
-    """``n`` seeded grade-school word problems, each with one exact integer answer (two
-    or three steps of +, - and x; every intermediate count positive)."""
-    rng = random.Random(seed + 1)
-    out: list[Problem] = []
-    for _ in range(n):
-        name, item = rng.choice(NAMES), rng.choice(ITEMS)
-        start = rng.randint(5, 40)
-        shape = rng.randrange(3)
-        if shape == 0:
-            more, less = rng.randint(3, 30), rng.randint(1, 5)
-            less = min(less, start + more - 1)
-            q = (
-                f"{name} has {start} {item}. {name} gets {more} more and then gives away "
-                f"{less}. How many {item} does {name} have now?"
-            )
-            answer = start + more - less
-        elif shape == 1:
-            boxes, each, extra = rng.randint(2, 9), rng.randint(3, 12), rng.randint(1, 20)
-            q = (
-                f"{name} buys {boxes} boxes of {item} with {each} {item} in each box, and "
-                f"already had {extra} {item}. How many {item} does {name} have now?"
-            )
-            answer = boxes * each + extra
-        else:
-            friends, each = rng.randint(2, 6), rng.randint(2, 8)
-            total = friends * each + rng.randint(1, 15)
-            q = (
-                f"{name} has {total} {item} and gives {each} {item} to each of {friends} "
-                f"friends. How many {item} does {name} have left?"
-            )
-            answer = total - friends * each
-        out.append(Problem(q + " End your answer with the number only.", answer))
-    return out
-
-
-def grade_math(problem: Problem, content: str | None) -> bool:
-    numbers = _integers(content or "")
-    return bool(numbers) and numbers[-1] == problem.answer
-
-
-@dataclass
-class MathScore:
-    right: int
-    total: int
-    wrong: list[tuple[Problem, str | None]] = field(default_factory=list)
-
-    @property
-    def accuracy(self) -> float:
-        return self.right / self.total if self.total else 0.0
-
-
-def check_math(
-    score: MathScore,
-    expected: float,
-    tolerance: float,
-    server: str,
-    baseline: float | None = None,
-    *,
-    api_only: bool = False,
-) -> Finding:
-    """Accuracy no more than ``tolerance`` below the profile's expected accuracy (vLLM's
-    gsm8k eval: ``measured >= expected - 0.08``), nor below the baseline's."""
-    floor = expected - tolerance
-    if baseline is not None:
-        floor = max(floor, baseline - tolerance)
-    figure = f"{score.right}/{score.total} = {score.accuracy:.2f}"
-    ref = f"expected {expected:.2f} - {tolerance}" + (
-        f", baseline {baseline:.2f} - {tolerance}" if baseline is not None else ""
-    )
-    if score.accuracy + 1e-9 >= floor:
-        return Finding.passed(
-            round(score.accuracy, 3),
-            round(floor, 3),
-            "accuracy",
-            message=f"{server}: math {figure} ({ref})",
-        )
-    shown = "\n".join(
-        f"  - {p.question!r} -> {_clip(a or '')!r}; expected {p.answer}" for p, a in score.wrong[:3]
-    )
-    return Finding.failed(
-        round(score.accuracy, 3),
-        round(floor, 3),
-        "accuracy",
-        message=(
-            f"{server}: math accuracy {figure} is below {floor:.2f} ({ref}); e.g.\n{shown}\n"
-            f"Likely layer: {advice('alone', api_only)}"
-        ),
-    )
-
-
-def stderr_of(p: float, n: int) -> float:
-    """The standard error of an accuracy ``p`` over ``n`` questions (to size a tolerance)."""
-    return math.sqrt(max(p * (1 - p), 0.0) / n) if n else 0.0

@@ -42,22 +42,17 @@ from pytest_spark.infra.finding import CheckNote, Finding
 from pytest_spark.serving.client.chat import CHAT_PATH
 from pytest_spark.serving.client.stream import ServingError, post_json
 from pytest_spark.serving.client.wire import reasoning_of
-from pytest_spark.serving.validate.accuracy import (
+from pytest_spark.serving.validate.accuracy import Answer, Canary, Recorded, canaries
+from pytest_spark.serving.validate.fingerprint import (
     ECHO_BODY,
     FINGERPRINT_BODY,
-    Answer,
     Baseline,
-    Canary,
     Fingerprint,
     FingerprintError,
-    MathScore,
-    Recorded,
-    canaries,
     fingerprint_of,
-    grade_math,
-    math_problems,
 )
 from pytest_spark.serving.validate.formatturns import DISABLED_VERDICT, IGNORED_VERDICT
+from pytest_spark.serving.validate.mathset import MathScore, grade_math, math_problems
 from pytest_spark.settings.profiles import CANARY_KINDS, AccuracySection
 
 COMPLETIONS_PATH = "/v1/completions"
