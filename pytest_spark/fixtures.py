@@ -15,7 +15,7 @@ from pytest_spark.access.cluster import Cluster, Node
 from pytest_spark.access.layout import ServingLayout
 from pytest_spark.access.testinfra import testinfra_host
 from pytest_spark.infra.nccl.gid_check import GID_VERDICT
-from pytest_spark.infra.server.probe import ServerCommand
+from pytest_spark.infra.servecmd import ServerCommand
 from pytest_spark.readiness.launch import ServingInfo
 from pytest_spark.readiness.reachability import require_reachable
 from pytest_spark.readiness.serving import (
@@ -209,7 +209,7 @@ def spark_server_command(
     ``vllm serve`` process in it, vLLM's non-default args line of this start, or
     --spark-serve-args); None when nothing says (--spark-api-url alone, not serving)."""
     from pytest_spark.infra.server.gather import read_server_command
-    from pytest_spark.infra.server.probe import parse_serve_args_text
+    from pytest_spark.infra.servecmd import parse_serve_args_text
 
     if not spark_settings.head:
         return parse_serve_args_text(spark_settings.serve_args)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_spark.infra.finding import Finding
-from pytest_spark.infra.preflight.check import Skip
+from pytest_spark.infra.finding import Skip
 from pytest_spark.report.results import DATA_PREFIX, finding_property
 
 if TYPE_CHECKING:

@@ -17,7 +17,7 @@ from pytest_spark.infra.counters.probe import (
     parse_counters,
 )
 from pytest_spark.infra.errors import ParseError
-from pytest_spark.infra.preflight.check import Skip
+from pytest_spark.infra.finding import Skip
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "counters"
 

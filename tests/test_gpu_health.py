@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from pytest_spark.infra.errors import ParseError
+from pytest_spark.infra.finding import Skip
 from pytest_spark.infra.gpuhealth.check import (
     check_gpu_kernel_log,
     check_gpu_persistence,
@@ -32,10 +33,10 @@ from pytest_spark.infra.gpuhealth.parse import (
     reasons_from_q,
 )
 from pytest_spark.infra.gpuhealth.probe import PROBE_BODY, GpuHealth, KernelLog, parse_gpu_health
-from pytest_spark.infra.preflight.check import Skip
 from pytest_spark.infra.preflight.probe import parse_preflight_probe, preflight_probe_command
 from pytest_spark.infra.probe import ProbeSection
-from pytest_spark.settings.profiles import GpuHealthSection, load_profile
+from pytest_spark.settings.profiles import load_profile
+from pytest_spark.settings.sections import GpuHealthSection
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gpu"
 H = "spark-head"

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from pytest_spark.infra.errors import ParseError
+from pytest_spark.infra.finding import Skip
 from pytest_spark.infra.gpuhealth.check import check_gpu_throttle
 from pytest_spark.infra.gpuhealth.parse import parse_query_gpu
 from pytest_spark.infra.gpuhealth.probe import GpuHealth, GpuReading, KernelLog
@@ -29,7 +30,6 @@ from pytest_spark.infra.gpuload.probe import (
     gpuload_probe_command,
     parse_gpuload_probe,
 )
-from pytest_spark.infra.preflight.check import Skip
 from pytest_spark.settings.profiles import load_profile
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gpuload"

@@ -28,7 +28,17 @@ WIRING = "wiring"  # pytest_spark/*.py: plugin, hooks, fixtures, state, __init__
 # infra/: the roles a file may have, and the shared modules' roles (their names say what
 # they hold, not a role). A package marker (``infra``, ``infra.links``) is part "infra".
 ROLES = ("parse", "probe", "check", "gather")
-SHARED_ROLES = {"errors": "parse", "probe": "probe", "finding": "check", "roundtrip": "gather"}
+SHARED_ROLES = {
+    "errors": "parse",
+    "probe": "probe",
+    "finding": "check",  # Finding, CheckNote and Skip: what every check returns
+    "roundtrip": "gather",
+    "human": "parse",  # the human formats every message shares
+    "serveargs": "parse",  # what a `vllm serve` command line asks for
+    "servecmd": "probe",  # the serving command read from the node
+    "kernellog": "probe",  # the kernel log read once, by current- and previous-boot checks
+    "smi": "parse",  # nvidia-smi's query CSV
+}
 PURE_ROLES = ("infra.parse", "infra.probe", "infra.check")  # no pytest, no access, no gather
 
 # part -> the parts it may import (besides itself). The direction of issues #14 and #26.

@@ -17,7 +17,7 @@ from conn_fakes import FakeConn
 
 from pytest_spark.access.cluster import Cluster, Node
 from pytest_spark.access.files import write_json
-from pytest_spark.infra.server.parse import mode_of_processes, parse_serve_args
+from pytest_spark.infra.serveargs import mode_of_processes, parse_serve_args
 from pytest_spark.readiness.launch import (
     STATE,
     Launcher,

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from pytest_spark.infra.errors import ParseError
+from pytest_spark.infra.finding import Skip
 from pytest_spark.infra.memory.check import (
     VLLM_DEFAULT_UTILIZATION,
     Claim,
@@ -32,9 +33,8 @@ from pytest_spark.infra.memory.probe import (
     parse_container_limit,
     parse_memory_probe,
 )
-from pytest_spark.infra.preflight.check import Skip
-from pytest_spark.infra.server.parse import parse_serve_args
-from pytest_spark.infra.server.probe import MARK as SERVER_MARK
+from pytest_spark.infra.serveargs import parse_serve_args
+from pytest_spark.infra.servecmd import MARK as SERVER_MARK
 from pytest_spark.settings.profiles import load_profile
 from sparksim.meminfo import meminfo_text
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from pytest_spark.infra.finding import Finding
+from pytest_spark.infra.human import human_duration
 from pytest_spark.infra.preflight.check import (
     Skip,
     check_clock_skew,
@@ -20,7 +21,6 @@ from pytest_spark.infra.preflight.check import (
     check_model_identical,
     check_passwordless_ssh,
     check_serving_env,
-    human_duration,
 )
 from pytest_spark.infra.preflight.probe import (
     CarrierCounters,

@@ -10,14 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_spark.settings.profiles import (
-    BUILTIN_PROFILES,
-    SECTIONS,
-    Profile,
-    ProfileError,
-    known_keys,
-    load_profile,
-)
+from pytest_spark.settings.profiles import BUILTIN_PROFILES, Profile, ProfileError, load_profile
+from pytest_spark.settings.sections import SECTIONS, ProfileSections, known_keys
 
 
 def test_builtin_reference_figures() -> None:
@@ -238,8 +232,8 @@ def test_generic_profile_expects_no_vllm_only_behaviour() -> None:
 def test_vllm_flag_fixes_also_name_the_profile_switch() -> None:
     """A fix that advises a vLLM flag also names the profile key that drops the
     expectation, for a server that is not vLLM."""
+    from pytest_spark.infra.servecmd import parse_serve_args_text
     from pytest_spark.infra.server.check import check_reasoning_parser, check_tool_parser
-    from pytest_spark.infra.server.probe import parse_serve_args_text
 
     cmd = parse_serve_args_text("vllm serve /models/qwen")
     assert cmd is not None

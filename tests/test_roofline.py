@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_spark.infra.server.parse import parse_serve_args
-from pytest_spark.infra.server.probe import parse_non_default_args
+from pytest_spark.infra.serveargs import parse_serve_args
+from pytest_spark.infra.servecmd import parse_non_default_args
 from pytest_spark.serving.load.roofline import (
     Roofline,
     active_from_config,

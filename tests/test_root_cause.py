@@ -11,20 +11,20 @@ from pathlib import Path
 
 import pytest
 
-from pytest_spark.infra.finding import Finding
-from pytest_spark.infra.preflight.check import Skip, check_reachable
-from pytest_spark.infra.server.check import (
-    check_reasoning_parser,
-    check_tool_parser,
-    missing_reasoning_parser,
-    missing_tool_parser,
-)
-from pytest_spark.infra.server.probe import (
+from pytest_spark.infra.finding import Finding, Skip
+from pytest_spark.infra.preflight.check import check_reachable
+from pytest_spark.infra.servecmd import (
     MARK,
     ServerCommand,
     parse_non_default_args,
     parse_probe,
     serve_line_of,
+)
+from pytest_spark.infra.server.check import (
+    check_reasoning_parser,
+    check_tool_parser,
+    missing_reasoning_parser,
+    missing_tool_parser,
 )
 from pytest_spark.readiness.reachability import unreachable_reason
 from pytest_spark.serving.client.evidence import Exchange

@@ -1,11 +1,11 @@
 """How many ranks the serve args promise (TP x PP x DP) and what ``ray status`` must then
-show across N nodes (infra.server.parse.expected_ray_members)."""
+show across N nodes (infra.serveargs.expected_ray_members)."""
 
 from __future__ import annotations
 
 import pytest
 
-from pytest_spark.infra.server.parse import expected_ray_members, parse_serve_args
+from pytest_spark.infra.serveargs import expected_ray_members, parse_serve_args
 
 pytestmark = pytest.mark.unit
 

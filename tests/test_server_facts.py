@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pytest_spark.infra.server.probe import MARK, parse_probe, probe, serve_line_of
+from pytest_spark.infra.servecmd import MARK, parse_probe, probe, serve_line_of
 
 TOP = (Path(__file__).parents[1] / "fixtures" / "docker" / "top-pid-args-no-ray.txt").read_text()
 REFUSED = "Error response from daemon: Couldn't find PID field in ps output\n"

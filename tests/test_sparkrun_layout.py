@@ -1,6 +1,6 @@
 """Attaching to a sparkrun job (issue #35, item 1): the layout found from the nodes' rank
 containers (access.layout), and the serve log read from /tmp/sparkrun_serve.log inside
-them (readiness.wait, infra.server.probe), against outputs recorded on sparksim's real
+them (readiness.wait, infra.servecmd), against outputs recorded on sparksim's real
 dockerd with a job laid out as sparkrun 0.4.2 lays one out (fixtures/sparkrun/layout)."""
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from pytest_spark.access.layout import (
 )
 from pytest_spark.access.retry import for_connection
 from pytest_spark.collective.runner import container_on, detect_launcher
-from pytest_spark.infra.server.probe import parse_probe as parse_server_probe
-from pytest_spark.infra.server.probe import probe as server_probe
+from pytest_spark.infra.servecmd import parse_probe as parse_server_probe
+from pytest_spark.infra.servecmd import probe as server_probe
 from pytest_spark.readiness.wait import (
     SINCE_START,
     ReadinessWait,

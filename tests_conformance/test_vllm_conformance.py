@@ -31,7 +31,7 @@ import httpx
 import pytest
 
 from pytest_spark.access.api import ApiEndpoint
-from pytest_spark.infra.server.parse import parse_serve_args
+from pytest_spark.infra.serveargs import parse_serve_args
 from pytest_spark.serving.validate.context import parse_too_long
 from pytest_spark.settings.resolve import Settings
 

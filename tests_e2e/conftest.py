@@ -13,13 +13,13 @@ import pytest
 from pytest_spark import Settings, progress_line_writer, verdict_in_session
 from pytest_spark.access.api import ApiEndpoint
 from pytest_spark.infra.counters.gather import counted
+from pytest_spark.infra.servecmd import ServerCommand
 from pytest_spark.infra.server.check import (
     REASONING_VERDICT,
     TOOLS_VERDICT,
     missing_reasoning_parser,
     missing_tool_parser,
 )
-from pytest_spark.infra.server.probe import ServerCommand
 from pytest_spark.measure.once import measure_dir, measure_once
 from pytest_spark.report.history import resolve_history_dir
 from pytest_spark.serving import ServingClient, TurnCache

@@ -14,7 +14,7 @@ import pytest
 from pytest_spark import Cluster, Node, SparkCheck
 from pytest_spark.infra.counters.check import check_fabric_counters
 from pytest_spark.infra.counters.gather import windows
-from pytest_spark.infra.preflight.check import Skip
+from pytest_spark.infra.finding import Skip
 from pytest_spark.measure.once import measure_dir
 
 pytestmark = pytest.mark.throughput

@@ -19,7 +19,7 @@ from pytest_spark.access import body
 from pytest_spark.access.api import ApiEndpoint
 from pytest_spark.access.cluster import node_names
 from pytest_spark.access.layout import LayoutError
-from pytest_spark.infra.server.parse import expected_ray_members, parse_serve_args
+from pytest_spark.infra.serveargs import expected_ray_members, parse_serve_args
 from pytest_spark.readiness.launch import (
     ServingInfo,
     head_account,

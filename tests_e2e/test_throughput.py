@@ -18,7 +18,7 @@ import pytest
 
 from pytest_spark import Finding, Settings, SparkCheck, verdict_in_session
 from pytest_spark.access.api import ApiEndpoint
-from pytest_spark.infra.server.probe import ServerCommand
+from pytest_spark.infra.servecmd import ServerCommand
 from pytest_spark.report.samples import enough_for, min_samples
 from pytest_spark.serving import LevelResult
 from pytest_spark.serving.load import specdec

@@ -11,9 +11,9 @@ import pytest
 
 from pytest_spark import Finding, Settings, SparkCheck, verdict_in_session
 from pytest_spark.access.api import ApiEndpoint
-from pytest_spark.infra.preflight.check import Skip
+from pytest_spark.infra.finding import Skip
+from pytest_spark.infra.servecmd import ServerCommand
 from pytest_spark.infra.server.check import TOOLS_VERDICT, check_tool_parser, missing_tool_parser
-from pytest_spark.infra.server.probe import ServerCommand
 from pytest_spark.serving import (
     MISCONFIGURED_TOOLS,
     ServingError,

@@ -17,13 +17,13 @@ from typing import Any
 import pytest
 
 from pytest_spark import Finding, Settings, SparkCheck, verdict_in_session
+from pytest_spark.infra.servecmd import ServerCommand
 from pytest_spark.infra.server.check import (
     REASONING_VERDICT,
     TOOLS_VERDICT,
     missing_reasoning_parser,
     missing_tool_parser,
 )
-from pytest_spark.infra.server.probe import ServerCommand
 from pytest_spark.serving import (
     MISCONFIGURED_TOOLS,
     NO_REASONING_FIELD,

@@ -22,7 +22,7 @@ from pytest_spark import (
 )
 from pytest_spark.infra.fdlimit.check import check_fd_limits
 from pytest_spark.infra.fdlimit.gather import node_fdlimits
-from pytest_spark.infra.preflight.check import Skip
+from pytest_spark.infra.finding import Skip
 
 pytestmark = pytest.mark.preflight
 

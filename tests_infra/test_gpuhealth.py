@@ -20,6 +20,7 @@ from pytest_spark import (
     require_once_across_nodes,
     verdict_in_session,
 )
+from pytest_spark.infra.finding import Skip
 from pytest_spark.infra.gpuhealth.check import (
     KERNEL_VERDICT,
     TEMPERATURE_VERDICT,
@@ -31,7 +32,6 @@ from pytest_spark.infra.gpuhealth.check import (
 )
 from pytest_spark.infra.gpuhealth.probe import GpuHealth
 from pytest_spark.infra.gpuload.check import LOAD_VERDICT
-from pytest_spark.infra.preflight.check import Skip
 from pytest_spark.infra.preflight.gather import all_preflight
 from pytest_spark.infra.preflight.probe import NodePreflight
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import pytest
 
 from pytest_spark import Cluster, Node, RemoteError, SparkCheck
+from pytest_spark.infra.finding import Skip
 from pytest_spark.infra.kernel.check import check_pcie_aer, check_previous_boot
 from pytest_spark.infra.kernel.gather import node_previous_boot
-from pytest_spark.infra.preflight.check import Skip
 from pytest_spark.infra.preflight.gather import all_preflight
 
 pytestmark = pytest.mark.preflight

@@ -17,6 +17,7 @@ from pytest_spark import (
     require_once_across_nodes,
 )
 from pytest_spark.infra.errors import ParseError
+from pytest_spark.infra.finding import Skip
 from pytest_spark.infra.links.check import (
     check_fabric_twins,
     check_link_rate,
@@ -44,7 +45,6 @@ from pytest_spark.infra.links.probe import (
     parse_ping_matrix,
     ping_matrix_command,
 )
-from pytest_spark.infra.preflight.check import Skip
 from pytest_spark.readiness.reachability import require_reachable, unreachable_reason
 
 pytestmark = pytest.mark.link

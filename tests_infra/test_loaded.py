@@ -21,10 +21,10 @@ import pytest
 from pytest_spark import Cluster, Finding, Node, RemoteError, SparkCheck, verdict_in_session
 from pytest_spark.infra.alike.check import check_image_alike
 from pytest_spark.infra.alike.gather import all_alike
+from pytest_spark.infra.finding import Skip
 from pytest_spark.infra.loaded.check import check_nccl_loaded, check_vllm_tree
 from pytest_spark.infra.loaded.gather import serving_loaded
 from pytest_spark.infra.loaded.probe import LoadedFacts
-from pytest_spark.infra.preflight.check import Skip
 from pytest_spark.readiness.launch import ServingInfo
 
 pytestmark = pytest.mark.preflight

@@ -17,6 +17,7 @@ from __future__ import annotations
 import pytest
 
 from pytest_spark import Cluster, Node, SparkCheck, verdict_in_session
+from pytest_spark.infra.finding import Skip
 from pytest_spark.infra.memory.check import check_container_limit, check_memory_headroom
 from pytest_spark.infra.memory.gather import (
     container_memory,
@@ -25,7 +26,7 @@ from pytest_spark.infra.memory.gather import (
     serving_claim,
 )
 from pytest_spark.infra.memory.parse import ContainerMemory
-from pytest_spark.infra.preflight.check import Skip, check_gpu_holders
+from pytest_spark.infra.preflight.check import check_gpu_holders
 from pytest_spark.infra.preflight.gather import all_preflight
 from pytest_spark.infra.preflight.probe import NodePreflight
 from pytest_spark.readiness.launch import ServingInfo, serving_nodes

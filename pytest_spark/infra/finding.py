@@ -1,4 +1,5 @@
-"""The result type every check returns."""
+"""The result types every check returns: a :class:`Finding`, or a :class:`Skip` when the
+check does not apply or cannot be made."""
 
 from __future__ import annotations
 
@@ -78,3 +79,11 @@ class Finding:
         bound: str | None = None,
     ) -> Finding:
         return cls("warn", measured, expected, unit, message, node, evidence or {}, bound)
+
+
+@dataclass(frozen=True)
+class Skip:
+    """The check does not apply or cannot be made; ``reason`` says why (the suite file
+    turns it into ``pytest.skip(reason)``, citing the cause where another check owns it)."""
+
+    reason: str

@@ -33,7 +33,7 @@ from pytest_spark.access.base import CommandResult, RemoteError
 from pytest_spark.access.cluster import Cluster, Node
 from pytest_spark.access.files import write_json
 from pytest_spark.access.layout import LayoutError, ServingLayout, launcher_layout
-from pytest_spark.infra.server.parse import mode_of_processes, parse_serve_args
+from pytest_spark.infra.serveargs import mode_of_processes, parse_serve_args
 from pytest_spark.readiness.launchers import ClusterLauncher, LaunchError, Notify, Record, StoodUp
 from pytest_spark.readiness.sparkrun_launch import SparkrunLauncher
 from pytest_spark.readiness.wait import (

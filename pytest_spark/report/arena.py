@@ -196,7 +196,7 @@ def context_of(settings: Any) -> ArenaContext:
     tp = None
     args = getattr(settings, "serve_args", None)
     if args:
-        from pytest_spark.infra.server.parse import parse_serve_args
+        from pytest_spark.infra.serveargs import parse_serve_args
 
         try:
             tp = parse_serve_args(str(args)).tensor_parallel_size

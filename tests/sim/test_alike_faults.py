@@ -12,7 +12,7 @@ import pytest
 
 from pytest_spark.infra.alike.check import check_host_alike, check_image_alike, check_time_sync
 from pytest_spark.infra.alike.probe import NodeAlike, alike_probe_command, parse_alike_probe
-from pytest_spark.infra.preflight.check import Skip
+from pytest_spark.infra.finding import Skip
 
 pytestmark = pytest.mark.sim  # a sparksim of its own: needs root (the sim tier)
 

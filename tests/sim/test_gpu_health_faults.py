@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from pytest_spark.infra.finding import Skip
 from pytest_spark.infra.gpuhealth.check import (
     check_gpu_kernel_log,
     check_gpu_persistence,
@@ -16,7 +17,6 @@ from pytest_spark.infra.gpuhealth.check import (
     check_gpu_throttle,
 )
 from pytest_spark.infra.gpuhealth.probe import GpuHealth
-from pytest_spark.infra.preflight.check import Skip
 from pytest_spark.infra.preflight.probe import parse_preflight_probe, preflight_probe_command
 from pytest_spark.settings.profiles import load_profile
 

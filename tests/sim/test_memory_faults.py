@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
+from pytest_spark.infra.finding import Skip
 from pytest_spark.infra.memory.check import Claim, check_memory_headroom
 from pytest_spark.infra.memory.parse import GIB
 from pytest_spark.infra.memory.probe import NodeMemory, memory_probe_command, parse_memory_probe
-from pytest_spark.infra.preflight.check import Skip
 
 pytestmark = pytest.mark.sim  # a sparksim of its own: needs root (the sim tier)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_spark.infra.server.parse import parse_serve_args
+from pytest_spark.infra.serveargs import parse_serve_args
 from sparksim import engines, serving
 from sparksim.netns import SimError
 from sparksim.topology import build

@@ -58,7 +58,7 @@ def _read(sim: Any) -> list[str]:
     """The plugin's reader over SSH, from a fresh interpreter of the checkout."""
     code = (
         "import subprocess, sys\n"
-        "from pytest_spark.infra.server.probe import probe, parse_probe\n"
+        "from pytest_spark.infra.servecmd import probe, parse_probe\n"
         f"cmd = ['ssh', '-F', {sim.cluster['ssh_config']!r}, {sim.head['mgmt']!r}, "
         f"probe({CONTAINER!r})]\n"
         "out = subprocess.run(cmd, capture_output=True, text=True, timeout=60).stdout\n"

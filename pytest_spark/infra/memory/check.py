@@ -38,10 +38,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pytest_spark.infra.finding import Finding
+from pytest_spark.infra.finding import Finding, Skip
+from pytest_spark.infra.human import gib
 from pytest_spark.infra.memory.parse import GIB, ContainerMemory, MemInfo, ProcessMemory
 from pytest_spark.infra.memory.probe import NodeMemory
-from pytest_spark.infra.preflight.check import Skip
 
 VLLM_DEFAULT_UTILIZATION = 0.92  # vllm/config/cache.py CacheConfig.gpu_memory_utilization
 # eugr's gpu-mem-util-gb mod (mods/gpu-mem-util-gb/gpu_mem.patch, request_memory): the
@@ -101,10 +101,6 @@ class Claim:
             f"KV cache {gib(self.kv_cache_bytes)} (--kv-cache-memory-bytes in the serve args); "
             f"startup floor {self.fraction:g} ({self.source})"
         )
-
-
-def gib(n: float) -> str:
-    return f"{n / GIB:.1f} GiB"
 
 
 def holders(

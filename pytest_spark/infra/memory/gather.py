@@ -21,7 +21,7 @@ from pytest_spark.infra.memory.probe import (
 from pytest_spark.infra.preflight.gather import all_preflight
 from pytest_spark.infra.preflight.probe import NodePreflight
 from pytest_spark.infra.roundtrip import cached_probe
-from pytest_spark.infra.server.parse import parse_serve_args
+from pytest_spark.infra.serveargs import parse_serve_args
 from pytest_spark.settings.resolve import Settings
 
 

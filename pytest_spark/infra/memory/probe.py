@@ -34,10 +34,10 @@ from pytest_spark.infra.memory.parse import (
     parse_process_memory,
 )
 from pytest_spark.infra.probe import ProbeSection, probe_script, split_probe
-from pytest_spark.infra.server.probe import MARK as SERVER_MARK
-from pytest_spark.infra.server.probe import parse_probe as parse_server_probe
-from pytest_spark.infra.server.probe import probe as server_probe
-from pytest_spark.infra.server.probe import probe_parts
+from pytest_spark.infra.servecmd import MARK as SERVER_MARK
+from pytest_spark.infra.servecmd import parse_probe as parse_server_probe
+from pytest_spark.infra.servecmd import probe as server_probe
+from pytest_spark.infra.servecmd import probe_parts
 
 __all__ = ["MARKER", "TOP_PROCESSES", "NodeMemory", "memory_probe_command", "parse_memory_probe"]
 

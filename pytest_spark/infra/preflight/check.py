@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
-from pytest_spark.infra.finding import CheckNote, Finding
+from pytest_spark.infra.finding import CheckNote, Finding, Skip
+from pytest_spark.infra.human import DAY_S, human_bytes, human_duration, human_names
 from pytest_spark.infra.preflight.probe import (
     SAMPLES,
     CarrierCounters,
@@ -26,35 +27,6 @@ from pytest_spark.infra.preflight.probe import (
     SshAttempt,
 )
 from pytest_spark.infra.probe import PROBE_CONTAINER_PREFIX
-
-DAY_S = 86400.0
-
-
-@dataclass(frozen=True)
-class Skip:
-    """The check does not apply or cannot be made; ``reason`` says why."""
-
-    reason: str
-
-
-def human_duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "unknown time"
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    if seconds < 2 * DAY_S:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / DAY_S:.1f} d"
-
-
-def human_bytes(n: float) -> str:
-    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n:.0f} B"
-
 
 # ----------------------------------------------------------------------- 1. docker
 
@@ -359,9 +331,9 @@ def _differences(ref: ModelListing, other: ModelListing) -> list[str]:
     missing = sorted(set(ref.files) - set(other.files))
     extra = sorted(set(other.files) - set(ref.files))
     if missing:
-        out.append(f"missing {_names(missing)}")
+        out.append(f"missing {human_names(missing)}")
     if extra:
-        out.append(f"extra {_names(extra)}")
+        out.append(f"extra {human_names(extra)}")
     for name in sorted(set(ref.files) & set(other.files)):
         if ref.files[name] != other.files[name]:
             out.append(f"{name} {other.files[name]} bytes vs {ref.files[name]}")
@@ -371,11 +343,6 @@ def _differences(ref: ModelListing, other: ModelListing) -> list[str]:
         elif ref.samples.get(name) != other.samples.get(name):
             out.append(f"{name} content differs (sampled sha256: {SAMPLES} blocks of 64 KiB)")
     return out
-
-
-def _names(names: Sequence[str], limit: int = 5) -> str:
-    shown = ", ".join(names[:limit])
-    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
 def check_model_identical(

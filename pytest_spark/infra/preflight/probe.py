@@ -54,7 +54,7 @@ from pytest_spark.infra.preflight.parse import (
     parse_sha256sum,
 )
 from pytest_spark.infra.probe import ProbeSection, probe_script, split_probe
-from pytest_spark.infra.server.parse import parse_serve_args
+from pytest_spark.infra.serveargs import parse_serve_args
 
 if TYPE_CHECKING:
     from pytest_spark.settings.resolve import Settings

@@ -4,9 +4,8 @@ line; the checks that depend on the flag skip citing it."""
 
 from __future__ import annotations
 
-from pytest_spark.infra.finding import Finding
-from pytest_spark.infra.preflight.check import Skip
-from pytest_spark.infra.server.probe import ServerCommand
+from pytest_spark.infra.finding import Finding, Skip
+from pytest_spark.infra.servecmd import ServerCommand
 
 REASONING_VERDICT = "test_server_has_reasoning_parser"
 TOOLS_VERDICT = "test_server_has_tool_parser"

@@ -1,10 +1,10 @@
 """The server's command line, read from the serving container on the head in one round
-trip (:func:`pytest_spark.infra.server.probe.probe`)."""
+trip (:func:`pytest_spark.infra.servecmd.probe`)."""
 
 from __future__ import annotations
 
 from pytest_spark.access.cluster import Node
-from pytest_spark.infra.server.probe import ServerCommand, parse_probe, probe
+from pytest_spark.infra.servecmd import ServerCommand, parse_probe, probe
 
 __all__ = ["read_server_command"]
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from pytest_spark.infra.server.probe import ServerCommand
+from pytest_spark.infra.servecmd import ServerCommand
 from pytest_spark.serving.client.chat import ServingClient, TurnCache
 from pytest_spark.serving.client.prefetch import Prefetch
 from pytest_spark.serving.client.stream import ServingError
