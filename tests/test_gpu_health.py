@@ -26,15 +26,15 @@ from pytest_spark.infra.gpuhealth.check import (
 )
 from pytest_spark.infra.gpuhealth.parse import (
     QUERY_FIELDS,
-    parse_kernel_log,
-    parse_query_gpu,
     parse_smi_q,
     reasons_from_mask,
     reasons_from_q,
 )
-from pytest_spark.infra.gpuhealth.probe import PROBE_BODY, GpuHealth, KernelLog, parse_gpu_health
+from pytest_spark.infra.gpuhealth.probe import PROBE_BODY, GpuHealth, parse_gpu_health
+from pytest_spark.infra.kernellog import KernelLog, parse_kernel_log
 from pytest_spark.infra.preflight.probe import parse_preflight_probe, preflight_probe_command
 from pytest_spark.infra.probe import ProbeSection
+from pytest_spark.infra.smi import parse_query_gpu
 from pytest_spark.settings.profiles import load_profile
 from pytest_spark.settings.sections import GpuHealthSection
 
@@ -74,7 +74,7 @@ def health(
 
 
 def test_query_row_reads_gb10_na_as_none() -> None:
-    (row,) = parse_query_gpu(IDLE + "\n")
+    (row,) = parse_query_gpu(IDLE + "\n", QUERY_FIELDS)
     assert row.number("temperature.gpu") == 41
     assert row.number("clocks.max.sm") == 3003
     assert row.text("power.limit") is None  # GB10: [N/A]
@@ -83,7 +83,7 @@ def test_query_row_reads_gb10_na_as_none() -> None:
 
 def test_query_with_another_column_count_is_not_this_format() -> None:
     with pytest.raises(ParseError, match="expected 11 columns"):
-        parse_query_gpu("41, 208\n")
+        parse_query_gpu("41, 208\n", QUERY_FIELDS)
 
 
 def test_smi_q_reads_the_clocks_event_reasons_block_of_driver_580() -> None:
@@ -515,7 +515,7 @@ def test_the_probe_reads_sparksims_tools_as_the_real_ones(tmp_path: Path) -> Non
         reasons=["hw_slowdown"],
         persistence=False,
     )
-    (row,) = parse_query_gpu(throttled)
+    (row,) = parse_query_gpu(throttled, QUERY_FIELDS)
     assert throttled_rc == 0 and row.text("clocks_event_reasons.active") == "0x0000000000000008"
     assert row.text("persistence_mode") == "Disabled"
 

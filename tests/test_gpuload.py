@@ -17,8 +17,7 @@ import pytest
 from pytest_spark.infra.errors import ParseError
 from pytest_spark.infra.finding import Skip
 from pytest_spark.infra.gpuhealth.check import check_gpu_throttle
-from pytest_spark.infra.gpuhealth.parse import parse_query_gpu
-from pytest_spark.infra.gpuhealth.probe import GpuHealth, GpuReading, KernelLog
+from pytest_spark.infra.gpuhealth.probe import GpuHealth, GpuReading
 from pytest_spark.infra.gpuload.check import busy_clock, check_gpu_clock_under_load
 from pytest_spark.infra.gpuload.parse import (
     SAMPLE_FIELDS,
@@ -30,6 +29,8 @@ from pytest_spark.infra.gpuload.probe import (
     gpuload_probe_command,
     parse_gpuload_probe,
 )
+from pytest_spark.infra.kernellog import KernelLog
+from pytest_spark.infra.smi import parse_query_gpu
 from pytest_spark.settings.profiles import load_profile
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gpuload"

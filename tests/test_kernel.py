@@ -11,11 +11,16 @@ import pytest
 from pytest_spark.infra.errors import ParseError
 from pytest_spark.infra.finding import Skip
 from pytest_spark.infra.gpuhealth.check import check_gpu_kernel_log
-from pytest_spark.infra.gpuhealth.parse import line_time, no_memory_burst, parse_kernel_log
-from pytest_spark.infra.gpuhealth.probe import KernelLog
 from pytest_spark.infra.kernel.check import check_pcie_aer, check_previous_boot
-from pytest_spark.infra.kernel.parse import clean_shutdown_line, parse_aer, parse_list_boots
+from pytest_spark.infra.kernel.parse import clean_shutdown_line, parse_list_boots
 from pytest_spark.infra.kernel.probe import MARKER, PreviousBoot, parse_kernel_probe
+from pytest_spark.infra.kernellog import (
+    KernelLog,
+    line_time,
+    no_memory_burst,
+    parse_aer,
+    parse_kernel_log,
+)
 from pytest_spark.settings.sections import GpuHealthSection
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "kernel"

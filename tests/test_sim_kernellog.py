@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from pytest_spark.infra.counters.parse import parse_ethtool_stats
-from pytest_spark.infra.gpuhealth.parse import parse_kernel_log
-from pytest_spark.infra.kernel.parse import clean_shutdown_line, parse_aer, parse_list_boots
+from pytest_spark.infra.kernel.parse import clean_shutdown_line, parse_list_boots
+from pytest_spark.infra.kernellog import parse_aer, parse_kernel_log
 from sparksim import node as nodes_mod
 from sparksim.faults import gpu
 from sparksim.tools import kernellog, links

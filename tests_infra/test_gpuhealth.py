@@ -22,7 +22,6 @@ from pytest_spark import (
 )
 from pytest_spark.infra.finding import Skip
 from pytest_spark.infra.gpuhealth.check import (
-    KERNEL_VERDICT,
     TEMPERATURE_VERDICT,
     check_gpu_kernel_log,
     check_gpu_persistence,
@@ -32,6 +31,7 @@ from pytest_spark.infra.gpuhealth.check import (
 )
 from pytest_spark.infra.gpuhealth.probe import GpuHealth
 from pytest_spark.infra.gpuload.check import LOAD_VERDICT
+from pytest_spark.infra.kernellog import KERNEL_VERDICT
 from pytest_spark.infra.preflight.gather import all_preflight
 from pytest_spark.infra.preflight.probe import NodePreflight
 

@@ -24,7 +24,8 @@ from pytest_spark import (
     require_unless_twin_down,
     verdict_in_session,
 )
-from pytest_spark.infra.gpuhealth.check import KERNEL_VERDICT, gpu_lost_in_kernel_log
+from pytest_spark.infra.gpuhealth.check import gpu_lost_in_kernel_log
+from pytest_spark.infra.kernellog import KERNEL_VERDICT
 from pytest_spark.infra.links.gather import unusable_fabric_links
 from pytest_spark.infra.loaded.gather import rank_env
 from pytest_spark.infra.modelhash.gather import full_hash_listings

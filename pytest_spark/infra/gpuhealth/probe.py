@@ -22,29 +22,23 @@ Nothing here fails on ``[N/A]``: a GB10 reports its power limit (and memory) tha
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 from pytest_spark.infra.errors import ParseError
 from pytest_spark.infra.gpuhealth.parse import (
     QUERY_FIELDS,
-    KernelEvent,
-    QueryRow,
-    parse_kernel_log,
-    parse_query_gpu,
     parse_smi_q,
     reasons_from_mask,
     reasons_from_q,
-    to_float,
 )
-from pytest_spark.infra.kernel.parse import AerEvent, parse_aer
+from pytest_spark.infra.kernellog import KernelLog, kernel_log_of
 from pytest_spark.infra.probe import ProbeSection
+from pytest_spark.infra.smi import QueryRow, parse_query_gpu, to_float
 
 __all__ = [
     "PROBE_BODY",
     "GpuHealth",
     "GpuReading",
-    "KernelLog",
     "parse_gpu_health",
 ]
 
@@ -104,18 +98,6 @@ class GpuReading:
 
     def active(self) -> list[str]:
         return sorted(r for r, on in (self.reasons or {}).items() if on)
-
-
-@dataclass(frozen=True)
-class KernelLog:
-    """The kernel log since boot: ``source`` (``journalctl -k -b`` or ``dmesg``) and how
-    many lines it held, or None with ``refused`` saying why no source could be read."""
-
-    source: str | None
-    lines: int
-    events: tuple[KernelEvent, ...] = ()
-    refused: tuple[str, ...] = ()
-    aer: tuple[AerEvent, ...] = ()  # PCIe AER lines (infra.kernel.check reads them)
 
 
 @dataclass(frozen=True)
@@ -190,35 +172,15 @@ def _reading(row: QueryRow, q: dict[str, str] | None) -> GpuReading:
     )
 
 
-def _kernel(section: ProbeSection | None) -> KernelLog:
-    if section is None:
-        return KernelLog(None, 0, refused=("the kernel log was not probed",))
-    refused = tuple(
-        ln.strip().removeprefix("refused ")
-        for ln in section.stderr.splitlines()
-        if ln.startswith("refused ")
-    )
-    lines = section.stdout.splitlines()
-    m = re.match(r"^source (\S+) lines (\d+)$", lines[0].strip()) if lines else None
-    if section.rc != 0 or m is None:
-        why = refused or (f"exit {section.rc}",)
-        return KernelLog(None, 0, refused=why)
-    source = "journalctl -k -b" if m[1] == "journalctl" else "dmesg"
-    text = "\n".join(lines[1:])
-    return KernelLog(
-        source, int(m[2]), tuple(parse_kernel_log(text)), refused, tuple(parse_aer(text))
-    )
-
-
 def parse_gpu_health(sections: dict[str, ProbeSection]) -> GpuHealth:
     """The facts from the probe's ``gpu_query``, ``gpu_q`` and ``kernel_log`` sections."""
-    kernel = _kernel(sections.get("kernel_log"))
+    kernel = kernel_log_of(sections.get("kernel_log"))
     query = sections.get("gpu_query")
     raw = {n: s.stdout for n in ("gpu_query", "gpu_q") if (s := sections.get(n)) is not None}
     if query is None or query.rc != 0:
         return GpuHealth((), _problem(query, "nvidia-smi --query-gpu"), kernel, raw=raw)
     try:
-        rows = parse_query_gpu(query.stdout)
+        rows = parse_query_gpu(query.stdout, QUERY_FIELDS)
     except ParseError as exc:
         return GpuHealth((), str(exc), kernel, raw=raw)
     q_section = sections.get("gpu_q")

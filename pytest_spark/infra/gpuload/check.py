@@ -21,10 +21,10 @@ from __future__ import annotations
 from statistics import median
 
 from pytest_spark.infra.finding import Finding
-from pytest_spark.infra.gpuhealth.check import POWER_CYCLE
 from pytest_spark.infra.gpuload.parse import GpuSample
 from pytest_spark.infra.gpuload.probe import NodeLoad
-from pytest_spark.settings.profiles import GpuHealthSection
+from pytest_spark.infra.kernellog import POWER_CYCLE
+from pytest_spark.settings.sections import GpuHealthSection
 
 __all__ = ["LOAD_VERDICT", "busy_clock", "check_gpu_clock_under_load"]
 

@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 
 from pytest_spark.infra.errors import ParseError
-from pytest_spark.infra.gpuhealth.parse import parse_query_gpu
+from pytest_spark.infra.smi import parse_query_gpu
 
 __all__ = ["SAMPLE_FIELDS", "GpuSample", "LoadSummary", "parse_load_summary", "parse_samples"]
 

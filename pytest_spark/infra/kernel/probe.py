@@ -21,8 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pytest_spark.infra.errors import ParseError
-from pytest_spark.infra.gpuhealth.parse import KernelEvent, parse_kernel_log
-from pytest_spark.infra.kernel.parse import AerEvent, Boot, parse_aer, parse_list_boots
+from pytest_spark.infra.kernel.parse import Boot, parse_list_boots
+from pytest_spark.infra.kernellog import AerEvent, KernelEvent, parse_aer, parse_kernel_log
 from pytest_spark.infra.probe import ProbeSection, probe_script, split_probe
 
 __all__ = ["MARKER", "PreviousBoot", "kernel_probe_command", "parse_kernel_probe"]
