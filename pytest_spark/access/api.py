@@ -128,29 +128,10 @@ NOT_AN_API = (
 )
 
 
-def discover(
-    base_url: str, *, api_key: str | None, model: str | None, timeout: float
-) -> ApiEndpoint:
-    """Ask the server what it serves; fail with what was found, never hang. Every body is
-    read up to ``MAX_BODY_BYTES``."""
-    meant = pasted_endpoint(base_url)
-    if meant is not None:
-        raise ApiError(
-            f"{base_url} is the URL of one endpoint, not the API's base URL: did you mean "
-            f"the base URL {meant} (--spark-api-url={meant})?"
-        )
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    with httpx.Client(
-        base_url=base_url, headers=headers, timeout=timeout, verify=tls_context()
-    ) as client:
-        try:
-            models = body.get(client, "/v1/models")
-        except httpx.HTTPError as exc:
-            raise ApiError(transport_problem(base_url, "GET /v1/models", exc, timeout)) from None
-        try:
-            version_resp: body.Body | None = body.get(client, "/version", cap=64 * 1024)
-        except httpx.HTTPError:
-            version_resp = None  # not every OpenAI-compatible server has it
+def served_models(models: body.Body, base_url: str) -> tuple[Any, list[str]]:
+    """The model list ``GET /v1/models`` answered (its ``data`` and their ids), or the
+    ApiError that says what came back instead: a refusal (401, 403), another status, a body
+    too large, an HTML page, JSON without ``data[].id``, no model at all."""
     listing = f"GET {base_url}/v1/models"
     if models.status_code == 401:
         raise ApiError(
@@ -190,6 +171,33 @@ def discover(
             f"{listing} lists no model (data is empty): the server runs but serves no model "
             "yet; load one, or wait until it is loaded"
         )
+    return data, ids
+
+
+def discover(
+    base_url: str, *, api_key: str | None, model: str | None, timeout: float
+) -> ApiEndpoint:
+    """Ask the server what it serves; fail with what was found, never hang. Every body is
+    read up to ``MAX_BODY_BYTES``."""
+    meant = pasted_endpoint(base_url)
+    if meant is not None:
+        raise ApiError(
+            f"{base_url} is the URL of one endpoint, not the API's base URL: did you mean "
+            f"the base URL {meant} (--spark-api-url={meant})?"
+        )
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    with httpx.Client(
+        base_url=base_url, headers=headers, timeout=timeout, verify=tls_context()
+    ) as client:
+        try:
+            models = body.get(client, "/v1/models")
+        except httpx.HTTPError as exc:
+            raise ApiError(transport_problem(base_url, "GET /v1/models", exc, timeout)) from None
+        try:
+            version_resp: body.Body | None = body.get(client, "/version", cap=64 * 1024)
+        except httpx.HTTPError:
+            version_resp = None  # not every OpenAI-compatible server has it
+    data, ids = served_models(models, base_url)
     if model is None:
         if len(ids) > 1:
             raise ApiError(
