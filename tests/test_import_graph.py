@@ -46,7 +46,6 @@ MAY_IMPORT: dict[str, set[str]] = {
     WIRING: {
         "readiness",
         "infra.gather",
-        "collective",
         "serving",
         "measure",
         "report",
@@ -66,14 +65,12 @@ MAY_IMPORT: dict[str, set[str]] = {
         "settings",
     },
     "infra.gather": {
-        "collective",
         "infra.check",
         "infra.probe",
         "infra.parse",
         "access",
         "settings",
     },
-    "collective": {"infra.check", "infra.probe", "infra.parse", "access", "settings"},
     # the report's live lines show the launch's progress (readiness.watch); nothing there
     # imports the report
     "report": {WIRING, "readiness", "infra.check", "infra.parse", "access", "settings"},
@@ -316,6 +313,65 @@ def test_the_graph_sees_imports() -> None:
     assert "pytest_spark.serving.client.stream" in edges["pytest_spark.serving.load.sweep"]
     assert serving_part("pytest_spark.serving.validate.tools") == "validate"
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [frozenset({"a", "b", "c"})]
+
+
+# infra's topics stand alone (issue #37): a topic imports the shared infra modules
+# (SHARED_ROLES), never another topic, except where one topic's check needs another's
+# facts. Each such pair is listed with its reason; an entry fails once its arrow is gone,
+# so the list only shrinks.
+# BEGIN TOPIC ALLOW
+TOPIC_ALLOWED: dict[tuple[str, str], str] = {
+    ("knownbad", "alike"): "the known-bad list is judged against the versions the "
+    "nodes-alike probe reads (one probe, two verdicts)",
+    ("memory", "preflight"): "the headroom check leaves the serving container's own "
+    "processes out: the container comes from the preflight probe's docker facts",
+    ("modelhash", "preflight"): "the full hash completes the preflight probe's sampled "
+    "model listing",
+    ("nccl", "links"): "NCCL runs over the fabric: which ports are up decides which HCAs "
+    "the sweep may use, and a down link is cited rather than measured again",
+    ("nccl", "memory"): "the sweep's largest message is capped by the node's free memory",
+    ("preflight", "gpuhealth"): "the GPU-health sections ride in the preflight probe",
+    ("preflight", "links"): "the serving-env check names this node's own fabric "
+    "interfaces, read by the links probe",
+}
+# END TOPIC ALLOW
+
+
+def topic_of(module: str) -> str | None:
+    """``links`` for ``pytest_spark.infra.links.check``; None outside a topic folder."""
+    parts = module.split(".")
+    if len(parts) < 3 or parts[1] != "infra":
+        return None
+    return parts[2] if (PACKAGE / "infra" / parts[2] / "__init__.py").exists() else None
+
+
+def topic_arrows(edges: dict[str, set[str]]) -> dict[tuple[str, str], set[str]]:
+    """(topic, other topic) -> the imports behind that arrow."""
+    found: dict[tuple[str, str], set[str]] = {}
+    for src, targets in edges.items():
+        for dst in targets:
+            a, b = topic_of(src), topic_of(dst)
+            if a and b and a != b:
+                found.setdefault((a, b), set()).add(f"{src} -> {dst}")
+    return found
+
+
+def test_topics_stand_alone() -> None:
+    """A topic imports shared infra modules (finding, human, kernellog, serveargs, ...),
+    not another topic: a check is added by reading one folder."""
+    found = topic_arrows(graph())
+    new = {pair: sorted(how) for pair, how in found.items() if pair not in TOPIC_ALLOWED}
+    assert not new, (
+        f"infra topics importing one another: {new}; move the shared piece to a shared "
+        "infra module (pytest_spark/infra/*.py), or list the pair in TOPIC_ALLOWED with why"
+    )
+    assert topic_of("pytest_spark.infra.links.check") == "links"
+    assert topic_of("pytest_spark.infra.finding") is None
+
+
+def test_topic_allow_list_only_shrinks() -> None:
+    gone = sorted(set(TOPIC_ALLOWED) - set(topic_arrows(graph())))
+    assert not gone, f"these topic arrows are gone: remove them from TOPIC_ALLOWED: {gone}"
 
 
 def imports_pytest(path: Path) -> list[int]:
