@@ -229,51 +229,9 @@ def throughput_plot(levels: list[SweepLevel], slo: GoodputSlo | None = None) -> 
 
         xs = [lv.concurrency for lv in usable]
         axes = fig.subplots(1, 3)
-        ax = axes[0]
-        tok = [lv.output_tok_s or 0.0 for lv in usable]
-        ax.plot(xs, tok, marker="o", color="#1f77b4")
-        for x, y in zip(xs, tok, strict=True):
-            ax.annotate(
-                f"{y:.4g}",
-                (x, y),
-                textcoords="offset points",
-                xytext=(0, 5),
-                ha="center",
-                fontsize=7,
-            )
-        ax.set_ylabel("output tok/s")
-        ax.set_title("throughput", fontsize=9)
-        ax.set_ylim(bottom=0, top=max(tok) * 1.2 or 1)
-        for ax, attr, scale, unit in ((axes[1], "ttft", 1.0, "s"), (axes[2], "tpot", 1000.0, "ms")):
-            for pct, style in (("p50", "-"), ("p90", "--"), ("p99", ":")):
-                pts = [
-                    (lv.concurrency, v * scale)
-                    for lv in usable
-                    if (v := getattr(lv, attr).get(pct)) is not None
-                ]
-                if pts:
-                    ns = sorted({n for lv in usable if (n := lv.count(attr))})
-                    ax.plot(
-                        [p[0] for p in pts],
-                        [p[1] for p in pts],
-                        style,
-                        marker="o",
-                        markersize=3,
-                        label=_counts_label(pct, ns),
-                    )
-            if slo is not None and attr in slo.limits:
-                ax.axhline(
-                    slo.limits[attr] * scale,
-                    color="#d62728",
-                    linestyle="--",
-                    linewidth=1.2,
-                    label=_safe(slo.label(attr, scale, unit), 90),
-                )
-            ax.set_ylabel(f"{attr.upper()} ({unit})")
-            ax.set_title(f"{attr.upper()} percentiles", fontsize=9)
-            ax.set_ylim(bottom=0)
-            if ax.get_legend_handles_labels()[0]:
-                ax.legend(fontsize=7)
+        _draw_tok_s(axes[0], xs, [lv.output_tok_s or 0.0 for lv in usable])
+        _draw_percentiles(axes[1], usable, "ttft", 1.0, "s", slo)
+        _draw_percentiles(axes[2], usable, "tpot", 1000.0, "ms", slo)
         for ax in axes:
             ax.set_xscale("log", base=2)
             ax.xaxis.set_major_locator(FixedLocator(xs))
@@ -297,6 +255,64 @@ def throughput_plot(levels: list[SweepLevel], slo: GoodputSlo | None = None) -> 
         + ", ".join(f"{lv.output_tok_s:.4g} tok/s @{lv.concurrency}" for lv in usable)
         + slo_note,
     )
+
+
+def _draw_tok_s(ax: Any, xs: list[int], tok: list[float]) -> None:
+    """The throughput panel: output tokens/s per concurrency level, each point labelled."""
+    ax.plot(xs, tok, marker="o", color="#1f77b4")
+    for x, y in zip(xs, tok, strict=True):
+        ax.annotate(
+            f"{y:.4g}",
+            (x, y),
+            textcoords="offset points",
+            xytext=(0, 5),
+            ha="center",
+            fontsize=7,
+        )
+    ax.set_ylabel("output tok/s")
+    ax.set_title("throughput", fontsize=9)
+    ax.set_ylim(bottom=0, top=max(tok) * 1.2 or 1)
+
+
+def _draw_percentiles(
+    ax: Any,
+    usable: list[SweepLevel],
+    attr: str,
+    scale: float,
+    unit: str,
+    slo: GoodputSlo | None,
+) -> None:
+    """A latency panel (``attr``: ttft or tpot, times ``scale`` in ``unit``): p50, p90 and
+    p99 per concurrency level with their sample counts, and the goodput SLO's line."""
+    for pct, style in (("p50", "-"), ("p90", "--"), ("p99", ":")):
+        pts = [
+            (lv.concurrency, v * scale)
+            for lv in usable
+            if (v := getattr(lv, attr).get(pct)) is not None
+        ]
+        if pts:
+            ns = sorted({n for lv in usable if (n := lv.count(attr))})
+            ax.plot(
+                [p[0] for p in pts],
+                [p[1] for p in pts],
+                style,
+                marker="o",
+                markersize=3,
+                label=_counts_label(pct, ns),
+            )
+    if slo is not None and attr in slo.limits:
+        ax.axhline(
+            slo.limits[attr] * scale,
+            color="#d62728",
+            linestyle="--",
+            linewidth=1.2,
+            label=_safe(slo.label(attr, scale, unit), 90),
+        )
+    ax.set_ylabel(f"{attr.upper()} ({unit})")
+    ax.set_title(f"{attr.upper()} percentiles", fontsize=9)
+    ax.set_ylim(bottom=0)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
 
 
 def _counts_label(pct: str, ns: list[int]) -> str:
