@@ -24,7 +24,8 @@ from pytest_spark.serving.validate.fingerprint import (
     fingerprint_of,
 )
 from pytest_spark.serving.validate.mathset import MathScore, check_math, math_problems
-from pytest_spark.settings.profiles import CANARY_KINDS, AccuracySection, ProfileError, load_profile
+from pytest_spark.settings.profiles import ProfileError, load_profile
+from pytest_spark.settings.sections import CANARY_KINDS, AccuracySection
 
 SERVER = "qwen at http://198.18.0.1:8000"
 

@@ -20,12 +20,8 @@ from pytest_spark.infra.alike.probe import CONTAINER_SCRIPT, Fact, NodeAlike, pa
 from pytest_spark.infra.errors import ParseError
 from pytest_spark.infra.knownbad.check import check_known_bad, denied_nodes, rule_matches
 from pytest_spark.infra.knownbad.parse import Value, parse_pattern, version_key
-from pytest_spark.settings.profiles import (
-    KnownBadSection,
-    ProfileError,
-    VersionRule,
-    load_profile,
-)
+from pytest_spark.settings.profiles import ProfileError, load_profile
+from pytest_spark.settings.sections import KnownBadSection, VersionRule
 
 ROOT = Path(__file__).resolve().parents[1]
 H, W = "spark-head", "spark-worker-1"

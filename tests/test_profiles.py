@@ -54,8 +54,18 @@ def test_builtin_values_have_their_declared_types(name: str) -> None:
 
 
 def test_sections_are_the_profiles_fields() -> None:
+    """One declaration: ProfileSections' fields are the tables, Profile adds its header."""
+    assert [f.name for f in dataclasses.fields(ProfileSections)] == list(SECTIONS)
     names = [f.name for f in dataclasses.fields(Profile)]
-    assert names == ["name", "origin", *SECTIONS, "overridden", "set_by"]
+    assert names == [*SECTIONS, "name", "origin", "overridden", "set_by"]
+    loaded = load_profile("sim")
+    assert [type(getattr(loaded, s)) for s in SECTIONS] == list(SECTIONS.values())
+
+
+def test_section_units_name_their_own_keys() -> None:
+    """A section's UNITS names only keys it has (a renamed figure does not leave it behind)."""
+    for section, cls in SECTIONS.items():
+        assert set(cls.UNITS) <= {f.name for f in dataclasses.fields(cls)}, section
 
 
 @pytest.mark.parametrize(

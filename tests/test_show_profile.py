@@ -15,9 +15,9 @@ from pytest_spark.settings.profiles import (
     BUILTIN_PROFILES,
     ProfileError,
     builtin_profiles,
-    known_keys,
     load_profile,
 )
+from pytest_spark.settings.sections import known_keys
 from pytest_spark.settings.show import shown_value, unit_of
 
 contacts = nocontact.contacts  # the fixture: what a run attempted to reach
@@ -48,7 +48,7 @@ def show(pytester: pytest.Pytester, *args: str) -> tuple[pytest.RunResult, dict[
 
 def test_every_key_has_a_unit_or_says_it_has_none() -> None:
     missing = [key for key in known_keys() if unit_of(key) is None]
-    assert not missing, f"name their units in pytest_spark/settings/show.py UNITS: {missing}"
+    assert not missing, f"name their units in settings/sections.py UNITS: {missing}"
     assert unit_of("link.min_rate_gbps") == "Gb/s"  # a link's rate: bits
     assert unit_of("nccl.min_busbw_gbps") == "GB/s"  # nccl-tests' busbw: bytes
     assert unit_of("readiness.ready_timeout_s") == "s"

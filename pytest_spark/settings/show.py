@@ -16,18 +16,14 @@ from pathlib import Path
 import pytest
 
 from pytest_spark.settings.options import OPTIONS
-from pytest_spark.settings.profiles import (
-    VersionRule,
-    builtin_profiles,
-    known_keys,
-    section_hints,
-)
+from pytest_spark.settings.profiles import builtin_profiles
 from pytest_spark.settings.resolve import Settings, resolve
+from pytest_spark.settings.sections import SECTIONS, VersionRule, known_keys, section_hints
 
 # A figure's unit, read from its name's ending (``_s``, ``_gib``, ``_pct`` ...), or named
-# here where the name does not say it. ``-``: no unit (a boolean, a list of names, a seed,
-# a shape parameter). Every key resolves (tests/test_show_profile.py): a new key names its
-# unit here or ends in one of SUFFIXES.
+# by its section's UNITS (settings/sections.py) where the name does not say it. ``-``: no
+# unit (a boolean, a list of names, a seed, a shape parameter). Every key resolves
+# (tests/test_show_profile.py): a new key ends in one of SUFFIXES or is in its UNITS.
 SUFFIXES = (
     ("_busbw_gbps", "GB/s"),  # nccl-tests' bus bandwidth: gigabytes per second
     ("_rate_gbps", "Gb/s"),  # a link's rate: gigabits per second (ethtool's 200000Mb/s)
@@ -49,65 +45,13 @@ SUFFIXES = (
     ("_share", "ratio"),
     ("_pct", "%"),
 )
-UNITS = {
-    "link.fabric_twins": "ports",
-    "link.min_mtu": "bytes",
-    "link.hard_min_mtu": "bytes",
-    "link.ping_count": "pings",
-    "nccl.iters": "iters",
-    "nccl.warmup": "iters",
-    "preflight.gpus_per_node": "GPUs",
-    "preflight.nodes": "nodes",
-    "preflight.max_link_flaps_24h": "flaps",
-    "gpu_health.warn_xids": "Xid",
-    "gpu_health.nvrm_burst_lines": "lines",
-    "readiness.expected_gpus": "GPUs",
-    "throughput.concurrency": "reqs",
-    "throughput.requests_per_stream": "reqs",
-    "throughput.min_requests": "reqs",
-    "throughput.warmup_requests": "reqs",
-    "memory.top_holders": "procs",
-    "fdlimit.min_open_files": "files",
-    "slo.ttft_pct": "pctile",  # the percentile the SLO is read at (99: p99)
-    "slo.tpot_pct": "pctile",
-    "slo.e2e_pct": "pctile",
-    "slo.concurrency": "reqs",
-    "open_loop.start_rate": "req/s",
-    "open_loop.rate_factor": "x",
-    "open_loop.max_levels": "levels",
-    "open_loop.requests_per_level": "reqs",
-    "open_loop.seed": "-",
-    "open_loop.burstiness": "-",  # a gamma shape (1: Poisson)
-    "soak.concurrency": "reqs",
-    "soak.max_waiting_growth": "reqs",
-    "soak.max_preemptions": "preempts",
-    "long_context.fill": "ratio",
-    "metrics_health.max_preemptions": "preempts",
-    "accuracy.canaries": "-",
-    "accuracy.concurrency": "reqs",
-    "accuracy.max_concurrency": "reqs",
-    "accuracy.max_logprob_delta": "nats/tok",
-    "accuracy.max_top1_delta": "ratio",
-    "accuracy.math_problems": "problems",
-    "accuracy.math_expected": "ratio",
-    "accuracy.math_tolerance": "ratio",
-    "known_bad.deny": "rules",
-    "known_bad.allow": "rules",
-    "spec_decode.min_acceptance": "ratio",
-    "roofline.active_params_b": "billion",
-    "depth_sweep.depths": "tokens",
-    "depth_sweep.pp": "tokens",
-    "depth_sweep.tg": "tokens",
-    "depth_sweep.concurrency": "reqs",
-    "depth_sweep.runs": "batches",
-}
 
 
 def unit_of(key: str) -> str | None:
     """The unit of a dotted key (``-`` for none), or None when nothing says it."""
-    if key in UNITS:
-        return UNITS[key]
     section, _, name = key.partition(".")
+    if name in SECTIONS[section].UNITS:
+        return SECTIONS[section].UNITS[name]
     if section_hints(section).get(name) is bool:
         return "-"
     return next((unit for suffix, unit in SUFFIXES if name.endswith(suffix)), None)

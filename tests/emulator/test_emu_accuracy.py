@@ -18,7 +18,7 @@ from pytest_spark.serving.validate.accuracy import canaries, check_alone, check_
 from pytest_spark.serving.validate.accuracyprobe import AccuracyProbe
 from pytest_spark.serving.validate.fingerprint import Baseline, check_fingerprint
 from pytest_spark.serving.validate.mathset import check_math, grade_math, math_problems
-from pytest_spark.settings.profiles import AccuracySection
+from pytest_spark.settings.sections import AccuracySection
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "sparksim"))
 from emulator.solver import garbled, solve

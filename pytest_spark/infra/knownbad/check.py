@@ -22,7 +22,7 @@ from pytest_spark.infra.alike.probe import Fact, NodeAlike
 from pytest_spark.infra.errors import ParseError
 from pytest_spark.infra.finding import Finding
 from pytest_spark.infra.knownbad.parse import Value, parse_pattern
-from pytest_spark.settings.profiles import KnownBadSection, VersionRule
+from pytest_spark.settings.sections import KnownBadSection, VersionRule
 
 # What each component is called in a message.
 COMPONENT_NAMES = {

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_spark.infra.finding import Finding
-from pytest_spark.settings.profiles import CANARY_KINDS
+from pytest_spark.settings.sections import CANARY_KINDS
 
 # tests_e2e/test_accuracy.py: a model right alone and wrong under load; the functional
 # checks whose requests went out together (--spark-serving-concurrency) skip citing it.

@@ -53,7 +53,7 @@ from pytest_spark.serving.validate.fingerprint import (
 )
 from pytest_spark.serving.validate.formatturns import DISABLED_VERDICT, IGNORED_VERDICT
 from pytest_spark.serving.validate.mathset import MathScore, grade_math, math_problems
-from pytest_spark.settings.profiles import CANARY_KINDS, AccuracySection
+from pytest_spark.settings.sections import CANARY_KINDS, AccuracySection
 
 COMPLETIONS_PATH = "/v1/completions"
 BASELINES_FILE = "accuracy-baselines.json"
