@@ -10,42 +10,33 @@ what could not be read.
 from __future__ import annotations
 
 from collections import Counter
-from datetime import UTC, datetime
 
-from pytest_spark.infra.finding import Finding
-from pytest_spark.infra.gpuhealth.parse import XID_CATALOG, KernelEvent, no_memory_burst
-from pytest_spark.infra.gpuhealth.probe import GpuHealth, GpuReading, KernelLog
-from pytest_spark.infra.preflight.check import Skip
+from pytest_spark.infra.finding import Finding, Skip
+from pytest_spark.infra.gpuhealth.probe import GpuHealth, GpuReading
+from pytest_spark.infra.kernellog import (
+    NO_MEMORY_FIX,
+    POWER_CYCLE,
+    XID_CATALOG,
+    KernelEvent,
+    KernelLog,
+    no_memory_burst,
+    no_memory_text,
+)
 from pytest_spark.settings.sections import GpuHealthSection
 
 __all__ = [
-    "KERNEL_VERDICT",
-    "POWER_CYCLE",
     "TEMPERATURE_VERDICT",
     "check_gpu_kernel_log",
     "check_gpu_persistence",
     "check_gpu_temperature",
     "check_gpu_throttle",
     "gpu_lost_in_kernel_log",
-    "no_memory_text",
 ]
 
 TEMPERATURE_VERDICT = "test_gpu_temperature"
-KERNEL_VERDICT = "test_gpu_kernel_errors"
 LOST_XIDS = (79,)  # the GPU is gone from the bus: nvidia-smi then finds no device
 BENIGN = ("gpu_idle", "applications_clocks_setting", "sync_boost", "display_clocks_setting")
 THERMAL = ("hw_thermal_slowdown", "sw_thermal_slowdown")
-NO_MEMORY_FIX = (
-    "the driver ran out of GB10 unified memory: lower the engine's claim "
-    "(--gpu-memory-utilization) so the OS keeps its headroom (test_memory_headroom) and "
-    "stop other GPU processes; a burst of these wedged hosts until a power cycle "
-    "(open-gpu-kernel-modules#1358, dgx-spark-playbooks#97): reboot the node before serving"
-)
-POWER_CYCLE = (
-    "power-cycle the Spark: unplug its USB-C power brick from the wall and the Spark for "
-    "60 s, then reconnect (a fresh power negotiation); check the brick and cable are the "
-    "supplied ones and fully seated"
-)
 _COOLING = (
     "the GPU is too hot: give the Spark free airflow (vents unobstructed, not stacked on "
     "or against the other Spark), check the room temperature, let it cool before the load"
@@ -317,32 +308,6 @@ def _fix(events: list[KernelEvent]) -> str:
         if fix not in fixes:
             fixes.append(fix)
     return "; ".join(fixes)
-
-
-def _clock(at: float | None) -> str:
-    """A line's time as a person reads it: UTC for a journal's epoch, seconds since boot
-    for dmesg's."""
-    if at is None:
-        return "?"
-    if at > 1e9:
-        return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-    return f"{at:.0f} s after boot"
-
-
-def no_memory_text(
-    oom: list[KernelEvent], burst: list[KernelEvent], section: GpuHealthSection
-) -> str:
-    """``N x NV_ERR_NO_MEMORY (first ..., last ...; a burst: M within W s)`` for a
-    message."""
-    span = f"first {_clock(oom[0].at)}, last {_clock(oom[-1].at)}"
-    if burst:
-        how = f"a burst: {len(burst)} within {section.nvrm_burst_window_s:.0f} s"
-    else:
-        how = (
-            f"fewer than a burst of {section.nvrm_burst_lines} within "
-            f"{section.nvrm_burst_window_s:.0f} s: a transient allocation failure"
-        )
-    return f"{len(oom)} x NVRM NV_ERR_NO_MEMORY ({span}; {how})"
 
 
 def gpu_lost_in_kernel_log(kernel: KernelLog) -> KernelEvent | None:

@@ -28,13 +28,19 @@ from __future__ import annotations
 
 from collections import Counter
 
-from pytest_spark.infra.finding import Finding
-from pytest_spark.infra.gpuhealth.check import KERNEL_VERDICT, NO_MEMORY_FIX, no_memory_text
-from pytest_spark.infra.gpuhealth.parse import XID_CATALOG, line_time, no_memory_burst
-from pytest_spark.infra.gpuhealth.probe import KernelLog
-from pytest_spark.infra.kernel.parse import AerEvent, clean_shutdown_line
+from pytest_spark.infra.finding import Finding, Skip
+from pytest_spark.infra.kernel.parse import clean_shutdown_line
 from pytest_spark.infra.kernel.probe import PreviousBoot
-from pytest_spark.infra.preflight.check import Skip
+from pytest_spark.infra.kernellog import (
+    KERNEL_VERDICT,
+    NO_MEMORY_FIX,
+    XID_CATALOG,
+    AerEvent,
+    KernelLog,
+    line_time,
+    no_memory_burst,
+    no_memory_text,
+)
 from pytest_spark.settings.sections import GpuHealthSection
 
 __all__ = [
