@@ -7,7 +7,7 @@ Two network namespaces joined by one veth pair (198.19.250.1/24 and .2/24, both 
 256kb, gloo's short gaps between phases lose tokens and figures read 10-18% low on a loaded
 machine; 1mb and 2mb overshoot by 1-3%). For each rate the shipped
 script runs as two ranks, one per namespace, through the same runner the suite uses
-(``pytest_spark.collective.runner.run_allreduce``, each "node" an ``ip netns exec``), and the
+(``pytest_spark.infra.nccl.runner_gather.run_allreduce``, each "node" an ``ip netns exec``), and the
 large-message busbw is set beside the shaped rate (rate / 8 GB/s). Goal: within 10%.
 
 Needs root, iproute2 and torch (CPU wheel: ``.venv/bin/pip install torch==2.13.0``)::
@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from types import FrameType
 
 from pytest_spark.access.base import CommandResult, CommandTimeout
-from pytest_spark.collective.runner import run_allreduce
+from pytest_spark.infra.nccl.runner_gather import run_allreduce
 
 IFACE = "enp1s0f1np1"
 ADDRS = ("198.19.250.1", "198.19.250.2")

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from pytest_spark.collective.allreduce import header_lines, row_line
 from pytest_spark.infra.nccl.check import (
     busbw_series,
     check_busbw,
@@ -20,6 +19,7 @@ from pytest_spark.infra.nccl.check import (
 )
 from pytest_spark.infra.nccl.parse import NcclOutput, parse_nccl_tests
 from pytest_spark.infra.nccl.probe import CollectiveRun, RankOutput
+from pytest_spark.infra.nccl.scripts.table_probe import header_lines, row_line
 from pytest_spark.settings.profiles import load_profile
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "nccl"

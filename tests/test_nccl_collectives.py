@@ -8,16 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from pytest_spark.collective.allreduce import header_lines, row_line
-from pytest_spark.collective.runner import mpirun_chain
 from pytest_spark.infra.nccl.collectives_check import (
     all_gather_floor,
     check_all_gather,
     check_latency,
     latency_series,
 )
+from pytest_spark.infra.nccl.command_probe import mpirun_chain
 from pytest_spark.infra.nccl.parse import bus_factor, parse_nccl_tests, split_sections
 from pytest_spark.infra.nccl.probe import CollectiveRun, RankOutput, Section
+from pytest_spark.infra.nccl.scripts.table_probe import header_lines, row_line
 from pytest_spark.report.figures import figures_of, key_figures, metrics_of
 from pytest_spark.report.plots import latency_plot
 from pytest_spark.settings.profiles import load_profile
@@ -240,7 +240,8 @@ def test_mpirun_chain_output_splits_into_its_sweeps(tmp_path: Path) -> None:
     import shlex
     import subprocess
 
-    from pytest_spark.collective.runner import TOKEN_PREFIX, _parse_all
+    from pytest_spark.infra.nccl.command_probe import TOKEN_PREFIX
+    from pytest_spark.infra.nccl.result_probe import parse_all
 
     token = TOKEN_PREFIX + secrets.token_hex(6)
     mpi = Path(f"/tmp/{token}.mpi")
@@ -266,7 +267,7 @@ def test_mpirun_chain_output_splits_into_its_sweeps(tmp_path: Path) -> None:
         env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}"}
         proc = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, env=env)
         assert proc.returncode == 0, proc.stderr
-        main, error, sections = _parse_all(proc.stdout)
+        main, error, sections = parse_all(proc.stdout)
         assert error is None and main is not None and len(main.rows) == 28
         by_name = {s.name: s.parsed for s in sections}
         assert list(by_name) == ["all_gather", "latency"]
@@ -277,7 +278,7 @@ def test_mpirun_chain_output_splits_into_its_sweeps(tmp_path: Path) -> None:
         (mpi / "all_gather_perf").unlink()
         proc = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, env=env)
         assert proc.returncode == 4
-        _, _, sections = _parse_all(proc.stdout)
+        _, _, sections = parse_all(proc.stdout)
         missing = sections[0].parsed
         assert missing is not None and missing.rows == ()
         assert any("no all_gather_perf beside all_reduce_perf" in e for e in missing.errors)

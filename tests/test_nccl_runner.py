@@ -19,22 +19,21 @@ from pathlib import Path
 import pytest
 
 from pytest_spark.access.base import CommandResult, CommandTimeout
-from pytest_spark.collective import runner as collective
-from pytest_spark.collective.runner import (
-    CollectiveUnavailable,
-    detect_launcher,
+from pytest_spark.infra.nccl import command_probe, runner_gather
+from pytest_spark.infra.nccl.check import check_collective
+from pytest_spark.infra.nccl.command_probe import (
     kill_command,
     mpirun_command,
-    planned_sweeps,
     rank_command,
-    run_allreduce,
+    script_text,
     stage_command,
 )
-from pytest_spark.collective.script import script_text
-from pytest_spark.infra.nccl.check import check_collective
 from pytest_spark.infra.nccl.gather import _progress_line, progress_text
+from pytest_spark.infra.nccl.launcher_gather import CollectiveUnavailable, detect_launcher
 from pytest_spark.infra.nccl.parse import Row, Timing
 from pytest_spark.infra.nccl.probe import SweepProgress
+from pytest_spark.infra.nccl.result_probe import planned_sweeps
+from pytest_spark.infra.nccl.runner_gather import run_allreduce
 from pytest_spark.settings.profiles import load_profile
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "nccl"
@@ -158,7 +157,7 @@ def fake_python(tmp_path: Path, body: str) -> str:
 
 
 def test_stage_copies_the_script_intact_and_kill_cleans_up(nodes: list[LocalNode]) -> None:
-    token = collective.TOKEN_PREFIX + "a1b2c3d4e5f6"
+    token = command_probe.TOKEN_PREFIX + "a1b2c3d4e5f6"
     res = nodes[0].run(stage_command(token, script_text()), timeout=30)
     assert res.rc == 0, res.stderr
     workdir = Path(res.stdout.strip())
@@ -261,7 +260,7 @@ def test_mpirun_command_follows_the_playbook() -> None:
 
 
 def test_kill_command_spares_its_own_shell(nodes: list[LocalNode]) -> None:
-    token = collective.TOKEN_PREFIX + "0badc0ffee00"
+    token = command_probe.TOKEN_PREFIX + "0badc0ffee00"
     victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", token])
     try:
         res = nodes[0].run(kill_command(token), timeout=30)
@@ -330,7 +329,7 @@ def test_detect_fails_with_the_fix_when_nothing_works(tmp_path: Path) -> None:
 def test_timeout_pkills_every_rank_and_removes_temp_dirs(
     nodes: list[LocalNode], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(collective, "RUN_GRACE", 1.0)
+    monkeypatch.setattr(runner_gather, "RUN_GRACE", 1.0)
     py = fake_python(
         tmp_path, "print('# pytest_spark allreduce: rank started', flush=True)\ntime.sleep(300)"
     )
@@ -382,7 +381,7 @@ def test_keyboard_interrupt_ends_the_run_everywhere(nodes: list[LocalNode], tmp_
 def test_peers_of_a_failed_rank_are_stopped(
     nodes: list[LocalNode], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(collective, "KILL_GRACE", 1.0)
+    monkeypatch.setattr(runner_gather, "KILL_GRACE", 1.0)
     py = fake_python(
         tmp_path,
         "rank = args[args.index('--rank') + 1]\n"
@@ -466,7 +465,7 @@ def test_real_two_rank_run_through_the_runner(nodes: list[LocalNode]) -> None:
     ports = {
         shlex.split(r.command)[shlex.split(r.command).index("--master-port") + 1] for r in run.ranks
     }
-    assert len(ports) == 1 and collective.PORT_LO <= int(ports.pop()) < collective.PORT_HI
+    assert len(ports) == 1 and command_probe.PORT_LO <= int(ports.pop()) < command_probe.PORT_HI
     assert dirs_with(run.token) == [] and processes_with(run.token) == []
 
 
@@ -475,7 +474,7 @@ def test_rendezvous_port_lies_below_the_ephemeral_range() -> None:
     ports (Linux's ip_local_port_range): one drawn inside it was in use once, and the store
     failed to listen."""
     lo, _hi = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
-    drawn = {collective.free_range_port() for _ in range(2000)}
+    drawn = {command_probe.free_range_port() for _ in range(2000)}
     assert max(drawn) < min(lo, 29500), (max(drawn), lo)  # and below torch's 29500
     assert min(drawn) >= 20000  # above Ray's worker ports (10002-19999)
     assert len(drawn) > 1000  # spread: two jobs rarely meet
@@ -620,7 +619,7 @@ def test_nccl_tests_rows_are_told_as_mpirun_prints_them(
 
 def test_kill_command_ends_a_process_that_ignores_sigterm(nodes: list[LocalNode]) -> None:
     """SIGTERM first; what is still there after the grace gets SIGKILL."""
-    token = collective.TOKEN_PREFIX + "5eed5eed5eed"
+    token = command_probe.TOKEN_PREFIX + "5eed5eed5eed"
     code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)"
     victim = subprocess.Popen([sys.executable, "-c", code, token])
     try:
@@ -640,7 +639,7 @@ def test_kill_command_waits_for_nothing_when_nothing_is_left(
     ``sleep`` on PATH that leaves a mark shows whether it was called)."""
     (tmp_path / "sleep").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/slept\n')
     (tmp_path / "sleep").chmod(0o755)
-    token = collective.TOKEN_PREFIX + "0000deadbeef"
+    token = command_probe.TOKEN_PREFIX + "0000deadbeef"
     command = f"PATH={tmp_path}:$PATH; export PATH; " + kill_command(token)
     assert nodes[0].run(command, timeout=30).rc == 0
     assert not (tmp_path / "slept").exists()

@@ -12,9 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from pytest_spark.collective import allreduce as ar
-from pytest_spark.collective.script import script_text
+from pytest_spark.infra.nccl.command_probe import SCRIPT_PARTS, script_text
 from pytest_spark.infra.nccl.parse import parse_nccl_tests, split_sections
+from pytest_spark.infra.nccl.scripts import allreduce_probe as ar
+from pytest_spark.infra.nccl.scripts import predict_probe as pp
+from pytest_spark.infra.nccl.scripts import table_probe as tp
 
 SCRIPT = Path(ar.__file__)
 HAS_TORCH = importlib.util.find_spec("torch") is not None
@@ -29,26 +31,54 @@ FABRIC = {
     "lo": "127.0.0.1",
 }
 TWINS_UP = [
-    ar.Hca("rocep1s0f1", 1, "enp1s0f1np1", True),
-    ar.Hca("roceP2p1s0f1", 1, "enP2p1s0f1np1", True),
+    pp.Hca("rocep1s0f1", 1, "enp1s0f1np1", True),
+    pp.Hca("roceP2p1s0f1", 1, "enP2p1s0f1np1", True),
 ]
 
 
-def test_script_is_shipped_and_standalone() -> None:
-    text = script_text()
-    assert text == SCRIPT.read_text()
-    top = ast.parse(text).body  # module-level imports: stdlib only (torch is imported in run)
+def top_imports(text: str) -> set[str]:
+    """The top-level names a module imports at module level (absolute imports only)."""
+    top = ast.parse(text).body
     imports = {
         alias.name.split(".")[0]
         for node in top
         if isinstance(node, ast.Import)
         for alias in node.names
     }
-    imports |= {
-        (node.module or "").split(".")[0] for node in top if isinstance(node, ast.ImportFrom)
+    return imports | {
+        (node.module or "").split(".")[0]
+        for node in top
+        if isinstance(node, ast.ImportFrom) and not node.level
     }
-    assert imports <= set(sys.stdlib_module_names) | {"__future__"}
-    assert "import torch" in text
+
+
+def test_script_is_shipped_and_standalone() -> None:
+    """The program a rank runs is the files of scripts/ bundled, each as it is on disk, the
+    last run as __main__; the bundle and every part import the stdlib only at module level
+    (torch is imported in run, the parts import one another)."""
+    text = script_text()
+    tree = ast.parse(text)
+    (parts,) = [n.value for n in tree.body if isinstance(n, ast.Assign)]
+    bundled = ast.literal_eval(parts)
+    assert [file for _, file, _ in bundled] == [f"{name}.py" for name in SCRIPT_PARTS]
+    assert [name for name, _, _ in bundled][-1] == "__main__"
+    for _, file, body in bundled:
+        assert body == (SCRIPT.parent / file).read_text()
+        assert top_imports(body) <= set(sys.stdlib_module_names) | {"__future__"}, file
+    assert top_imports(text) <= set(sys.stdlib_module_names)
+    assert SCRIPT.name == "allreduce_probe.py" and "import torch" in SCRIPT.read_text()
+
+
+def test_bundle_runs_from_stdin() -> None:
+    """As the container launcher runs it (``python3 - ARGS < script``): its parts found in
+    the bundle, not beside it; a refusal needs no torch."""
+    proc = subprocess.run(
+        [sys.executable, "-", "--rank", "0", "--world-size", "2", "--master-addr",
+         "127.0.0.1", "--max-bytes", "16G"],
+        input=script_text(), capture_output=True, text=True, timeout=60, cwd="/",
+    )  # fmt: skip
+    assert proc.returncode == ar.EXIT_USAGE, proc.stderr
+    assert "refusing --max-bytes 17179869184: above 4 GiB" in proc.stdout
 
 
 @pytest.mark.parametrize(
@@ -64,23 +94,23 @@ def test_script_is_shipped_and_standalone() -> None:
     ],
 )
 def test_float_str_matches_nccl_tests(value: float, width: int, text: str) -> None:
-    assert ar.float_str(value, width) == text
+    assert tp.float_str(value, width) == text
 
 
 def test_row_and_header_round_trip_through_the_parser() -> None:
-    row = ar.row_line(1 << 20, 1 << 18, [(72.89e-6, 0), (72.53e-6, 0)], 2)
+    row = tp.row_line(1 << 20, 1 << 18, [(72.89e-6, 0), (72.53e-6, 0)], 2)
     assert row == (
         "     1048576        262144     float     sum      -1    72.89   14.39   14.39"
         "       0    72.53   14.46   14.46       0"
     )
-    out = parse_nccl_tests("\n".join([*ar.header_lines(), row]))
+    out = parse_nccl_tests("\n".join([*tp.header_lines(), row]))
     assert out.rows[0].in_place.busbw_gbps == 14.46 and out.init_complete
 
 
 def test_busbw_factor() -> None:
     # all-reduce busbw = algbw * 2(n-1)/n: 1.0 at n=2, 1.5 at n=4
-    two = ar.row_line(1 << 30, 1 << 28, [(0.1, 0), (0.1, 0)], 2).split()
-    four = ar.row_line(1 << 30, 1 << 28, [(0.1, 0), (0.1, 0)], 4).split()
+    two = tp.row_line(1 << 30, 1 << 28, [(0.1, 0), (0.1, 0)], 2).split()
+    four = tp.row_line(1 << 30, 1 << 28, [(0.1, 0), (0.1, 0)], 4).split()
     assert two[6] == two[7] == "10.74"
     assert (four[6], four[7]) == ("10.74", "16.11")
 
@@ -127,7 +157,7 @@ def test_ibdev2netdev_parsing() -> None:
         "rocep1s0f0 port 1 ==> enp1s0f0np0 (Down)\n"
         "rocep1s0f1 port 1 ==> enp1s0f1np1 (Up)\n"
     )
-    hcas = ar.parse_ibdev2netdev(text)
+    hcas = pp.parse_ibdev2netdev(text)
     assert [(h.dev, h.up) for h in hcas] == [
         ("roceP2p1s0f0", False),
         ("roceP2p1s0f1", True),
@@ -142,7 +172,7 @@ def test_predicted_ib_both_twins() -> None:
         "NCCL_IB_HCA": "rocep1s0f1,roceP2p1s0f1",
         "NCCL_IB_DISABLE": "0",
     }
-    lines = ar.predict_transport(env, TWINS_UP, FABRIC)
+    lines = pp.predict_transport(env, TWINS_UP, FABRIC)
     assert (
         "NET/IB : Using [0]rocep1s0f1:1/RoCE [1]roceP2p1s0f1:1/RoCE ; OOB "
         "enp1s0f1np1:198.19.0.1<0>" in lines
@@ -158,7 +188,7 @@ def test_predicted_ib_both_twins() -> None:
         ({"NCCL_IB_HCA": "mlx5_0"}, TWINS_UP, "NET/IB : No device found."),
         (
             {},
-            [ar.Hca(h.dev, h.port, h.netdev, False) for h in TWINS_UP],
+            [pp.Hca(h.dev, h.port, h.netdev, False) for h in TWINS_UP],
             "NET/IB : No device found.",
         ),
         ({}, [], "NET/IB : No device found."),
@@ -167,10 +197,10 @@ def test_predicted_ib_both_twins() -> None:
     ids=["ib-disabled", "hca-list-misses", "twins-down", "no-hca", "nccl-net-socket"],
 )
 def test_predicted_socket_fallback(
-    env: dict[str, str], hcas: list[ar.Hca], why: str | None
+    env: dict[str, str], hcas: list[pp.Hca], why: str | None
 ) -> None:
     env = {"NCCL_SOCKET_IFNAME": "enp1s0f1np1", **env}
-    lines = ar.predict_transport(env, hcas, FABRIC)
+    lines = pp.predict_transport(env, hcas, FABRIC)
     assert "NET/Socket : Using [0]enp1s0f1np1:198.19.0.1<0>" in lines
     assert lines[-1] == "Using network Socket"
     if why:
@@ -179,22 +209,22 @@ def test_predicted_socket_fallback(
 
 def test_predicted_one_twin_and_mgmt_oob() -> None:
     env = {"NCCL_SOCKET_IFNAME": "eth0", "NCCL_IB_HCA": "=rocep1s0f1"}
-    lines = ar.predict_transport(env, TWINS_UP, FABRIC)
+    lines = pp.predict_transport(env, TWINS_UP, FABRIC)
     assert "NET/IB : Using [0]rocep1s0f1:1/RoCE ; OOB eth0:198.18.0.11<0>" in lines
 
 
 def test_socket_ifname_default_skips_lo_and_docker() -> None:
     addrs = {"lo": "127.0.0.1", "docker0": "172.17.0.1", "enp1s0f1np1": "198.19.0.1"}
-    assert ar.find_socket_ifs({}, addrs) == ["enp1s0f1np1"]
-    assert ar.find_socket_ifs({"NCCL_SOCKET_IFNAME": "^enp"}, addrs) == ["lo", "docker0"]
+    assert pp.find_socket_ifs({}, addrs) == ["enp1s0f1np1"]
+    assert pp.find_socket_ifs({"NCCL_SOCKET_IFNAME": "^enp"}, addrs) == ["lo", "docker0"]
 
 
 def test_predicted_lines_are_labelled_and_parse_as_predicted(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(ar, "read_hcas", lambda: (TWINS_UP, "ibdev2netdev"))
-    monkeypatch.setattr(ar, "interface_addrs", lambda: FABRIC)
-    ar.print_predicted_transport({"NCCL_SOCKET_IFNAME": "enp1s0f1np1"})
+    monkeypatch.setattr(pp, "read_hcas", lambda: (TWINS_UP, "ibdev2netdev"))
+    monkeypatch.setattr(pp, "interface_addrs", lambda: FABRIC)
+    pp.print_predicted_transport({"NCCL_SOCKET_IFNAME": "enp1s0f1np1"})
     text = capsys.readouterr().out
     assert text.splitlines()[0].startswith("# pytest_spark: transport NCCL would select")
     assert "not a measurement" in text.splitlines()[0]
@@ -204,7 +234,7 @@ def test_predicted_lines_are_labelled_and_parse_as_predicted(
 
 
 def test_interface_addrs_sees_loopback() -> None:
-    assert ar.interface_addrs().get("lo") == "127.0.0.1"
+    assert pp.interface_addrs().get("lo") == "127.0.0.1"
 
 
 # ---------------------------------------------------------------------- real gloo runs

@@ -26,7 +26,8 @@ from pytest_spark.access.layout import (
     parse_ps,
 )
 from pytest_spark.access.retry import for_connection
-from pytest_spark.collective.runner import container_on, detect_launcher
+from pytest_spark.infra.nccl.command_probe import container_on
+from pytest_spark.infra.nccl.launcher_gather import detect_launcher
 from pytest_spark.infra.servecmd import parse_probe as parse_server_probe
 from pytest_spark.infra.servecmd import probe as server_probe
 from pytest_spark.readiness.wait import (

@@ -115,7 +115,7 @@ def test_a_switch_port_at_1500_is_one_failure_naming_the_node_and_its_pairs(
 
 class _RankNode:
     """A rank's node over the sim's SSH config, as the collective runner drives one
-    (``pytest_spark.collective.runner.RankNode``: a name and ``run``)."""
+    (``pytest_spark.infra.nccl.launcher_gather.RankNode``: a name and ``run``)."""
 
     def __init__(self, sim: Sim, node: dict[str, Any]) -> None:
         self.name, self.mgmt, self.config = node["name"], node["mgmt"], sim.cluster["ssh_config"]
@@ -159,9 +159,9 @@ def test_all_reduce_and_all_gather_span_all_four_nodes_behind_the_switch(switch4
     2(n-1)/n = 1.5 for the all-reduce and (n-1)/n = 0.75 for the all-gather. Light nodes
     have no engine: the ranks run the system python3 with this venv's site-packages (its
     torch; a node sees /usr and the checkout, its /root and /tmp are its own), on gloo."""
-    from pytest_spark.collective.runner import run_allreduce
     from pytest_spark.infra.nccl.check import check_wrong_values
     from pytest_spark.infra.nccl.collectives_check import check_all_gather
+    from pytest_spark.infra.nccl.runner_gather import run_allreduce
     from pytest_spark.settings.profiles import load_profile
 
     nodes = switch4.cluster["nodes"]

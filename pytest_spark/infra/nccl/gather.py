@@ -11,7 +11,6 @@ from collections.abc import Callable, Sequence
 
 from pytest_spark.access.base import RemoteError
 from pytest_spark.access.cluster import Cluster, Node
-from pytest_spark.collective.runner import CollectiveUnavailable, run_allreduce
 from pytest_spark.infra.errors import ParseError
 from pytest_spark.infra.links.check import link_is_usable
 from pytest_spark.infra.links.gather import fabric_ifs, node_link_facts, port_of
@@ -19,7 +18,9 @@ from pytest_spark.infra.links.probe import NodeLinkFacts
 from pytest_spark.infra.memory.gather import node_memory
 from pytest_spark.infra.nccl.check import _gb, _size
 from pytest_spark.infra.nccl.gid_parse import GID_PROBE, GidTable, parse_gid_probe
+from pytest_spark.infra.nccl.launcher_gather import CollectiveUnavailable
 from pytest_spark.infra.nccl.probe import CollectiveRun, SweepProgress
+from pytest_spark.infra.nccl.runner_gather import run_allreduce
 from pytest_spark.infra.nccl.sizing_check import sweep_sizes
 
 NCCL_ENV = (

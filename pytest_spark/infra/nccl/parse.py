@@ -1,7 +1,7 @@
 """Parser for nccl-tests output (``all_reduce_perf`` and friends) and NCCL's log lines.
 
 One parser serves real nccl-tests output and the nccl-tests-compatible output of the
-shipped benchmark script (``pytest_spark/collective/allreduce.py``, gloo or nccl backend):
+shipped benchmark script (``pytest_spark/infra/nccl/scripts/``, gloo or nccl backend):
 
 - result rows: ``size count type redop root`` then ``time algbw busbw #wrong`` for
   out-of-place and for in-place (``#wrong`` may be ``N/A``; a row may carry only the

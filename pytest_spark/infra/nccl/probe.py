@@ -2,7 +2,7 @@
 rank's command and output (:class:`RankOutput`) and the whole run with rank 0's parsed result
 (:class:`CollectiveRun`); the sweeps run in the same launch after the all-reduce (all_gather,
 the small-message latency sweep) are rank 0's :class:`Section` entries. Plain data over the
-parsed output: the runner (:mod:`pytest_spark.collective.runner`) makes them, the checks
+parsed output: the runner (:mod:`pytest_spark.infra.nccl.runner_gather`) makes them, the checks
 (:mod:`pytest_spark.infra.nccl.check`) read them.
 """
 

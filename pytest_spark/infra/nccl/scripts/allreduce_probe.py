@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """All-reduce (and all-gather) bus bandwidth between nodes, printed in nccl-tests' format.
 
-Standalone: stdlib plus torch, copied to every node by pytest_spark and run there once per
-rank::
+Standalone: stdlib plus torch, copied to every node by pytest_spark (bundled with
+its modules ``predict_probe.py`` and ``table_probe.py``) and run there once per rank::
 
     python3 allreduce.py --rank R --world-size N --master-addr HEAD_FABRIC_IP \\
         --master-port 29500 --min-bytes 1M --max-bytes 1G [--backend auto|nccl|gloo] \\
@@ -24,12 +24,8 @@ all-reduce out-of-place (a copy of the input, outside the timed region, then the
 and in-place, and prints nccl-tests rows: ``algbw = bytes / time`` (GB = 1e9 B) and
 ``busbw = algbw * 2(n-1)/n``. Rank 0 prints the table; every rank prints its log lines.
 
-Transport lines. With nccl, NCCL itself prints ``NCCL INFO`` lines when ``NCCL_DEBUG=INFO``.
-With gloo there is no NCCL, so the script prints the transport NCCL *would select* from the
-same inputs NCCL reads (``NCCL_NET``, ``NCCL_IB_DISABLE``, ``NCCL_IB_HCA``,
-``NCCL_SOCKET_IFNAME``, HCA state from ``ibdev2netdev`` or ``/sys/class/infiniband``), in
-NCCL's own line format, between two ``# pytest_spark:`` comment lines saying so. They are a
-prediction, never a measurement.
+Transport lines. With gloo and ``NCCL_DEBUG=INFO`` the script prints the transport NCCL
+*would select*, labelled a prediction (``predict_probe.py``, shipped with it).
 
 Bounds: sizes above 4 GiB are refused (16 GiB buffers froze DGX Sparks: unified memory). If
 the rendezvous and a first small all-reduce do not finish within ``--init-timeout`` seconds,
@@ -43,30 +39,29 @@ import argparse
 import contextlib
 import ctypes
 import datetime
-import fcntl
-import math
 import os
 import re
-import shutil
 import socket
-import struct
-import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
+
+if __package__:  # imported as pytest_spark's module (its tests)
+    from .predict_probe import print_predicted_transport
+    from .table_probe import bus_factor, header_lines, row_line
+else:  # run on a node: the bundle, or this file's folder, holds its modules
+    from predict_probe import print_predicted_transport  # type: ignore[no-redef]
+    from table_probe import (  # type: ignore[no-redef]
+        bus_factor,
+        header_lines,
+        row_line,
+    )
 
 PROGRAM = "pytest_spark allreduce"
 MAX_BYTES = 4 << 30  # never above 4 GiB: 16 GiB all-reduce buffers froze DGX Sparks
 EXIT_WRONG, EXIT_USAGE, EXIT_INIT_TIMEOUT, EXIT_FAILED, EXIT_DEADLINE = 1, 2, 3, 4, 124
-PREDICTED_BEGIN = (
-    "# pytest_spark: transport NCCL would select (computed from NCCL_* env and HCA state; "
-    "not a measurement, this run uses gloo over TCP):"
-)
-PREDICTED_END = "# pytest_spark: end of transport NCCL would select"
 CHECK_CHUNK = 1 << 24  # elements per validation chunk (bounds temporaries to 64 MiB)
 SECTION = "# pytest_spark: section "
 COLLECTIVES = ("all_reduce", "all_gather", "latency")
@@ -178,270 +173,6 @@ def sizes(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
         out.append(size - size % 4)
         size *= factor
     return out
-
-
-# ------------------------------------------------------------ transport NCCL would select
-
-
-@dataclass(frozen=True)
-class Hca:
-    """One RDMA device port and its netdev, as ``ibdev2netdev`` prints it."""
-
-    dev: str
-    port: int
-    netdev: str
-    up: bool
-    link_layer: str = "RoCE"
-
-
-_IBDEV2NETDEV = re.compile(r"^(\S+) port (\d+) ==> (\S+) \((\w+)\)")
-
-
-def parse_ibdev2netdev(text: str) -> list[Hca]:
-    hcas = []
-    for line in text.splitlines():
-        match = _IBDEV2NETDEV.match(line.strip())
-        if match:
-            dev, port, netdev, state = match.groups()
-            hcas.append(Hca(dev, int(port), netdev, state.lower() == "up"))
-    return hcas
-
-
-def read_hcas_sysfs(root: Path = Path("/sys/class/infiniband")) -> list[Hca]:
-    hcas: list[Hca] = []
-    if not root.is_dir():
-        return hcas
-    for devdir in sorted(root.iterdir()):
-        netdevs = sorted(p.name for p in (devdir / "device" / "net").glob("*"))
-        for portdir in sorted((devdir / "ports").glob("*")):
-            try:
-                state = (portdir / "state").read_text().strip()
-                layer = (portdir / "link_layer").read_text().strip()
-            except OSError:
-                continue
-            hcas.append(
-                Hca(
-                    devdir.name,
-                    int(portdir.name),
-                    netdevs[0] if netdevs else "?",
-                    "ACTIVE" in state,
-                    "IB" if layer == "InfiniBand" else "RoCE",
-                )
-            )
-    return hcas
-
-
-def read_hcas() -> tuple[list[Hca], str]:
-    """HCA ports and where they were read from (``ibdev2netdev`` first, as NVIDIA's tools)."""
-    tool = shutil.which("ibdev2netdev")
-    if tool:
-        try:
-            proc = subprocess.run([tool], capture_output=True, text=True, timeout=10)
-            if proc.returncode == 0:
-                return parse_ibdev2netdev(proc.stdout), "ibdev2netdev"
-        except (OSError, subprocess.TimeoutExpired):
-            pass
-    return read_hcas_sysfs(), "/sys/class/infiniband"
-
-
-def parse_if_list(spec: str | None) -> tuple[list[tuple[str, int]], bool, bool]:
-    """NCCL's list syntax: ``[^][=]name[:port],...`` -> (entries, exclude, exact)."""
-    if not spec:
-        return [], False, False
-    exclude = spec.startswith("^")
-    spec = spec[1:] if exclude else spec
-    exact = spec.startswith("=")
-    spec = spec[1:] if exact else spec
-    entries = []
-    for item in spec.split(","):
-        name, _, port = item.strip().partition(":")
-        if name:
-            entries.append((name, int(port) if port.isdigit() else -1))
-    return entries, exclude, exact
-
-
-def match_if_list(name: str, port: int, spec: str | None) -> bool:
-    """Whether NCCL's ``matchIfList`` keeps ``name:port`` for this env value (prefix match)."""
-    entries, exclude, exact = parse_if_list(spec)
-    if not entries:
-        return True
-    hit = any(
-        (name == want if exact else name.startswith(want)) and want_port in (-1, port)
-        for want, want_port in entries
-    )
-    return hit != exclude
-
-
-def interface_addrs() -> dict[str, str]:
-    """IPv4 address of every interface that has one (SIOCGIFADDR), in kernel order."""
-    addrs: dict[str, str] = {}
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        for _, name in socket.if_nameindex():
-            try:
-                packed = fcntl.ioctl(sock.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))
-            except OSError:
-                continue
-            addrs[name] = socket.inet_ntoa(packed[20:24])
-    return addrs
-
-
-def find_socket_ifs(env: Mapping[str, str], addrs: Mapping[str, str]) -> list[str]:
-    """NCCL's ncclFindInterfaces: NCCL_SOCKET_IFNAME, else ib*, else not docker/lo, ..."""
-    names = list(addrs)
-    spec = env.get("NCCL_SOCKET_IFNAME")
-    if spec:
-        return [n for n in names if match_if_list(n, -1, spec)]
-    for choice in ("ib", "^docker,lo", "docker", "lo"):
-        found = [n for n in names if match_if_list(n, -1, choice)]
-        if found:
-            return found
-    return []
-
-
-def predict_transport(
-    env: Mapping[str, str], hcas: Sequence[Hca], addrs: Mapping[str, str]
-) -> list[str]:
-    """The NCCL INFO messages (without prefix) NCCL would print choosing its network."""
-    lines: list[str] = []
-    sock_ifs = find_socket_ifs(env, addrs)
-    if env.get("NCCL_SOCKET_IFNAME"):
-        lines.append(f"NCCL_SOCKET_IFNAME set by environment to {env['NCCL_SOCKET_IFNAME']}")
-    if sock_ifs:
-        lines.append(f"Bootstrap : Using {sock_ifs[0]}:{addrs[sock_ifs[0]]}<0>")
-    else:
-        lines.append("Bootstrap : no socket interface found")
-    net = env.get("NCCL_NET", "").strip().lower()
-    disabled = env.get("NCCL_IB_DISABLE", "0").strip() not in ("", "0")
-    if "NCCL_IB_DISABLE" in env:
-        lines.append(f"NCCL_IB_DISABLE set by environment to {env['NCCL_IB_DISABLE']}.")
-    chosen: list[Hca] = []
-    if net != "socket" and not disabled:
-        spec = env.get("NCCL_IB_HCA")
-        if spec:
-            lines.append(f"NCCL_IB_HCA set to {spec}")
-        chosen = [h for h in hcas if h.up and match_if_list(h.dev, h.port, spec)]
-        if not chosen:
-            lines.append("NET/IB : No device found.")
-    if chosen and sock_ifs:
-        devs = " ".join(f"[{i}]{h.dev}:{h.port}/{h.link_layer}" for i, h in enumerate(chosen))
-        oob = f"{sock_ifs[0]}:{addrs[sock_ifs[0]]}<0>"
-        lines.append(f"NET/IB : Using {devs} ; OOB {oob}")
-        lines.append("Using network IB")
-    elif sock_ifs:
-        used = " ".join(f"[{i}]{n}:{addrs[n]}<0>" for i, n in enumerate(sock_ifs))
-        lines.append(f"NET/Socket : Using {used}")
-        lines.append("Using network Socket")
-    else:
-        lines.append("NET/Socket : no interface found")
-    return lines
-
-
-def nccl_prefix() -> str:
-    host = socket.gethostname().split(".")[0]
-    return f"{host}:{os.getpid()}:{threading.get_native_id()} [0] NCCL INFO "
-
-
-def print_predicted_transport(env: Mapping[str, str]) -> None:
-    hcas, source = read_hcas()
-    lines = predict_transport(env, hcas, interface_addrs())
-    say(PREDICTED_BEGIN)
-    say(
-        f"# (HCA state from {source}: "
-        + (", ".join(f"{h.dev}={'Up' if h.up else 'Down'}" for h in hcas) or "no HCA")
-        + ")"
-    )
-    prefix = nccl_prefix()
-    for line in lines:
-        say(prefix + line)
-    say(PREDICTED_END)
-
-
-# ----------------------------------------------------------------------------- formatting
-
-
-def float_str(value: float, width: int) -> str:
-    """nccl-tests' getFloatStr: as many decimals as the width allows."""
-    if not math.isfinite(value):
-        return f"{value!s:>{width}}"
-    power, val = 0, 1
-    while value >= val:
-        power += 1
-        val *= 10
-    if power < width - 2:
-        return f"{value:{width}.2f}"
-    if power < width - 1:
-        return f"{value:{width}.1f}"
-    if power < width + 1:
-        return f"{value:{width}.0f}"
-    return f"{value:{width}.1e}"
-
-
-def header_lines() -> list[str]:
-    blank = ("", "", "", "", "")
-    return [
-        "#",
-        "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}           out-of-place"
-        "                       in-place          ".format(*blank),
-        "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}"
-        "  {:>6} ".format(
-            "size",
-            "count",
-            "type",
-            "redop",
-            "root",
-            "time",
-            "algbw",
-            "busbw",
-            "#wrong",
-            "time",
-            "algbw",
-            "busbw",
-            "#wrong",
-        ),
-        "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}"
-        "  {:>6} ".format(
-            "(B)",
-            "(elements)",
-            "",
-            "",
-            "",
-            "(us)",
-            "(GB/s)",
-            "(GB/s)",
-            "",
-            "(us)",
-            "(GB/s)",
-            "(GB/s)",
-            "",
-        ),
-    ]
-
-
-def bus_factor(collective: str, nranks: int) -> float:
-    """nccl-tests' busbw factor (doc/PERFORMANCE.md): all-reduce 2(n-1)/n, all-gather (n-1)/n."""
-    if collective == "all_gather":
-        return (nranks - 1) / nranks
-    return 2 * (nranks - 1) / nranks
-
-
-def row_line(
-    nbytes: int,
-    count: int,
-    results: Iterable[tuple[float, int]],
-    nranks: int,
-    collective: str = "all_reduce",
-) -> str:
-    """One nccl-tests row from (seconds per iteration, wrong elements) per placement.
-    all_gather rows, as all_gather_perf prints them: redop ``none``, ``count`` the elements
-    each rank sends, ``nbytes`` the whole gathered buffer."""
-    redop = "none" if collective == "all_gather" else "sum"
-    line = f"{nbytes:12d}  {count:12d}  {'float':>8}  {redop:>6}  {-1:6d}"
-    for seconds, wrong in results:
-        algbw = nbytes / seconds / 1e9 if seconds > 0 else 0.0
-        busbw = algbw * bus_factor(collective, nranks)
-        cols = (float_str(seconds * 1e6, 7), float_str(algbw, 6), float_str(busbw, 6))
-        line += "  {:>7}  {:>6}  {:>6}".format(*cols) + f"  {float(wrong):>6g}"
-    return line
 
 
 # ------------------------------------------------------------------------------ measuring
@@ -614,7 +345,25 @@ def run(args: argparse.Namespace) -> int:
     if backend == "nccl" and not torch.cuda.is_available():
         say(f"# {PROGRAM}: error: backend nccl needs CUDA, and torch sees no GPU")
         return EXIT_USAGE
-    ifname = os.environ.get("GLOO_SOCKET_IFNAME" if backend == "gloo" else "NCCL_SOCKET_IFNAME")
+    announce(args, backend)
+    device = join(args, torch, dist, backend)
+    if device is None:
+        return EXIT_FAILED
+    code = measure(args, torch, dist, device, backend)
+    with contextlib.suppress(Exception):  # teardown of a finished run: nothing to report
+        dist.destroy_process_group()
+    say(f"# {PROGRAM}: rank {args.rank} done in {time.monotonic() - started:.1f} s")
+    return code
+
+
+def socket_ifname(backend: str) -> str | None:
+    """The interface the backend's sockets use, as its environment names it."""
+    return os.environ.get("GLOO_SOCKET_IFNAME" if backend == "gloo" else "NCCL_SOCKET_IFNAME")
+
+
+def announce(args: argparse.Namespace, backend: str) -> None:
+    """The lines before the rendezvous: rank 0's nccl-tests header (others say they only
+    log), the transport NCCL would select (gloo with NCCL_DEBUG=INFO), the address joined."""
     world, rank = args.world_size, args.rank
     if rank == 0:
         say(f"# nccl-tests-compatible output from {PROGRAM} (backend {backend})")
@@ -630,17 +379,28 @@ def run(args: argparse.Namespace) -> int:
         )
     if backend == "gloo" and os.environ.get("NCCL_DEBUG", "").upper() in ("INFO", "TRACE"):
         print_predicted_transport(os.environ)
-    url = f"tcp://{args.master_addr}:{args.master_port}"
     say(
-        f"# {PROGRAM}: rank {rank} of {world} joining {url} (backend {backend}, "
-        f"{'GLOO' if backend == 'gloo' else 'NCCL'}_SOCKET_IFNAME={ifname or '(unset)'})"
+        f"# {PROGRAM}: rank {rank} of {world} joining {master_url(args)} (backend {backend}, "
+        f"{'GLOO' if backend == 'gloo' else 'NCCL'}_SOCKET_IFNAME="
+        f"{socket_ifname(backend) or '(unset)'})"
     )
+
+
+def master_url(args: argparse.Namespace) -> str:
+    return f"tcp://{args.master_addr}:{args.master_port}"
+
+
+def join(args: argparse.Namespace, torch: Any, dist: Any, backend: str) -> Any | None:
+    """Meet the other ranks and run a first small all-reduce, within ``--init-timeout``
+    (else exit 3); the device, or None when the rendezvous or the first collective failed
+    (said). Rank 0 prints every rank's device line."""
+    world, rank, url = args.world_size, args.rank, master_url(args)
     init_timer = start_timer(
         args.init_timeout,
         EXIT_INIT_TIMEOUT,
         f"# {PROGRAM}: init timeout: rank {rank} of {world} did not complete the rendezvous "
         f"at {url} and a first all-reduce within {args.init_timeout:g} s (backend {backend}, "
-        f"socket interface {ifname or '(unset)'})",
+        f"socket interface {socket_ifname(backend) or '(unset)'})",
     )
     t_init = time.monotonic()
     if backend == "nccl":
@@ -668,7 +428,7 @@ def run(args: argparse.Namespace) -> int:
             f"# {PROGRAM}: init failed: rank {rank} of {world} at {url}: "
             f"{type(exc).__name__}: {exc}".replace("\n", " ")
         )
-        return EXIT_FAILED
+        return None
     init_timer.cancel()
     say(f"# {PROGRAM}: rendezvous complete: {world} ranks in {time.monotonic() - t_init:.2f} s")
     if rank == 0:
@@ -676,11 +436,7 @@ def run(args: argparse.Namespace) -> int:
         say("# Using devices")
         for line in devices:
             say(line)
-    code = measure(args, torch, dist, device, backend)
-    with contextlib.suppress(Exception):  # teardown of a finished run: nothing to report
-        dist.destroy_process_group()
-    say(f"# {PROGRAM}: rank {rank} done in {time.monotonic() - started:.1f} s")
-    return code
+    return device
 
 
 def section_sizes(args: argparse.Namespace, collective: str) -> list[int]:
