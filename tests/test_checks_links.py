@@ -12,22 +12,17 @@ from typing import Any
 import pytest
 
 import pytest_spark.infra.links.check as links_checks
+import pytest_spark.infra.links.ping_check as ping_checks
 from pytest_spark.infra.finding import Finding
 from pytest_spark.infra.links.check import (
     DEPENDS_ON_LINK_UP,
-    check_fabric_twins,
     check_link_rate,
     check_link_up,
-    check_mtu,
-    check_mtu_consistent,
-    check_ping,
     check_roce_active,
-    check_same_subnet,
-    check_twin_subnets_distinct,
     link_is_usable,
     link_rate_short,
-    twin_key,
 )
+from pytest_spark.infra.links.mtu_check import check_mtu, check_mtu_consistent
 from pytest_spark.infra.links.parse import (
     PingResult,
     RoceMapping,
@@ -35,7 +30,10 @@ from pytest_spark.infra.links.parse import (
     parse_ip_addr_json,
     parse_ping,
 )
+from pytest_spark.infra.links.ping_check import check_ping
 from pytest_spark.infra.links.probe import PortFacts, discover_fabric_ifs, parse_link_probe
+from pytest_spark.infra.links.subnet_check import check_same_subnet, check_twin_subnets_distinct
+from pytest_spark.infra.links.twins_check import check_fabric_twins, twin_key
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "links"
 NODE = "spark-worker-1"
@@ -196,7 +194,7 @@ def test_link_rate_short_words_a_slow_link_for_the_checks_that_skip_on_it() -> N
 def test_dependent_checks_are_named() -> None:
     assert {"check_roce_active", "check_link_rate", "check_ping"} == DEPENDS_ON_LINK_UP
     for name in DEPENDS_ON_LINK_UP:
-        assert callable(getattr(links_checks, name))
+        assert callable(getattr(links_checks, name, None) or getattr(ping_checks, name))
 
 
 # ---------------------------------------------------------------------------- RoCE state
@@ -610,7 +608,7 @@ def test_a_link_at_half_rate_is_one_failure_naming_both_ends() -> None:
 def test_no_ibdev2netdev_says_command_not_found_once() -> None:
     """Issue #25 part 3: a reachable node without ibdev2netdev gave 16 identical "check
     cables" errors and "No port has a link partner"; nothing said the tool is missing."""
-    from pytest_spark.infra.links.check import fabric_twin_missing
+    from pytest_spark.infra.links.twins_check import fabric_twin_missing
 
     finding = check_fabric_twins("spark-worker-1", [], 2, [], ("ibdev2netdev",))
     assert not finding.ok

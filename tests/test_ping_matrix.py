@@ -1,6 +1,6 @@
 """The ping matrix of the link checks (every pair of nodes on a twin, both ways): the
 probe command run for real in a local shell with a stand-in ping, its parser, and the
-pure verdicts (infra.links.check.check_ping_pairs, ping_pairs_culprit)."""
+pure verdicts (infra.links.ping_check.check_ping_pairs, ping_pairs_culprit)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_spark.infra.links.check import check_ping, check_ping_pairs, ping_pairs_culprit
 from pytest_spark.infra.links.parse import PingResult
+from pytest_spark.infra.links.ping_check import check_ping, check_ping_pairs, ping_pairs_culprit
 from pytest_spark.infra.links.probe import (
     PingTarget,
     matrix_peers,

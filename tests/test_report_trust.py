@@ -13,7 +13,8 @@ import pytest
 from pytest_spark.infra.alike.check import nccl_versions
 from pytest_spark.infra.alike.parse import ContainerFacts, NcclLibrary
 from pytest_spark.infra.finding import Finding
-from pytest_spark.infra.links.check import check_link_rate, check_mtu, nic_firmware
+from pytest_spark.infra.links.check import check_link_rate, nic_firmware
+from pytest_spark.infra.links.mtu_check import check_mtu
 from pytest_spark.infra.links.parse import CaInfo
 from pytest_spark.infra.links.probe import PortFacts
 from pytest_spark.report.environment import environment

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from pytest_spark import Cluster, Node, verdict_in_session
-from pytest_spark.infra.links.check import fabric_twin_missing
 from pytest_spark.infra.links.gather import all_link_facts, fabric_ifs, node_link_facts, port_of
 from pytest_spark.infra.links.probe import NodeLinkFacts, PortFacts, discover_fabric_ifs
+from pytest_spark.infra.links.twins_check import fabric_twin_missing
 from pytest_spark.readiness.reachability import require_reachable
 
 

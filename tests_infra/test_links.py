@@ -19,23 +19,18 @@ from pytest_spark import (
 from pytest_spark.infra.errors import ParseError
 from pytest_spark.infra.finding import Skip
 from pytest_spark.infra.links.check import (
-    check_fabric_twins,
     check_link_rate,
     check_link_up,
-    check_mtu,
-    check_mtu_consistent,
-    check_ping,
-    check_ping_pairs,
     check_roce_active,
-    check_same_subnet,
     link_is_usable,
     link_rate_ends,
     link_rate_short,
     nic_firmware,
     peer_took_the_link_down,
-    ping_pairs_culprit,
 )
 from pytest_spark.infra.links.gather import all_link_facts, fabric_ifs, node_link_facts, port_of
+from pytest_spark.infra.links.mtu_check import check_mtu, check_mtu_consistent
+from pytest_spark.infra.links.ping_check import check_ping, check_ping_pairs, ping_pairs_culprit
 from pytest_spark.infra.links.probe import (
     NodeLinkFacts,
     PingTarget,
@@ -45,6 +40,8 @@ from pytest_spark.infra.links.probe import (
     parse_ping_matrix,
     ping_matrix_command,
 )
+from pytest_spark.infra.links.subnet_check import check_same_subnet
+from pytest_spark.infra.links.twins_check import check_fabric_twins
 from pytest_spark.readiness.reachability import require_reachable, unreachable_reason
 
 pytestmark = pytest.mark.link

@@ -10,7 +10,7 @@ import pytest
 from pytest_spark.access.base import RemoteError
 from pytest_spark.access.cluster import Cluster, Node
 from pytest_spark.infra.errors import ParseError
-from pytest_spark.infra.links.check import link_is_usable, link_rate_short, twin_key
+from pytest_spark.infra.links.check import link_is_usable, link_rate_short
 from pytest_spark.infra.links.probe import (
     LINK_PROBE,
     NodeLinkFacts,
@@ -18,6 +18,7 @@ from pytest_spark.infra.links.probe import (
     discover_fabric_ifs,
     parse_link_probe,
 )
+from pytest_spark.infra.links.twins_check import twin_key
 
 
 def node_link_facts(cluster: Cluster, node: Node) -> NodeLinkFacts:
