@@ -37,8 +37,10 @@ SHARED_RUN_MODULES = (
     "test_serving_suite.py",
 )
 # Modules whose later tests read an earlier one's result (the sparkrun jobs table: the
-# healthy row's skips are the other rows' baseline): one unit too, split they would skip.
-ORDERED_MODULES = ("suite/test_sparkrun_faults.py",)
+# healthy row's skips are the other rows' baseline) or attach to the serving stack an
+# earlier one kept up (the NCCL suite: one launch, not three): one unit too; split, they
+# would skip, or launch again on each worker.
+ORDERED_MODULES = ("suite/test_sparkrun_faults.py", "suite/test_nccl_suite.py")
 
 
 def tier_of(path: Path, needs_sim: bool) -> str:

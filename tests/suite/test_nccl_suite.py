@@ -1,11 +1,20 @@
-"""The NCCL suite against sparksim: real gloo all-reduce over the shaped fabric veths."""
+"""The NCCL suite against sparksim: real gloo all-reduce over the shaped fabric veths.
+
+The healthy run launches serving (the all-reduce runs in its containers, where torch
+lives) and keeps it up (``--spark-keep``); the degraded-link and low-memory runs attach to
+that stack with their fault injected, as the fault matrix's `serving` rows do, instead of
+launching one each (the all-reduce is started afresh in the running containers by every
+run either way). The no-RDMA run launches its own: what it holds is the launch finding no
+fabric interface. One work unit under xdist (tests/conftest.py ORDERED_MODULES)."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from faultmatrix import Stack  # type: ignore[import-not-found]
 
 from conftest import REPO, launch_args, run_suite, sim_fault  # type: ignore[import-not-found]
 from pytest_spark.access.simcontrol import SimCluster
@@ -14,9 +23,34 @@ pytestmark = pytest.mark.sim
 NCCL = str(REPO / "tests_infra" / "test_nccl.py")
 
 
-def test_healthy_fabric_passes_and_records_the_series(sim: SimCluster, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def stack(sim: SimCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """The serving stack the module's attached runs share; stopped after the module (the
+    session's sim goes on to other tests)."""
+    kept = Stack(sim, tmp_path_factory.mktemp("nccl-stack"))
+    try:
+        yield kept
+    finally:
+        kept.stop()
+
+
+def attach_args(sim: SimCluster, stack: Stack) -> list[str]:
+    """Suite options that attach to the kept stack (launched here if no test left one up)."""
+    stack.ensure()
+    launch = sim.info["launch"]
+    return [
+        f"--spark-serve-args={launch['serve_args']}",
+        f"--spark-container={launch['container']}",
+    ]
+
+
+def test_healthy_fabric_passes_and_records_the_series(
+    sim: SimCluster, stack: Stack, tmp_path: Path
+) -> None:
     sim_fault(sim, "clear")
-    run = run_suite(tmp_path, NCCL, *launch_args(sim), "--spark-history=off", sim=sim)
+    stack.stop()  # a launch of its own, kept for the attached runs below
+    launched = [*launch_args(sim), "--spark-keep"]
+    run = run_suite(tmp_path, NCCL, *launched, "--spark-history=off", sim=sim)
     assert run.ret == 0, run.output
     busbw = run.checks(nodeid="tests_infra/test_nccl.py::test_allreduce_busbw")[0]
     assert busbw["outcome"] == "passed"
@@ -47,11 +81,14 @@ def test_healthy_fabric_passes_and_records_the_series(sim: SimCluster, tmp_path:
     ), lines
 
 
-def test_degraded_link_fails_busbw_with_the_figures(sim: SimCluster, tmp_path: Path) -> None:
+def test_degraded_link_fails_busbw_with_the_figures(
+    sim: SimCluster, stack: Stack, tmp_path: Path
+) -> None:
     sim_fault(sim, "clear")
+    attached = attach_args(sim, stack)
     sim_fault(sim, "link-rate", "spark-1", "100000")
     try:
-        run = run_suite(tmp_path, NCCL, *launch_args(sim), "--spark-history=off", sim=sim)
+        run = run_suite(tmp_path, NCCL, *attached, "--spark-history=off", sim=sim)
     finally:
         sim_fault(sim, "clear")
     failed = run.failed()
@@ -62,12 +99,47 @@ def test_degraded_link_fails_busbw_with_the_figures(sim: SimCluster, tmp_path: P
     assert record["measured"] < 0.075
 
 
-def test_no_rdma_on_the_nodes_is_one_failure(sim: SimCluster, tmp_path: Path) -> None:
+def test_low_memory_caps_the_sweep_rather_than_run_it(
+    sim: SimCluster, stack: Stack, tmp_path: Path
+) -> None:
+    """The memory guard (pytest_spark/infra/nccl/sizing_check.py): a node whose MemAvailable is
+    down to sparksim's floor (335 MiB, another process holding the rest: fault memory-held)
+    runs a 256 MiB sweep capped at 32 MiB (two buffers in a quarter of 335 MiB), and the
+    report and the live line say so; the all-reduce itself still passes."""
+    sim_fault(sim, "clear")
+    attached = attach_args(sim, stack)
+    sim_fault(sim, "memory-held", "spark-2", "--gib", "117")
+    try:
+        run = run_suite(
+            tmp_path,
+            NCCL + "::test_allreduce_busbw",
+            *attached,
+            "--spark-history=off",
+            "--spark-threshold=nccl.max_bytes=268435456",
+            "--spark-threshold=nccl.iters=2",
+            "--spark-threshold=nccl.warmup=1",
+            sim=sim,
+        )
+    finally:
+        sim_fault(sim, "clear")
+    busbw = run.checks(nodeid="tests_infra/test_nccl.py::test_allreduce_busbw")[0]
+    assert busbw["outcome"] == "passed", run.output
+    capped = busbw["extra"]["sweep_capped"]
+    assert capped.startswith("sweep capped at 32 MiB (profile nccl.max_bytes 256 MiB)"), capped
+    assert "has 0.3 GiB MemAvailable" in capped
+    assert busbw["extra"]["busbw_series"]["points"][-1]["size_bytes"] == 32 << 20
+    assert "sweep capped at 32 MiB" in busbw["message"]
+    last = [line for line in run.output.splitlines() if " 100% " in f" {line} "]
+    assert last and "sweep capped at 32 MiB" in last[-1], run.output[-2000:]
+
+
+def test_no_rdma_on_the_nodes_is_one_failure(sim: SimCluster, stack: Stack, tmp_path: Path) -> None:
     """Issue #25 part 4: the RDMA drivers not loaded on any node (sparksim's no-rdma: no
     /sys/class/infiniband, ibdev2netdev silent, the netdevs up) was a GID failure per node
     plus the transport check's socket fallback. One failure: the first node's
     test_roce_gid_is_v2, naming every node and the fix; the other node's GID check and the
     transport check skip citing it."""
+    stack.stop()  # launched here: the launcher finding no fabric interface is the point
     sim_fault(sim, "clear")
     sim_fault(sim, "no-rdma", "all")
     try:
@@ -100,34 +172,3 @@ def test_no_rdma_on_the_nodes_is_one_failure(sim: SimCluster, tmp_path: Path) ->
         if record["outcome"] == "skipped":
             assert f"no RDMA on {head}, {worker}" in record["message"], record
             assert record["message"].endswith(f"({verdict} has the evidence)"), record
-
-
-def test_low_memory_caps_the_sweep_rather_than_run_it(sim: SimCluster, tmp_path: Path) -> None:
-    """The memory guard (pytest_spark/infra/nccl/sizing_check.py): a node whose MemAvailable is
-    down to sparksim's floor (335 MiB, another process holding the rest: fault memory-held)
-    runs a 256 MiB sweep capped at 32 MiB (two buffers in a quarter of 335 MiB), and the
-    report and the live line say so; the all-reduce itself still passes."""
-    sim_fault(sim, "clear")
-    sim_fault(sim, "memory-held", "spark-2", "--gib", "117")
-    try:
-        run = run_suite(
-            tmp_path,
-            NCCL + "::test_allreduce_busbw",
-            *launch_args(sim),
-            "--spark-history=off",
-            "--spark-threshold=nccl.max_bytes=268435456",
-            "--spark-threshold=nccl.iters=2",
-            "--spark-threshold=nccl.warmup=1",
-            sim=sim,
-        )
-    finally:
-        sim_fault(sim, "clear")
-    busbw = run.checks(nodeid="tests_infra/test_nccl.py::test_allreduce_busbw")[0]
-    assert busbw["outcome"] == "passed", run.output
-    capped = busbw["extra"]["sweep_capped"]
-    assert capped.startswith("sweep capped at 32 MiB (profile nccl.max_bytes 256 MiB)"), capped
-    assert "has 0.3 GiB MemAvailable" in capped
-    assert busbw["extra"]["busbw_series"]["points"][-1]["size_bytes"] == 32 << 20
-    assert "sweep capped at 32 MiB" in busbw["message"]
-    last = [line for line in run.output.splitlines() if " 100% " in f" {line} "]
-    assert last and "sweep capped at 32 MiB" in last[-1], run.output[-2000:]
