@@ -13,10 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from pytest_spark.infra.finding import Finding
 from pytest_spark.infra.nccl.parse import NcclOutput, NetTransport, parse_ib_hca
+from pytest_spark.infra.nccl.signature_check import low_busbw_why
 
 if TYPE_CHECKING:
     from pytest_spark.infra.nccl.probe import CollectiveRun
@@ -27,6 +28,7 @@ __all__ = [
     "LAUNCH_VERDICT",
     "BusbwPoint",
     "BusbwSeries",
+    "TransportReading",
     "allreduce_unavailable",
     "busbw_series",
     "check_busbw",
@@ -35,6 +37,7 @@ __all__ = [
     "check_init_hang",
     "check_transport",
     "check_wrong_values",
+    "read_transport",
 ]
 
 FABRIC_DEVS = ("rocep1s0f1", "roceP2p1s0f1")
@@ -43,8 +46,6 @@ FABRIC_IFS = ("enp1s0f1np1", "enP2p1s0f1np1")
 # every node); the other NCCL checks skip citing it.
 LAUNCH_VERDICT = "test_allreduce_does_not_hang_at_init"
 CONTAINER_VERDICT = "test_serving_container_running"
-SOCKET_BAND = 1.6  # up to 1.6x the socket-fallback figure reads as socket fallback
-ONE_TWIN_BAND = (0.7, 1.3)  # within this factor of the one-twin figure reads as one twin
 
 
 def _gb(value: float) -> str:
@@ -161,48 +162,6 @@ def busbw_series(output: NcclOutput) -> BusbwSeries:
 # ------------------------------------------------------------------------------ checks
 
 
-def _twins_in_use(
-    transports: Sequence[NetTransport], fabric_devs: Sequence[str]
-) -> tuple[list[str], list[str]]:
-    """(nodes whose NCCL uses every fabric device, nodes using fewer or NET/Socket)."""
-    both: list[str] = []
-    fewer: list[str] = []
-    for t in transports:
-        full = t.kind == "IB" and all(d in t.devices for d in fabric_devs)
-        (both if full else fewer).append(t.host)
-    return sorted(set(both)), sorted(set(fewer))
-
-
-def _one_twin_reading(
-    one_twin: float, transports: Sequence[NetTransport], fabric_devs: Sequence[str]
-) -> str:
-    """What a figure near the one-twin one means, given which devices each rank used."""
-    figure = f"About the one-twin figure (~{_fig(one_twin)} GB/s)"
-    both, fewer = _twins_in_use(transports, fabric_devs)
-    devs = ",".join(fabric_devs)
-    predicted = (
-        " (predicted from the NCCL_* env and HCA state)"
-        if any(t.predicted for t in transports)
-        else ""
-    )
-    if fewer:
-        return (
-            f"{figure}: one twin only on {', '.join(fewer)}{predicted}: check NCCL_IB_HCA "
-            f"lists both {devs} and both are Up (ibdev2netdev)."
-        )
-    if both:
-        return (
-            f"{figure}, but every rank's NCCL uses both twins ({devs}){predicted}, so not a "
-            "missing twin: a link negotiated at 100G (ethtool: Speed 100000Mb/s) gives the "
-            "same figure; then check MTU >= 4200 on both twins and other traffic on the fabric."
-        )
-    return (
-        f"{figure}: one twin only: check NCCL_IB_HCA lists both {devs} and both are Up "
-        "(ibdev2netdev). A link negotiated at 100G (ethtool: Speed 100000Mb/s) gives the "
-        "same figure."
-    )
-
-
 def check_busbw(
     output: NcclOutput,
     profile: Any,
@@ -220,21 +179,7 @@ def check_busbw(
     minimum = profile.nccl.min_busbw_gbps if minimum is None else minimum
     row = output.largest
     if row is None:
-        said = [*output.errors, *output.warnings][:4]
-        return Finding.failed(
-            None,
-            minimum,
-            "GB/s",
-            bound=">=",
-            node=where,
-            message=f"{where}: {collective} produced no result rows ({_how(output)}), expected "
-            f"busbw >= {_fig(minimum)} GB/s. "
-            + (
-                "It said:\n" + "\n".join(said)
-                if said
-                else "A run that stops before its first row usually hung at NCCL initialisation."
-            ),
-        )
+        return _no_rows(output, minimum, where, collective)
     busbw = round(row.busbw_gbps, 4)
     head = (
         f"{where}: {collective} busbw {_gb(busbw)} GB/s at {_size(row.size_bytes)} ({_how(output)})"
@@ -248,34 +193,9 @@ def check_busbw(
             message=f"{head}, expected >= {_fig(minimum)} GB/s",
             bound=">=",
         )
-    one_twin = profile.nccl.one_twin_busbw_gbps
-    socket = profile.nccl.socket_busbw_gbps
-    if socket and busbw <= float(socket) * SOCKET_BAND:
-        why = (
-            f"About the TCP-socket figure (~{_fig(float(socket))} GB/s): TCP socket fallback "
-            "or NCCL built without IB. Check the NCCL INFO lines say NET/IB, not "
-            "NET/Socket; NCCL_IB_DISABLE must be 0, NCCL_IB_HCA must name Up devices "
-            "(ibdev2netdev), and the container needs libibverbs and /dev/infiniband."
-        )
-    elif one_twin and ONE_TWIN_BAND[0] <= busbw / float(one_twin) <= ONE_TWIN_BAND[1]:
-        why = _one_twin_reading(float(one_twin), transports, fabric_devs)
-    else:
-        sigs = []
-        if one_twin:
-            sigs.append(f"one twin only ~{_fig(float(one_twin))}")
-        if socket:
-            sigs.append(f"TCP fallback ~{_fig(float(socket))}")
-        why = (
-            "Not a known signature"
-            + (f" ({', '.join(sigs)} GB/s)" if sigs else "")
-            + ": check link rate (ethtool), MTU >= 4200 on both twins, other traffic on "
-            "the fabric, and that the largest size reaches steady state (-e 1G)."
-        )
-    if output.backend == "gloo":
-        why += (
-            " This run measured with gloo, which reduces on the CPU: a busy CPU on any node "
-            "lowers the figure too."
-        )
+    why = low_busbw_why(
+        busbw, profile, backend=output.backend, transports=transports, fabric_devs=fabric_devs
+    )
     evidence = {"busbw series": _series_text(output)}
     if transports:
         evidence["NCCL transport lines"] = "\n".join(t.line for t in transports)
@@ -290,10 +210,71 @@ def check_busbw(
     )
 
 
+def _no_rows(output: NcclOutput, minimum: float, where: str, collective: str) -> Finding:
+    """A sweep without one result row: what it said instead, or the likely hang."""
+    said = [*output.errors, *output.warnings][:4]
+    return Finding.failed(
+        None,
+        minimum,
+        "GB/s",
+        bound=">=",
+        node=where,
+        message=f"{where}: {collective} produced no result rows ({_how(output)}), expected "
+        f"busbw >= {_fig(minimum)} GB/s. "
+        + (
+            "It said:\n" + "\n".join(said)
+            if said
+            else "A run that stops before its first row usually hung at NCCL initialisation."
+        ),
+    )
+
+
 def _series_text(output: NcclOutput) -> str:
     return "\n".join(
         f"{_size(r.size_bytes):>10}  busbw {r.busbw_gbps:8.3f} GB/s"
         for r in sorted(output.rows, key=lambda r: r.size_bytes)
+    )
+
+
+@dataclass(frozen=True)
+class TransportReading:
+    """What the ranks' transport lines say, decided (the words come in :func:`check_transport`).
+
+    ``kind``: ``none`` (no line), ``socket`` (a rank on NET/Socket), ``foreign`` (a rank on a
+    device off the fabric), ``missing`` (a rank without every fabric device), ``oob`` (NET/IB,
+    but the bootstrap off the fabric) or ``ib`` (as expected). ``rank``: the first rank that
+    decided a failure; ``names``: what is at fault (interfaces off the fabric for ``socket``,
+    devices for ``foreign`` and ``missing``, ``host:interface`` for ``oob``)."""
+
+    kind: Literal["none", "socket", "foreign", "missing", "oob", "ib"]
+    rank: NetTransport | None = None
+    names: tuple[str, ...] = ()
+
+
+def read_transport(
+    transports: Sequence[NetTransport], fabric_devs: Sequence[str], fabric_ifs: Sequence[str]
+) -> TransportReading:
+    """Every rank on NET/IB over all the fabric devices, bootstrapping on the fabric?"""
+    if not transports:
+        return TransportReading("none")
+    for t in transports:
+        if t.kind == "Socket":
+            off = tuple(i.name for i in t.socket_ifaces if i.name not in fabric_ifs)
+            return TransportReading("socket", t, off)
+    for t in transports:
+        foreign = tuple(d for d in t.devices if d not in fabric_devs)
+        if foreign:
+            return TransportReading("foreign", t, foreign)
+        missing = tuple(d for d in fabric_devs if d not in t.devices)
+        if missing:
+            return TransportReading("missing", t, missing)
+    oob_off = {
+        f"{t.host}:{t.oob.name}"
+        for t in transports
+        if t.oob is not None and t.oob.name not in fabric_ifs
+    }
+    return (
+        TransportReading("oob", None, tuple(sorted(oob_off))) if oob_off else TransportReading("ib")
     )
 
 
@@ -306,7 +287,8 @@ def check_transport(
 ) -> Finding:
     """Every rank chose NET/IB on the fabric devices (all of them), never NET/Socket."""
     expected = f"NET/IB on {','.join(fabric_devs)}"
-    if not transports:
+    reading = read_transport(transports, fabric_devs, fabric_ifs)
+    if reading.kind == "none":
         return Finding.failed(
             None,
             expected,
@@ -315,89 +297,73 @@ def check_transport(
             f"Using ...) in any rank's output, expected {expected}. Run with NCCL_DEBUG=INFO "
             "(the runner sets it; a container or profile overriding it hides the transport).",
         )
-    predicted = any(t.predicted for t in transports)
     note = (
-        (
-            " (the transport NCCL would select, computed by pytest_spark from the NCCL_* "
-            "environment and HCA state: this run measured with gloo)"
-        )
-        if predicted
+        " (the transport NCCL would select, computed by pytest_spark from the NCCL_* "
+        "environment and HCA state: this run measured with gloo)"
+        if any(t.predicted for t in transports)
         else ""
     )
     evidence = {"NCCL transport lines": "\n".join(t.line for t in transports)}
-    for t in transports:
-        if t.kind == "Socket":
-            ifaces = ",".join(f"{i.name}:{i.addr}" for i in t.socket_ifaces) or "?"
-            mgmt = [i.name for i in t.socket_ifaces if i.name not in fabric_ifs]
-            extra = (
-                f" {', '.join(mgmt)} is not a fabric interface ({', '.join(fabric_ifs)}):"
-                " NCCL_SOCKET_IFNAME points NCCL at the wrong network."
-                if mgmt
-                else ""
-            )
-            return Finding.failed(
-                f"NET/Socket on {ifaces}",
-                expected,
-                node=t.host,
-                message=f"{t.host}: NCCL chose NET/Socket over {ifaces} (TCP fallback, busbw "
-                f"~3 GB/s on a Spark), expected {expected}{note}.{extra} Usually "
-                "NCCL_IB_DISABLE=1, NCCL_IB_HCA naming no Up device, the fabric ports Down "
-                "(ibdev2netdev), or an NCCL/container without IB verbs (libibverbs, "
-                "/dev/infiniband).",
-                evidence=evidence,
-            )
-    for t in transports:
-        devs = t.devices
-        missing = [d for d in fabric_devs if d not in devs]
-        foreign = [d for d in devs if d not in fabric_devs]
-        if foreign:
-            return Finding.failed(
-                f"NET/IB on {','.join(devs)}",
-                expected,
-                node=t.host,
-                message=f"{t.host}: NCCL uses NET/IB on {', '.join(foreign)}, not a fabric "
-                f"device, expected {expected}{note}. Set NCCL_IB_HCA="
-                f"{','.join(fabric_devs)} (launch-cluster.sh --ib-if).",
-                evidence=evidence,
-            )
-        if missing:
-            return Finding.failed(
-                f"NET/IB on {','.join(devs)}",
-                expected,
-                node=t.host,
-                message=f"{t.host}: NCCL uses NET/IB on {', '.join(devs)} only, missing "
-                f"{', '.join(missing)}, expected {expected}{note}: one twin only (busbw "
-                f"~13.5 GB/s). Check NCCL_IB_HCA lists both {','.join(fabric_devs)} and both "
-                "are Up (ibdev2netdev).",
-                evidence=evidence,
-            )
-    hosts = sorted({t.host for t in transports})
-    oob_off = sorted(
-        {
-            f"{t.host}:{t.oob.name}"
-            for t in transports
-            if t.oob is not None and t.oob.name not in fabric_ifs
-        }
-    )
-    if oob_off:
+    if reading.rank is not None:
+        t = reading.rank
+        measured = (
+            f"NET/Socket on {_socket_ifaces(t)}"
+            if reading.kind == "socket"
+            else f"NET/IB on {','.join(t.devices)}"
+        )
+        message = _rank_transport_message(reading, expected + note, fabric_devs, fabric_ifs)
+        return Finding.failed(measured, expected, node=t.host, message=message, evidence=evidence)
+    hosts = ", ".join(sorted({t.host for t in transports}))
+    if reading.kind == "oob":
         return Finding.warned(
             expected,
             expected,
             node=where,
-            message=f"{where}: NET/IB on {','.join(fabric_devs)} on {', '.join(hosts)}{note}, "
-            f"but NCCL's bootstrap (OOB) runs over {', '.join(oob_off)}, not a fabric "
+            message=f"{where}: NET/IB on {','.join(fabric_devs)} on {hosts}{note}, "
+            f"but NCCL's bootstrap (OOB) runs over {', '.join(reading.names)}, not a fabric "
             f"interface ({', '.join(fabric_ifs)}). Set NCCL_SOCKET_IFNAME to the fabric "
             "interface, as launch-cluster.sh does.",
             evidence=evidence,
         )
-    return Finding(
-        "pass",
-        expected,
-        expected,
-        None,
-        f"{where}: {expected} on {', '.join(hosts)}{note}",
-        where,
-        evidence,
+    return Finding("pass", expected, expected, None, f"{where}: {expected} on {hosts}{note}",
+                   where, evidence)  # fmt: skip
+
+
+def _socket_ifaces(t: NetTransport) -> str:
+    return ",".join(f"{i.name}:{i.addr}" for i in t.socket_ifaces) or "?"
+
+
+def _rank_transport_message(
+    reading: TransportReading, expected: str, fabric_devs: Sequence[str], fabric_ifs: Sequence[str]
+) -> str:
+    """The words for a rank whose transport failed (``expected`` carries the gloo note)."""
+    t = reading.rank
+    assert t is not None
+    if reading.kind == "socket":
+        extra = (
+            f" {', '.join(reading.names)} is not a fabric interface ({', '.join(fabric_ifs)}):"
+            " NCCL_SOCKET_IFNAME points NCCL at the wrong network."
+            if reading.names
+            else ""
+        )
+        return (
+            f"{t.host}: NCCL chose NET/Socket over {_socket_ifaces(t)} (TCP fallback, busbw "
+            f"~3 GB/s on a Spark), expected {expected}.{extra} Usually "
+            "NCCL_IB_DISABLE=1, NCCL_IB_HCA naming no Up device, the fabric ports Down "
+            "(ibdev2netdev), or an NCCL/container without IB verbs (libibverbs, "
+            "/dev/infiniband)."
+        )
+    if reading.kind == "foreign":
+        return (
+            f"{t.host}: NCCL uses NET/IB on {', '.join(reading.names)}, not a fabric "
+            f"device, expected {expected}. Set NCCL_IB_HCA="
+            f"{','.join(fabric_devs)} (launch-cluster.sh --ib-if)."
+        )
+    return (
+        f"{t.host}: NCCL uses NET/IB on {', '.join(t.devices)} only, missing "
+        f"{', '.join(reading.names)}, expected {expected}: one twin only (busbw "
+        f"~13.5 GB/s). Check NCCL_IB_HCA lists both {','.join(fabric_devs)} and both "
+        "are Up (ibdev2netdev)."
     )
 
 

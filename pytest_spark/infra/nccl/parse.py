@@ -28,7 +28,7 @@ Pure: text in, frozen dataclasses out. Output with nothing recognisable raises
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from pytest_spark.infra.errors import ParseError
@@ -331,154 +331,164 @@ def _iface(text: str) -> SocketIface | None:
     return SocketIface(match.group(1), match.group(2)) if match else None
 
 
-def parse_nccl_tests(text: str) -> NcclOutput:
-    """Parse nccl-tests (or the shipped script's) output; see the module doc."""
-    rows: list[Row] = []
-    log: list[LogLine] = []
-    transports: list[NetTransport] = []
-    networks: list[tuple[str, str]] = []
-    channel_nets: list[str] = []
-    settings: dict[str, str] = {}
-    devices: list[RankDevice] = []
-    warnings: list[str] = []
-    errors: list[str] = []
-    params: dict[str, int] = {}
+@dataclass
+class _Reading:
+    """What :func:`parse_nccl_tests` has read so far, line by line."""
+
+    rows: list[Row] = field(default_factory=list)
+    log: list[LogLine] = field(default_factory=list)
+    transports: list[NetTransport] = field(default_factory=list)
+    networks: list[tuple[str, str]] = field(default_factory=list)
+    channel_nets: list[str] = field(default_factory=list)
+    settings: dict[str, str] = field(default_factory=dict)
+    devices: list[RankDevice] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    params: dict[str, int] = field(default_factory=dict)
     avg: float | None = None
     oob_count: int | None = None
-    collective = backend = version = init_timeout = None
-    tool = TOOL
-    init_complete = False
-    predicted = False
-    recognised = 0
+    collective: str | None = None
+    backend: str | None = None
+    version: str | None = None
+    init_timeout: str | None = None
+    tool: str = TOOL
+    init_complete: bool = False
+    predicted: bool = False
 
+
+def parse_nccl_tests(text: str) -> NcclOutput:
+    """Parse nccl-tests (or the shipped script's) output; see the module doc."""
+    r = _Reading()
+    recognised = 0
     for lineno, raw in enumerate(text.splitlines(), start=1):
         line = _TAG.sub("", raw.rstrip())
-        if not line.strip():
-            continue
-        stripped = line.strip()
-        if stripped.startswith(PREDICTED_BEGIN):
-            predicted, recognised = True, recognised + 1
-            continue
-        if stripped.startswith(PREDICTED_END):
-            predicted, recognised = False, recognised + 1
-            continue
-        log_match = _LOG.match(stripped)
-        if log_match:
-            recognised += 1
-            entry = LogLine(
-                log_match["host"],
-                int(log_match["pid"]),
-                int(log_match["tid"]),
-                int(log_match["dev"]),
-                log_match["level"],
-                log_match["msg"].strip(),
-                stripped,
-                log_match["src"],
-                predicted,
-            )
-            log.append(entry)
-            _read_log(entry, transports, networks, channel_nets, settings, warnings)
-            continue
-        if any(p.search(stripped) for p in _FAILURES):
-            recognised += 1
-            errors.append(stripped)
-            continue
-        if not stripped.startswith("#"):
-            version_match = _VERSION.match(stripped)
-            if version_match:
-                recognised += 1
-                version = version_match.group(1)
-                continue
-            row_match = _ROW_HEAD.match(line)
-            if row_match:
-                recognised += 1
-                if not row_match["rest"]:  # the run stopped while measuring this size
-                    errors.append(f"incomplete result row (stopped while measuring): {stripped}")
-                    continue
-                oop, ip = _timings(row_match["rest"], lineno, line)
-                rows.append(
-                    Row(
-                        int(row_match["size"]),
-                        int(row_match["count"]),
-                        row_match["type"],
-                        row_match["redop"],
-                        int(row_match["root"]),
-                        oop,
-                        ip,
-                    )
-                )
-            continue
-        # comment lines
-        recognised += 1
-        if m := _OOB.match(stripped):
-            oob_count = int(m.group(1))
-        elif m := _AVG.match(stripped):
-            avg = float(m.group(1))
-        elif _PARAMS.match(stripped):
-            params = _params(stripped)
-        elif m := _RANK.match(stripped):
-            devices.append(
-                RankDevice(
-                    int(m["rank"]),
-                    int(m["pid"]),
-                    m["host"],
-                    int(m["dev"]),
-                    m["bus"],
-                    m["name"].strip(),
-                )
-            )
-        elif m := _COLLECTIVE.match(stripped):
-            collective = m.group(1)
-        elif m := _SCRIPT_HEAD.match(stripped):
-            tool, backend = SCRIPT, m.group(2)
-        elif m := _SCRIPT_LINE.match(stripped):
-            tool = SCRIPT
-            backend = m.group(1) or backend
-            body = stripped[m.end() :].strip()
-            if body.startswith("init timeout"):
-                init_timeout = stripped
-                errors.append(stripped)
-            elif body.startswith(("init failed", "error:", "deadline")):
-                errors.append(stripped)
-            elif body.startswith("rendezvous complete"):
-                init_complete = True
-        elif stripped.startswith("#  ") and "size" in stripped and "count" in stripped:
-            init_complete = True  # the results header: communicators are up
+        if line.strip():
+            recognised += _read_line(r, line, lineno)
     if not recognised:
         raise ParseError(TOOL, "no nccl-tests rows, footer or NCCL log lines in the output")
-    if tool == SCRIPT and backend is None:
-        backend = "gloo"
     return NcclOutput(
-        rows=tuple(rows),
-        avg_busbw_gbps=avg,
-        out_of_bounds=oob_count,
-        params=params,
-        devices=tuple(devices),
-        collective=collective,
-        tool=tool,
-        backend=backend,
-        nccl_version=version,
-        transports=tuple(transports),
-        networks=tuple(networks),
-        channel_nets=tuple(dict.fromkeys(channel_nets)),
-        settings=settings,
-        log=tuple(log),
-        warnings=tuple(warnings),
-        errors=tuple(errors),
-        init_timeout=init_timeout,
-        init_complete=init_complete or bool(rows),
+        rows=tuple(r.rows),
+        avg_busbw_gbps=r.avg,
+        out_of_bounds=r.oob_count,
+        params=r.params,
+        devices=tuple(r.devices),
+        collective=r.collective,
+        tool=r.tool,
+        backend="gloo" if r.tool == SCRIPT and r.backend is None else r.backend,
+        nccl_version=r.version,
+        transports=tuple(r.transports),
+        networks=tuple(r.networks),
+        channel_nets=tuple(dict.fromkeys(r.channel_nets)),
+        settings=r.settings,
+        log=tuple(r.log),
+        warnings=tuple(r.warnings),
+        errors=tuple(r.errors),
+        init_timeout=r.init_timeout,
+        init_complete=r.init_complete or bool(r.rows),
     )
 
 
-def _read_log(
-    entry: LogLine,
-    transports: list[NetTransport],
-    networks: list[tuple[str, str]],
-    channel_nets: list[str],
-    settings: dict[str, str],
-    warnings: list[str],
-) -> None:
-    msg = entry.message
+def _read_line(r: _Reading, line: str, lineno: int) -> bool:
+    """Read one non-blank line into ``r``; whether it was one the parser knows."""
+    stripped = line.strip()
+    if stripped.startswith(PREDICTED_BEGIN):
+        r.predicted = True
+        return True
+    if stripped.startswith(PREDICTED_END):
+        r.predicted = False
+        return True
+    if log_match := _LOG.match(stripped):
+        entry = LogLine(
+            log_match["host"],
+            int(log_match["pid"]),
+            int(log_match["tid"]),
+            int(log_match["dev"]),
+            log_match["level"],
+            log_match["msg"].strip(),
+            stripped,
+            log_match["src"],
+            r.predicted,
+        )
+        r.log.append(entry)
+        _read_log(entry, r)
+        return True
+    if any(p.search(stripped) for p in _FAILURES):
+        r.errors.append(stripped)
+        return True
+    if not stripped.startswith("#"):
+        return _read_result(r, line, lineno)
+    _read_comment(r, stripped)
+    return True
+
+
+def _read_result(r: _Reading, line: str, lineno: int) -> bool:
+    """A line that is not a comment: NCCL's version banner or a result row."""
+    stripped = line.strip()
+    if version_match := _VERSION.match(stripped):
+        r.version = version_match.group(1)
+        return True
+    row_match = _ROW_HEAD.match(line)
+    if not row_match:
+        return False
+    if not row_match["rest"]:  # the run stopped while measuring this size
+        r.errors.append(f"incomplete result row (stopped while measuring): {stripped}")
+        return True
+    oop, ip = _timings(row_match["rest"], lineno, line)
+    r.rows.append(
+        Row(
+            int(row_match["size"]),
+            int(row_match["count"]),
+            row_match["type"],
+            row_match["redop"],
+            int(row_match["root"]),
+            oop,
+            ip,
+        )
+    )
+    return True
+
+
+def _read_comment(r: _Reading, stripped: str) -> None:
+    """A ``#`` line: the footer, the parameters, a rank's device, the script's own lines."""
+    if m := _OOB.match(stripped):
+        r.oob_count = int(m.group(1))
+    elif m := _AVG.match(stripped):
+        r.avg = float(m.group(1))
+    elif _PARAMS.match(stripped):
+        r.params = _params(stripped)
+    elif m := _RANK.match(stripped):
+        r.devices.append(
+            RankDevice(
+                int(m["rank"]),
+                int(m["pid"]),
+                m["host"],
+                int(m["dev"]),
+                m["bus"],
+                m["name"].strip(),
+            )
+        )
+    elif m := _COLLECTIVE.match(stripped):
+        r.collective = m.group(1)
+    elif m := _SCRIPT_HEAD.match(stripped):
+        r.tool, r.backend = SCRIPT, m.group(2)
+    elif m := _SCRIPT_LINE.match(stripped):
+        r.tool = SCRIPT
+        r.backend = m.group(1) or r.backend
+        body = stripped[m.end() :].strip()
+        if body.startswith("init timeout"):
+            r.init_timeout = stripped
+            r.errors.append(stripped)
+        elif body.startswith(("init failed", "error:", "deadline")):
+            r.errors.append(stripped)
+        elif body.startswith("rendezvous complete"):
+            r.init_complete = True
+    elif stripped.startswith("#  ") and "size" in stripped and "count" in stripped:
+        r.init_complete = True  # the results header: communicators are up
+
+
+def _read_log(entry: LogLine, r: _Reading) -> None:
+    msg, transports, networks = entry.message, r.transports, r.networks
+    channel_nets, settings, warnings = r.channel_nets, r.settings, r.warnings
     if entry.level == "WARN":
         warnings.append(entry.text)
         return
