@@ -58,7 +58,7 @@ sys.path.insert(0, str(REPO))
 from pytest_spark.access.api import ApiEndpoint  # noqa: E402
 from pytest_spark.report.arena import CSV_COLUMNS, csv_rows, csv_text  # noqa: E402
 from pytest_spark.serving.load.depth import run_depth_sweep  # noqa: E402
-from pytest_spark.settings.options import DepthSweep  # noqa: E402
+from pytest_spark.settings.parsers import DepthSweep  # noqa: E402
 
 WORDS = [
     "river",

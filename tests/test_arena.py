@@ -37,7 +37,7 @@ from pytest_spark.serving.load.depth import (
     token_times,
 )
 from pytest_spark.serving.load.sweep import RequestRecord
-from pytest_spark.settings.options import DepthSweep, depth_sweep
+from pytest_spark.settings.parsers import DepthSweep, depth_sweep
 from pytest_spark.settings.profiles import ProfileError, load_profile
 
 pytestmark = pytest.mark.unit

@@ -18,7 +18,7 @@ from pytest_spark.serving.load.depth import (
     request_body,
 )
 from pytest_spark.serving.load.sweep import RequestRecord
-from pytest_spark.settings.options import ARENA_CONCURRENCY, ARENA_DEPTHS, DepthSweep, depth_sweep
+from pytest_spark.settings.parsers import ARENA_CONCURRENCY, ARENA_DEPTHS, DepthSweep, depth_sweep
 
 pytestmark = pytest.mark.unit
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import nocontact
 import pytest
 
-from pytest_spark.settings.options import OPTIONS_BY_ATTR, _thresholds
+from pytest_spark.settings.options import OPTIONS_BY_ATTR
+from pytest_spark.settings.parsers import thresholds
 from pytest_spark.settings.profiles import (
     BUILTIN_PROFILES,
     ProfileError,
@@ -162,7 +163,7 @@ def test_a_setting_mistake_is_still_a_usage_error(
 
 @pytest.mark.parametrize("written", ["1,4", "1;4", "[1,4]", "[1, 4]"])
 def test_a_list_threshold_is_written_as_it_reads(written: str) -> None:
-    overrides = _thresholds(f"throughput.concurrency={written},link.min_rate_gbps=100")
+    overrides = thresholds(f"throughput.concurrency={written},link.min_rate_gbps=100")
     profile = load_profile("sim").with_overrides(overrides)
     assert profile.throughput.concurrency == (1, 4)
     assert profile.link.min_rate_gbps == 100.0
@@ -170,7 +171,7 @@ def test_a_list_threshold_is_written_as_it_reads(written: str) -> None:
 
 def test_how_lists_are_written_is_said_when_one_is_not() -> None:
     with pytest.raises(ValueError, match=r"a list: throughput\.concurrency=1,4,16 \(or 1;4;16"):
-        _thresholds("4,throughput.concurrency=1")
+        thresholds("4,throughput.concurrency=1")
     with pytest.raises(ProfileError, match=r"command line KEY=1,4 or KEY=1;4 or KEY=\[1,4\]"):
         load_profile("sim").with_overrides({"throughput.concurrency": "1,x"})
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_spark.report.samples import enough_for, percentile_text
-from pytest_spark.settings.options import FAMILIES
+from pytest_spark.settings.parsers import FAMILIES
 
 # The model's load time is the figure "startup" (``startup``, ``startup.<phase>`` in the
 # history); "load" is the category of the open-loop and soak checks. History records written

@@ -22,9 +22,8 @@ from typing import Any
 import pytest
 
 from pytest_spark.settings.fromsparkrun import apply_cluster, apply_recipe
-from pytest_spark.settings.options import (
-    OPTIONS,
-    OPTIONS_BY_ATTR,
+from pytest_spark.settings.options import OPTIONS, OPTIONS_BY_ATTR
+from pytest_spark.settings.parsers import (
     AccuracyMode,
     DepthSweep,
     HostkeyCheck,
@@ -32,7 +31,7 @@ from pytest_spark.settings.options import (
     ModelHash,
     RayMode,
     SimEngine,
-    _bool,
+    boolean,
 )
 from pytest_spark.settings.profiles import Profile, ProfileError, load_profile
 from pytest_spark.settings.sparkrun import SparkRecipe
@@ -378,7 +377,7 @@ def _asked_for_by_twin(config: pytest.Config, env: Mapping[str, str]) -> str | N
             if not option.flag:
                 return f"environment {option.env}"
             try:
-                if _bool(raw):
+                if boolean(raw):
                     return f"environment {option.env}"
             except ValueError as exc:
                 raise SettingsError(

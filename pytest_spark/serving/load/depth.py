@@ -46,7 +46,7 @@ from typing import Any
 
 from pytest_spark.access.api import ApiEndpoint
 from pytest_spark.serving.load.sweep import _WORDS, LaneTransport, RequestRecord, send_recorded
-from pytest_spark.settings.options import DepthSweep
+from pytest_spark.settings.parsers import DepthSweep
 
 Cell = tuple[int, int]  # (context depth in tokens, concurrency)
 SCHEMA = "llama-benchy benchmark_report_schema.json (eugr/llama-benchy)"
