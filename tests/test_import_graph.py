@@ -321,8 +321,6 @@ def test_the_graph_sees_imports() -> None:
 # so the list only shrinks.
 # BEGIN TOPIC ALLOW
 TOPIC_ALLOWED: dict[tuple[str, str], str] = {
-    ("knownbad", "alike"): "the known-bad list is judged against the versions the "
-    "nodes-alike probe reads (one probe, two verdicts)",
     ("memory", "preflight"): "the headroom check leaves the serving container's own "
     "processes out: the container comes from the preflight probe's docker facts",
     ("modelhash", "preflight"): "the full hash completes the preflight probe's sampled "

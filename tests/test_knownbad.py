@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from pytest_spark.infra.alike.check import check_host_alike
+from pytest_spark.infra.alike.knownbad_check import check_known_bad, denied_nodes, rule_matches
+from pytest_spark.infra.alike.knownbad_parse import Value, parse_pattern, version_key
 from pytest_spark.infra.alike.parse import ContainerFacts, NcclLibrary, parse_container_facts
 from pytest_spark.infra.alike.probe import CONTAINER_SCRIPT, Fact, NodeAlike, parse_alike_probe
 from pytest_spark.infra.errors import ParseError
-from pytest_spark.infra.knownbad.check import check_known_bad, denied_nodes, rule_matches
-from pytest_spark.infra.knownbad.parse import Value, parse_pattern, version_key
 from pytest_spark.settings.profiles import ProfileError, load_profile
 from pytest_spark.settings.sections import KnownBadSection, VersionRule
 

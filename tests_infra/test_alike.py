@@ -23,9 +23,9 @@ from pytest_spark.infra.alike.check import (
     nccl_versions,
 )
 from pytest_spark.infra.alike.gather import all_alike
+from pytest_spark.infra.alike.knownbad_check import check_known_bad, denied_nodes
 from pytest_spark.infra.alike.probe import NodeAlike
 from pytest_spark.infra.finding import Skip
-from pytest_spark.infra.knownbad.check import check_known_bad, denied_nodes
 from pytest_spark.readiness.reachability import require_reachable
 
 pytestmark = pytest.mark.preflight

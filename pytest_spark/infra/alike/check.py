@@ -15,8 +15,7 @@ from dataclasses import dataclass
 
 from pytest_spark.infra.alike.parse import ContainerFacts, ImageFacts
 from pytest_spark.infra.alike.probe import Fact, NodeAlike
-from pytest_spark.infra.finding import Finding
-from pytest_spark.infra.preflight.check import Skip
+from pytest_spark.infra.finding import Finding, Skip
 
 
 @dataclass(frozen=True)
@@ -100,7 +99,7 @@ HOST_FIELDS = (
     ),
 )
 
-# The HOST_FIELDS a known-bad rule's component owns (pytest_spark.infra.knownbad): the
+# The HOST_FIELDS a known-bad rule's component owns (pytest_spark.infra.alike.knownbad_check): the
 # CUDA version nvidia-smi prints comes with the driver.
 FIELDS_OF_COMPONENT = {
     "driver": ("NVIDIA driver", "CUDA version (nvidia-smi)"),
@@ -117,7 +116,7 @@ def check_host_alike(
 ) -> Finding:
     """Kernel release, OS release, NVIDIA driver, CUDA version, DGX OS release and
     ConnectX-7 firmware the same on every node. ``owned``: ``{known-bad component: nodes}``
-    whose value a known-bad rule names (pytest_spark.infra.knownbad.check.denied_nodes):
+    whose value a known-bad rule names (knownbad_check.denied_nodes):
     those values are left out here, as that check fails for them (one cause, one failure)."""
     by_field: dict[str, set[str]] = {}
     for component, owners in (owned or {}).items():

@@ -18,10 +18,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from pytest_spark.infra.alike.knownbad_parse import Value, parse_pattern
 from pytest_spark.infra.alike.probe import Fact, NodeAlike
 from pytest_spark.infra.errors import ParseError
 from pytest_spark.infra.finding import Finding
-from pytest_spark.infra.knownbad.parse import Value, parse_pattern
 from pytest_spark.settings.sections import KnownBadSection, VersionRule
 
 # What each component is called in a message.
@@ -58,7 +58,7 @@ def component_value(facts: NodeAlike, component: str) -> tuple[Value | None, str
 
 def rule_matches(rule: VersionRule, value: Value) -> bool:
     """Whether any of the rule's patterns matches (ParseError for a pattern that is none
-    of the forms :mod:`pytest_spark.infra.knownbad.parse` knows)."""
+    of the forms :mod:`pytest_spark.infra.alike.knownbad_parse` knows)."""
     return any(parse_pattern(spec).matches(value) for spec in rule.match)
 
 
