@@ -10,7 +10,7 @@ here: the check that owns that fact (GPU visible, docker ready) fails for it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from pytest_spark.infra.alike.parse import ContainerFacts, ImageFacts
@@ -260,6 +260,70 @@ def check_running_alike(
     )
 
 
+def _image_measured(
+    facts: Mapping[str, NodeAlike], images: Mapping[str, ImageFacts]
+) -> dict[str, dict[str, object]]:
+    """What the image check measured per node: the image's ref, ID and identity, and what
+    is inside it (vLLM, torch, Python, the NCCL libraries), or why the inside was not read."""
+    return {
+        n: {
+            "image": img.ref,
+            "id": img.id,
+            "identity": img.identity,
+            **(
+                {
+                    "vllm": c.vllm,
+                    "torch": c.torch,
+                    "python": c.python,
+                    "nccl": [
+                        f"{lib.path} {lib.version} sha256:{lib.sha256}"
+                        + (f" build-id:{lib.build_id}" if lib.build_id else "")
+                        for lib in c.nccl
+                    ],
+                }
+                if (c := facts[n].container) is not None
+                else {"container_facts": facts[n].container_error}
+            ),
+        }
+        for n, img in images.items()
+    }
+
+
+def _image_inside(facts: Mapping[str, NodeAlike], head: str) -> str:
+    """The head's image inside, for the passing message."""
+    c = facts[head].container if head in facts else None
+    if c is None:
+        return f"inside not read: {facts[head].container_error}"
+    nccl = (
+        f"{c.nccl_loaded.version} ({c.nccl_loaded.path}, sha256 {c.nccl_loaded.short_sha}...)"
+        if c.nccl_loaded
+        else "-"
+    )
+    return f"vLLM {c.vllm or '-'}, torch {c.torch or '-'}, Python {c.python or '-'}, NCCL {nccl}"
+
+
+def _image_differences(
+    facts: Mapping[str, NodeAlike],
+    images: Mapping[str, ImageFacts],
+    ref_node: str,
+    odd: Sequence[str],
+) -> str:
+    """How each odd node's image differs from ``ref_node``'s, joined by `` | ``."""
+    parts = []
+    for n in odd:
+        diffs = _container_diffs(facts[ref_node].container, facts[n].container)
+        inside = (
+            "; ".join(diffs)
+            if diffs
+            else "vLLM, torch, Python and NCCL the same inside (rebuilt or re-tagged?)"
+        )
+        parts.append(
+            f"{n} has {images[n].ref} {_describe_image(images[n])} vs {ref_node}'s "
+            f"{_describe_image(images[ref_node])}: {inside}"
+        )
+    return " | ".join(parts)
+
+
 def check_image_alike(head: str, facts: Mapping[str, NodeAlike], container: str) -> Finding | Skip:
     """The serving image has the same identity on every node (registry digests, else its
     layers and start config); when it differs, what differs inside it (vLLM, torch, NCCL
@@ -282,71 +346,26 @@ def check_image_alike(head: str, facts: Mapping[str, NodeAlike], container: str)
             f"the serving image is not readable on every node ({listed}): "
             "test_docker_ready has the evidence"
         )
-    identities = {n: img.identity for n, img in images.items()}
-    measured = {
-        n: {
-            "image": img.ref,
-            "id": img.id,
-            "identity": img.identity,
-            **(
-                {
-                    "vllm": c.vllm,
-                    "torch": c.torch,
-                    "python": c.python,
-                    "nccl": [
-                        f"{lib.path} {lib.version} sha256:{lib.sha256}"
-                        + (f" build-id:{lib.build_id}" if lib.build_id else "")
-                        for lib in c.nccl
-                    ],
-                }
-                if (c := facts[n].container) is not None
-                else {"container_facts": facts[n].container_error}
-            ),
-        }
-        for n, img in images.items()
-    }
-    odd = odd_nodes(head, identities)
+    measured = _image_measured(facts, images)
+    odd = odd_nodes(head, {n: img.identity for n, img in images.items()})
     if odd is None:
         ref_img = images[head] if head in images else next(iter(images.values()))
-        c = facts[head].container if head in facts else None
-        inside = (
-            f"vLLM {c.vllm or '-'}, torch {c.torch or '-'}, Python {c.python or '-'}, NCCL "
-            + (
-                f"{c.nccl_loaded.version} ({c.nccl_loaded.path}, sha256 "
-                f"{c.nccl_loaded.short_sha}...)"
-                if c.nccl_loaded
-                else "-"
-            )
-            if c is not None
-            else f"inside not read: {facts[head].container_error}"
-        )
         return Finding.passed(
             measured,
             f"the same image as on {head}",
             message=f"serving image {ref_img.ref} alike on {len(images)} nodes "
-            f"({_describe_image(ref_img)}; {inside})",
+            f"({_describe_image(ref_img)}; {_image_inside(facts, head)})",
         )
     ref_node = head if odd.nodes != (head,) else next(n for n in images if n != head)
     ref_img = images[ref_node]
-    parts = []
-    for n in odd.nodes:
-        diffs = _container_diffs(facts[ref_node].container, facts[n].container)
-        inside = (
-            "; ".join(diffs)
-            if diffs
-            else "vLLM, torch, Python and NCCL the same inside (rebuilt or re-tagged?)"
-        )
-        parts.append(
-            f"{n} has {images[n].ref} {_describe_image(images[n])} vs {ref_node}'s "
-            f"{_describe_image(ref_img)}: {inside}"
-        )
     nodes = list(odd.nodes)
     return Finding.failed(
         measured,
         f"the same image as on {ref_node}",
         node=nodes[0] if len(nodes) == 1 else None,
         message=(
-            f"serving image differs: {' | '.join(parts)}; expected the same image on every "
+            f"serving image differs: {_image_differences(facts, images, ref_node, nodes)}; "
+            f"expected the same image on every "
             f"node (each rank runs its own node's copy). Fix: copy {ref_node}'s image to "
             f"{', '.join(nodes)}: docker save {ref_img.ref} | ssh "
             f"{nodes[0] if len(nodes) == 1 else 'NODE'} docker load (or pull "
