@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 from pytest_spark.infra.errors import ParseError
-from pytest_spark.infra.finding import Finding
+from pytest_spark.infra.finding import Finding, Skip
 from pytest_spark.infra.loaded import container_probe
 from pytest_spark.infra.loaded.check import check_nccl_loaded, check_vllm_tree
 from pytest_spark.infra.loaded.container_probe import nccl_paths_in
@@ -33,7 +33,7 @@ from pytest_spark.infra.loaded.probe import (
     parse_loaded_probe,
     recipe_env_names,
 )
-from pytest_spark.infra.preflight.check import Skip, check_serving_env
+from pytest_spark.infra.preflight.env_check import check_serving_env
 from pytest_spark.infra.roundtrip import host_probe_commands
 from sparksim import image
 

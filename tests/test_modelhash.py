@@ -18,7 +18,7 @@ from pytest_spark.infra.modelhash.probe import (
     parse_full_hash,
     with_full_hashes,
 )
-from pytest_spark.infra.preflight.check import check_model_identical
+from pytest_spark.infra.preflight.model_check import check_model_identical
 from pytest_spark.infra.preflight.probe import EDGE_BYTES, SAMPLES, ModelListing, sampled_sha256
 from pytest_spark.settings.options import OPTIONS_BY_ATTR
 

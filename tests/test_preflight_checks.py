@@ -8,20 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from pytest_spark.infra.finding import Finding
+from pytest_spark.infra.finding import Finding, Skip
 from pytest_spark.infra.human import human_duration
-from pytest_spark.infra.preflight.check import (
-    Skip,
+from pytest_spark.infra.preflight.docker_check import check_docker, check_gpu_holders
+from pytest_spark.infra.preflight.env_check import check_serving_env
+from pytest_spark.infra.preflight.host_check import (
     check_clock_skew,
-    check_disk,
-    check_docker,
-    check_gpu_holders,
     check_gpu_visible,
     check_link_flaps,
-    check_model_identical,
     check_passwordless_ssh,
-    check_serving_env,
 )
+from pytest_spark.infra.preflight.model_check import check_disk, check_model_identical
 from pytest_spark.infra.preflight.probe import (
     CarrierCounters,
     ClockSample,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from pytest_spark.infra.finding import Finding, Skip
-from pytest_spark.infra.preflight.check import check_reachable
+from pytest_spark.infra.preflight.host_check import check_reachable
 from pytest_spark.infra.servecmd import (
     MARK,
     ServerCommand,
@@ -70,7 +70,7 @@ def test_skip_reason_names_node_error_and_verdict() -> None:
 
 SUITE = """
 import pytest
-from pytest_spark.infra.preflight.check import check_reachable
+from pytest_spark.infra.preflight.host_check import check_reachable
 
 pytestmark = pytest.mark.preflight
 

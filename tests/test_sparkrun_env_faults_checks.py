@@ -15,16 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from pytest_spark.infra.finding import Finding
+from pytest_spark.infra.finding import Finding, Skip
 from pytest_spark.infra.links.parse import parse_ibdev2netdev
 from pytest_spark.infra.links.probe import link_probe_command, parse_link_probe
-from pytest_spark.infra.preflight.check import (
-    MGMT_INIT,
-    OWN_CABLING,
-    Skip,
-    check_gpu_holders,
-    check_serving_env,
-)
+from pytest_spark.infra.preflight.cabling_check import MGMT_INIT
+from pytest_spark.infra.preflight.docker_check import check_gpu_holders
+from pytest_spark.infra.preflight.env_check import OWN_CABLING, check_serving_env
 from pytest_spark.infra.preflight.probe import DockerFacts, GpuFacts, parse_preflight_probe
 from pytest_spark.verdict import cause_signature
 

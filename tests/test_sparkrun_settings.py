@@ -431,7 +431,7 @@ def test_header_and_asked_for(
 
 
 def test_serving_env_check_holds_the_recipes_env() -> None:
-    from pytest_spark.infra.preflight.check import check_serving_env
+    from pytest_spark.infra.preflight.env_check import check_serving_env
     from pytest_spark.infra.preflight.probe import parse_container_env
 
     fabric = ["enP2p1s0f1np1", "enp1s0f1np1"]

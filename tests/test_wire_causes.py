@@ -15,7 +15,7 @@ import pytest
 from pytest_spark.infra.finding import Finding
 from pytest_spark.infra.nccl.check import socket_forced_by_env
 from pytest_spark.infra.nccl.parse import parse_nccl_tests
-from pytest_spark.infra.preflight.check import check_serving_env, same_env_as, same_env_note
+from pytest_spark.infra.preflight.env_check import check_serving_env, same_env_as, same_env_note
 from pytest_spark.infra.preflight.probe import parse_container_env
 from pytest_spark.serving.client.evidence import Exchange
 from pytest_spark.serving.client.stream import ServingError, post_json, stream_chat

@@ -26,7 +26,7 @@ from pytest_spark.infra.memory.gather import (
     serving_claim,
 )
 from pytest_spark.infra.memory.parse import ContainerMemory
-from pytest_spark.infra.preflight.check import check_gpu_holders
+from pytest_spark.infra.preflight.docker_check import check_gpu_holders
 from pytest_spark.infra.preflight.gather import all_preflight
 from pytest_spark.infra.preflight.probe import NodePreflight
 from pytest_spark.readiness.launch import ServingInfo, serving_nodes

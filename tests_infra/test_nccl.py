@@ -54,7 +54,8 @@ from pytest_spark.infra.nccl.gather import (
 from pytest_spark.infra.nccl.gid_check import GID_VERDICT, no_rdma_cause
 from pytest_spark.infra.nccl.parse import NcclOutput
 from pytest_spark.infra.nccl.probe import CollectiveRun
-from pytest_spark.infra.preflight.check import ENV_VERDICT, node_own_fabric
+from pytest_spark.infra.preflight.cabling_check import node_own_fabric
+from pytest_spark.infra.preflight.env_check import ENV_VERDICT
 from pytest_spark.infra.preflight.gather import roce_ports
 from pytest_spark.measure.codec import dump, load
 from pytest_spark.measure.once import Measured, measure_dir, measure_once

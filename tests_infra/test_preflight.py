@@ -24,26 +24,17 @@ from pytest_spark import (
     require_unless_twin_down,
     verdict_in_session,
 )
+from pytest_spark.infra.finding import Skip
 from pytest_spark.infra.gpuhealth.check import gpu_lost_in_kernel_log
 from pytest_spark.infra.kernellog import KERNEL_VERDICT
 from pytest_spark.infra.links.gather import unusable_fabric_links
 from pytest_spark.infra.loaded.gather import rank_env
 from pytest_spark.infra.modelhash.gather import full_hash_listings
-from pytest_spark.infra.preflight.check import (
+from pytest_spark.infra.preflight.cabling_check import MGMT_INIT, ManagementInitNote
+from pytest_spark.infra.preflight.docker_check import check_docker, check_gpu_holders
+from pytest_spark.infra.preflight.env_check import (
     ENV_VERDICT,
-    MGMT_INIT,
     OWN_CABLING,
-    ManagementInitNote,
-    Skip,
-    check_clock_skew,
-    check_disk,
-    check_docker,
-    check_gpu_holders,
-    check_gpu_visible,
-    check_link_flaps,
-    check_model_identical,
-    check_passwordless_ssh,
-    check_reachable,
     check_serving_env,
     same_env_as,
     same_env_note,
@@ -58,6 +49,14 @@ from pytest_spark.infra.preflight.gather import (
     ssh_from_head,
     wireless_ifs,
 )
+from pytest_spark.infra.preflight.host_check import (
+    check_clock_skew,
+    check_gpu_visible,
+    check_link_flaps,
+    check_passwordless_ssh,
+    check_reachable,
+)
+from pytest_spark.infra.preflight.model_check import check_disk, check_model_identical
 from pytest_spark.infra.preflight.probe import ClockSample, ModelListing, NodePreflight, model_dir
 from pytest_spark.readiness.launch import (
     NotServing,

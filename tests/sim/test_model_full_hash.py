@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from pytest_spark.infra.modelhash.probe import full_hash_command, parse_full_hash, with_full_hashes
-from pytest_spark.infra.preflight.check import check_model_identical
+from pytest_spark.infra.preflight.model_check import check_model_identical
 from pytest_spark.infra.preflight.probe import (
     EDGE_BYTES,
     SAMPLES,
