@@ -31,6 +31,7 @@ __all__ = [
     "check_gpu_temperature",
     "check_gpu_throttle",
     "gpu_lost_in_kernel_log",
+    "throttle_problems",
 ]
 
 TEMPERATURE_VERDICT = "test_gpu_temperature"
@@ -150,6 +151,41 @@ def _fails(section: GpuHealthSection, reason: str) -> bool:
     return bool(getattr(section, f"{reason}_fails", False))
 
 
+def throttle_problems(
+    health: GpuHealth, section: GpuHealthSection
+) -> list[tuple[str, GpuReading, str]]:
+    """The throttle verdict per GPU: ``(level, gpu, reason)`` for every active clocks event
+    reason the profile judges (``fail`` where ``<reason>_fails``, else ``warn``; benign and
+    unknown reasons left out), and ``("fail", gpu, "low-clock")`` for a GPU busy from
+    ``busy_util_pct`` with its SM clock below ``min_busy_sm_clock_mhz``."""
+    problems: list[tuple[str, GpuReading, str]] = []
+    for g in health.gpus:
+        for reason in g.active():
+            if reason in BENIGN or reason not in REASON_FIX:
+                continue
+            level = "fail" if _fails(section, reason) else "warn"
+            problems.append((level, g, reason))
+        busy = g.util_pct is not None and g.util_pct >= section.busy_util_pct
+        if busy and g.sm_clock_mhz is not None and g.sm_clock_mhz < section.min_busy_sm_clock_mhz:
+            problems.append(("fail", g, "low-clock"))
+    return problems
+
+
+def _throttle_text(g: GpuReading, reason: str, section: GpuHealthSection, expected: str) -> str:
+    """The throttle finding's words for one ``reason`` (or ``low-clock``) on GPU ``g``."""
+    if reason == "low-clock":
+        return (
+            f"SM clock {_fmt(g.sm_clock_mhz, 'MHz')} while {_fmt(g.util_pct, '%')} busy, "
+            f"expected >= {section.min_busy_sm_clock_mhz:g} MHz under load; "
+            f"{_context(g)}. No reason explains it: the GB10 low-power state. "
+            f"Fix: {POWER_CYCLE}"
+        )
+    return (
+        f"clocks event reason {reason} active (active: {', '.join(g.active())}); expected "
+        f"{expected}; {_context(g)}. {REASON_FIX[reason]}"
+    )
+
+
 def check_gpu_throttle(
     node: str,
     health: GpuHealth,
@@ -167,19 +203,7 @@ def check_gpu_throttle(
     expected = "no slowdown reason active"
     if not health.gpus:
         return _no_readings(node, health, "the clocks event reasons", expected)
-    problems: list[tuple[str, GpuReading, str]] = []  # (level, gpu, what)
-    unreadable = []
-    for g in health.gpus:
-        if g.reasons is None:
-            unreadable.append(g)
-        for reason in g.active():
-            if reason in BENIGN or reason not in REASON_FIX:
-                continue
-            level = "fail" if _fails(section, reason) else "warn"
-            problems.append((level, g, reason))
-        busy = g.util_pct is not None and g.util_pct >= section.busy_util_pct
-        if busy and g.sm_clock_mhz is not None and g.sm_clock_mhz < section.min_busy_sm_clock_mhz:
-            problems.append(("fail", g, "low-clock"))
+    problems = throttle_problems(health, section)
     failing = [p for p in problems if p[0] == "fail"]
     if failing and temperature_failed and all(r in THERMAL for _, _, r in failing):
         return Skip(
@@ -194,31 +218,15 @@ def check_gpu_throttle(
             "the evidence, from the pre-serving load)"
         )
     for level, g, reason in failing or problems:
-        where = f"{node} {g.name}"
-        if reason == "low-clock":
-            what = (
-                f"SM clock {_fmt(g.sm_clock_mhz, 'MHz')} while {_fmt(g.util_pct, '%')} busy, "
-                f"expected >= {section.min_busy_sm_clock_mhz:g} MHz under load; "
-                f"{_context(g)}. No reason explains it: the GB10 low-power state. "
-                f"Fix: {POWER_CYCLE}"
-            )
-            measured: object = g.sm_clock_mhz
-        else:
-            active = ", ".join(g.active())
-            what = (
-                f"clocks event reason {reason} active (active: {active}); expected "
-                f"{expected}; {_context(g)}. {REASON_FIX[reason]}"
-            )
-            measured = reason
         build = Finding.failed if level == "fail" else Finding.warned
         return build(
-            measured,
+            g.sm_clock_mhz if reason == "low-clock" else reason,
             expected,
             node=node,
-            message=f"{where}: {what}",
+            message=f"{node} {g.name}: {_throttle_text(g, reason, section, expected)}",
             evidence={"nvidia-smi": health.raw.get("gpu_query", "")},
         )
-    if unreadable and len(unreadable) == len(health.gpus):
+    if all(g.reasons is None for g in health.gpus):
         return Finding.warned(
             "not readable",
             expected,
@@ -320,6 +328,25 @@ def gpu_lost_in_kernel_log(kernel: KernelLog) -> KernelEvent | None:
     return None
 
 
+def _kernel_log_parts(
+    shown: list[KernelEvent], burst: list[KernelEvent], section: GpuHealthSection
+) -> list[str]:
+    """What the kernel log holds, counted by kind: each Xid, the NV_ERR_NO_MEMORY lines,
+    other NVRM errors and driver assertions."""
+    counts = Counter(e.xid for e in shown if e.xid is not None)
+    oom = [e for e in shown if e.no_memory]
+    others = sum(1 for e in shown if e.xid is None and not e.soft and not e.no_memory)
+    asserts = sum(1 for e in shown if e.soft)
+    parts = [_xid_text(code, n) for code, n in counts.items()]
+    if oom:
+        parts.append(no_memory_text(oom, burst, section))
+    if others:
+        parts.append(f"{others} NVRM error line(s)")
+    if asserts:
+        parts.append(f"{asserts} driver assertion line(s)")
+    return parts
+
+
 def check_gpu_kernel_log(node: str, kernel: KernelLog, section: GpuHealthSection) -> Finding:
     """No Xid or NVRM error in the kernel log since boot. Xids in ``warn_xids`` (the
     application's own faults) warn; a log the SSH user may not read warns, saying so."""
@@ -357,17 +384,7 @@ def check_gpu_kernel_log(node: str, kernel: KernelLog, section: GpuHealthSection
         or (e.no_memory and burst)
     ]
     shown = failing or list(kernel.events)
-    counts = Counter(e.xid for e in shown if e.xid is not None)
-    oom = [e for e in shown if e.no_memory]
-    others = sum(1 for e in shown if e.xid is None and not e.soft and not e.no_memory)
-    asserts = sum(1 for e in shown if e.soft)
-    parts = [_xid_text(code, n) for code, n in counts.items()]
-    if oom:
-        parts.append(no_memory_text(oom, burst, section))
-    if others:
-        parts.append(f"{others} NVRM error line(s)")
-    if asserts:
-        parts.append(f"{asserts} driver assertion line(s)")
+    parts = _kernel_log_parts(shown, burst, section)
     lines = [e.line for e in shown]
     sample = "; ".join(f"`{ln}`" for ln in lines[-3:])
     evidence = {"kernel log": "\n".join(lines[-50:])}
