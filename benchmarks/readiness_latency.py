@@ -35,7 +35,9 @@ from pathlib import Path
 
 from pytest_spark.access.cluster import Cluster
 from pytest_spark.access.simcontrol import SimCluster, sim_up
-from pytest_spark.readiness.wait import StartupFailed, WaitSpec, remote_now, wait_ready
+from pytest_spark.readiness.clock import remote_now
+from pytest_spark.readiness.wait import wait_ready
+from pytest_spark.readiness.waitstate import StartupFailed, WaitSpec
 from pytest_spark.settings.profiles import load_profile
 from pytest_spark.settings.resolve import defaults
 

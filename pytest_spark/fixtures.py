@@ -16,7 +16,7 @@ from pytest_spark.access.layout import ServingLayout
 from pytest_spark.access.testinfra import testinfra_host
 from pytest_spark.infra.nccl.gid_check import GID_VERDICT
 from pytest_spark.infra.servecmd import ServerCommand
-from pytest_spark.readiness.launch import ServingInfo
+from pytest_spark.readiness.ranks import ServingInfo
 from pytest_spark.readiness.reachability import require_reachable
 from pytest_spark.readiness.serving import (
     ApiState,
@@ -111,7 +111,8 @@ def spark_serving_state(
     """Launch (--spark-launch) or attach, once; never raises. The readiness check
     ``test_cluster_serving`` reports a problem with its evidence; checks that need the
     server skip pointing at it, so one dead worker is one failure, not fifty."""
-    from pytest_spark.readiness.launch import NotServing, ensure_serving
+    from pytest_spark.launchers.base import NotServing
+    from pytest_spark.readiness.launch import ensure_serving
 
     cluster = pytestconfig.stash.get(CLUSTER_KEY, None) or _cluster(pytestconfig)
     cluster.connect()

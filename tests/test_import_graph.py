@@ -45,6 +45,7 @@ PURE_ROLES = ("infra.parse", "infra.probe", "infra.check")  # no pytest, no acce
 MAY_IMPORT: dict[str, set[str]] = {
     WIRING: {
         "readiness",
+        "launchers",  # fixtures catch launchers.base.NotServing (issue #37)
         "infra.gather",
         "serving",
         "measure",
@@ -57,6 +58,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     },
     "readiness": {
         "serving",
+        "launchers",  # the launch calls a launcher plug-in through its interface (issue #37)
         "infra.gather",
         "infra.check",
         "infra.probe",
@@ -64,6 +66,9 @@ MAY_IMPORT: dict[str, set[str]] = {
         "access",
         "settings",
     },
+    # launching as a plug-in (issue #37): launch-cluster.sh's -n list is each node's fabric
+    # address (infra.links); the readiness watch above calls the launchers, never back
+    "launchers": {"infra.gather", "infra.probe", "access", "settings"},
     "infra.gather": {
         "infra.check",
         "infra.probe",

@@ -1,6 +1,7 @@
-"""The launcher driver (readiness/launch.py) against the real launch-cluster.sh's rules:
-Ray or no-Ray, the .env beside the script, containers already running, the nodes the
-launcher keeps. Pure functions on text, and standup's steps on a scripted fake head."""
+"""The launch-cluster.sh launcher (launchers/launch_cluster/) and the launch
+(readiness/launch.py) against the real launch-cluster.sh's rules: Ray or no-Ray, the .env
+beside the script, containers already running, the nodes the launcher keeps. Pure
+functions on text, and standup's steps on a scripted fake head."""
 
 from __future__ import annotations
 
@@ -18,25 +19,18 @@ from conn_fakes import FakeConn
 from pytest_spark.access.cluster import Cluster, Node
 from pytest_spark.access.files import write_json
 from pytest_spark.infra.serveargs import mode_of_processes, parse_serve_args
-from pytest_spark.readiness.launch import (
-    STATE,
-    Launcher,
-    LaunchError,
-    LaunchSpec,
-    NotServing,
+from pytest_spark.launchers.base import LaunchError, NotServing
+from pytest_spark.launchers.launch_cluster.commands import LaunchSpec, shell_path
+from pytest_spark.launchers.launch_cluster.dotenv import dotenv_path, parse_dotenv
+from pytest_spark.launchers.launch_cluster.driver import Launcher, apply_dotenv, ray_only_script
+from pytest_spark.launchers.launch_cluster.launcher import refuse_running
+from pytest_spark.readiness.launch import STATE, configured_mode, stop_if_launched
+from pytest_spark.readiness.ranks import (
     ServingInfo,
-    apply_dotenv,
-    configured_mode,
-    dotenv_path,
     head_serve_line,
     idle_by_design,
     kept_nodes,
-    parse_dotenv,
-    ray_only_script,
-    refuse_running,
     serving_nodes,
-    shell_path,
-    stop_if_launched,
 )
 from pytest_spark.settings.options import OPTIONS_BY_ATTR
 
@@ -542,7 +536,7 @@ def test_a_script_without_ray_flag_is_launched_without_it_and_watched_as_ray() -
 
 def test_a_silent_docker_daemon_is_no_answer_about_the_container() -> None:
     """container_states() read a docker daemon that does not answer as "no container"."""
-    from pytest_spark.readiness.launch import DOCKER_SILENT, container_states
+    from pytest_spark.launchers.containers import DOCKER_SILENT, container_states
 
     def silent(command: str) -> tuple[int, str, str]:
         assert command.startswith("docker inspect -f '{{.State.Status}}' vllm_node")
@@ -566,7 +560,7 @@ def test_no_fabric_address_says_when_no_rdma_device_is_listed(
     import pytest_spark.infra.links.gather as gathering
     from pytest_spark.infra.links.parse import RoceMapping
     from pytest_spark.infra.links.probe import NodeLinkFacts
-    from pytest_spark.readiness.launch import NotServing, fabric_addresses
+    from pytest_spark.launchers.launch_cluster.driver import fabric_addresses
 
     node = SimpleNamespace(name="spark-head")
     cluster = SimpleNamespace(nodes=[node])

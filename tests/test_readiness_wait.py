@@ -15,14 +15,9 @@ import pytest
 from pytest_spark.access.base import NodeUnreachable
 from pytest_spark.access.cluster import Node
 from pytest_spark.access.retry import for_connection
-from pytest_spark.readiness.wait import (
-    ATTACH_MISSING_S,
-    MISSING_LIMIT_S,
-    NodeProbe,
-    ReadinessWait,
-    Stage,
-    WaitSpec,
-)
+from pytest_spark.readiness.probe import NodeProbe
+from pytest_spark.readiness.wait import ReadinessWait
+from pytest_spark.readiness.waitstate import ATTACH_MISSING_S, MISSING_LIMIT_S, Stage, WaitSpec
 
 CONTAINER = "vllm_node"
 HEAD, WORKER = "spark-head", "spark-worker-1"
@@ -303,7 +298,7 @@ def test_a_docker_daemon_that_is_down_is_not_a_container_state() -> None:
     """Issue #25 part 3: a docker daemon that is down was read as the container's state
     (``container 'Cannot connect to the Docker daemon ...'``): stderr taken for stdout."""
     from pytest_spark.access.base import CommandResult
-    from pytest_spark.readiness.launch import inspected_state
+    from pytest_spark.launchers.containers import inspected_state
 
     def inspect(rc: int, stdout: str, stderr: str = "") -> tuple[str, str | None]:
         return inspected_state(

@@ -22,8 +22,11 @@ import pytest
 from pytest_spark.access.base import CommandResult, NodeUnreachable
 from pytest_spark.access.cluster import Cluster, Node
 from pytest_spark.access.retry import for_connection
-from pytest_spark.readiness import wait as readiness
-from pytest_spark.readiness.wait import SEP, SINCE_START, StartupFailed, WaitSpec, wait_ready
+from pytest_spark.readiness import clock as readiness_clock
+from pytest_spark.readiness import parse, probe, waitstate
+from pytest_spark.readiness.probe import SEP, SINCE_START
+from pytest_spark.readiness.wait import wait_ready
+from pytest_spark.readiness.waitstate import StartupFailed, WaitSpec
 from pytest_spark.readiness.watch import StartupWatch
 
 CONTAINER = "vllm_node"
@@ -112,7 +115,7 @@ class FakeConn:
         self.target = FakeTarget()
 
     def run(self, command: str, *, timeout: float | None = None) -> CommandResult:
-        assert timeout == readiness.PROBE_TIMEOUT_S
+        assert timeout == probe.PROBE_TIMEOUT_S
         self.commands.append(command)
         answer = self.script[min(len(self.commands), len(self.script)) - 1]
         if isinstance(answer, NodeUnreachable):
@@ -143,7 +146,7 @@ class FakeConn:
             top = ["PID COMMAND", *state.procs] if running else []
             out += f"{SEP} procs\n" + "".join(f"{line}\n" for line in top)
         if f"echo {SEP} exit" in command:  # read only while no vllm serve runs
-            assert f"docker exec {CONTAINER} cat {readiness.HEAD_EXIT_SENTINEL}" in command
+            assert f"docker exec {CONTAINER} cat {probe.HEAD_EXIT_SENTINEL}" in command
             serving = any("vllm serve" in line for line in state.procs)
             found = state.status == "running" and not serving and state.sentinel is not None
             out += f"{SEP} exit\n" + (f"{state.sentinel}\n" if found else "")
@@ -213,7 +216,8 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     def real_time(*args: object) -> float:
         raise AssertionError("the readiness wait used the real clock beside the injected one")
 
-    monkeypatch.setattr(readiness, "time", SimpleNamespace(sleep=real_time, monotonic=real_time))
+    fake = SimpleNamespace(sleep=real_time, monotonic=real_time)
+    monkeypatch.setattr(readiness_clock, "time", fake)
     return Clock()
 
 
@@ -448,7 +452,7 @@ def test_the_default_pause_between_polls_is_a_second(clock: Clock) -> None:
     )
     done = wait_ready(cluster, spec, clock=clock, retry=for_connection(1.0, 1.0))
     assert done.ready
-    assert readiness.POLL_S == 1.0 and clock.slept == pytest.approx([1.0] * 3)
+    assert waitstate.POLL_S == 1.0 and clock.slept == pytest.approx([1.0] * 3)
 
 
 def test_silence_while_a_node_is_retried_is_no_hang(clock: Clock) -> None:
@@ -511,11 +515,11 @@ def test_each_node_is_read_on_its_own_clock(clock: Clock) -> None:
 
 
 def test_fixed_ts_makes_docker_inspect_times_compare_with_log_stamps() -> None:
-    assert readiness.fixed_ts("2026-11-29T20:00:00Z") == "2026-11-29T20:00:00.000000000Z"
-    assert readiness.fixed_ts("2026-11-29T20:00:00.5Z") == "2026-11-29T20:00:00.500000000Z"
+    assert parse.fixed_ts("2026-11-29T20:00:00Z") == "2026-11-29T20:00:00.000000000Z"
+    assert parse.fixed_ts("2026-11-29T20:00:00.5Z") == "2026-11-29T20:00:00.500000000Z"
     # untouched: not a UTC RFC 3339 time
-    assert readiness.fixed_ts("0001-01-01T00:00:00+01:00") == "0001-01-01T00:00:00+01:00"
-    assert readiness.fixed_ts("2026-11-29T20:00:00Z") < "2026-11-29T20:00:00.100000000Z"
+    assert parse.fixed_ts("0001-01-01T00:00:00+01:00") == "0001-01-01T00:00:00+01:00"
+    assert parse.fixed_ts("2026-11-29T20:00:00Z") < "2026-11-29T20:00:00.100000000Z"
 
 
 # -- the real container model: sleep infinity, vLLM through docker exec ----------------

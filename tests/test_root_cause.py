@@ -542,7 +542,7 @@ def test_the_heads_engine_killed_says_so_in_the_serving_failure() -> None:
     """Issue #25 part 4: with the head's engine killed, test_cluster_serving said only
     "Connection refused" with evidence {}; the container state and the head's last log
     lines were elsewhere. The failure carries them again."""
-    from pytest_spark.readiness.launch import head_account
+    from pytest_spark.readiness.serving import head_account
 
     refused = (
         "API at http://10.0.0.1:8000 not reachable: ConnectError: [Errno 111] Connection refused"

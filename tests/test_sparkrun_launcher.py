@@ -1,4 +1,4 @@
-"""``--spark-launcher=sparkrun`` (readiness/sparkrun_launch.py) against a scripted sparkrun
+"""``--spark-launcher=sparkrun`` (launchers/sparkrun.py) against a scripted sparkrun
 CLI and scripted nodes: the command it runs (and never ``--trust``), what teardown needs
 saved before sparkrun starts, a failed start in sparkrun's own words, ``sparkrun stop``
 always, an interrupted start stopped, a job already running refused; and the launcher
@@ -22,9 +22,10 @@ from conn_fakes import FakeConn
 
 from pytest_spark.access.cluster import Cluster, Node
 from pytest_spark.access.files import write_json
-from pytest_spark.readiness.launch import LAUNCHERS, STATE, LaunchClusterSh, stop_if_launched
-from pytest_spark.readiness.launchers import LaunchError
-from pytest_spark.readiness.sparkrun_launch import (
+from pytest_spark.launchers.base import LaunchError
+from pytest_spark.launchers.launch_cluster.launcher import LaunchClusterSh
+from pytest_spark.launchers.registry import LAUNCHERS
+from pytest_spark.launchers.sparkrun import (
     SparkrunLauncher,
     own_words,
     recipe_file,
@@ -33,7 +34,8 @@ from pytest_spark.readiness.sparkrun_launch import (
     stop_matching_args,
     write_ssh_shim,
 )
-from pytest_spark.settings.options import OPTIONS_BY_ATTR
+from pytest_spark.readiness.launch import STATE, stop_if_launched
+from pytest_spark.settings.options import LAUNCHER_NAMES, OPTIONS_BY_ATTR
 
 CID = "sparkrun_123aff89c7975891_5e2f1ae6011a"
 HOSTS = "198.18.0.11,198.18.0.12"
@@ -132,6 +134,8 @@ def test_both_launchers_are_in_one_table_and_launch_cluster_stays_the_default() 
     assert set(LAUNCHERS) == {"launch-cluster", "sparkrun"}
     assert LAUNCHERS["launch-cluster"] is LaunchClusterSh
     assert LAUNCHERS["sparkrun"] is SparkrunLauncher
+    # the option's choices (settings imports nothing of launchers) are the registry's names
+    assert set(LAUNCHER_NAMES) == set(LAUNCHERS)
     option = OPTIONS_BY_ATTR["launcher"]
     assert option.default == "launch-cluster"
     assert option.parse("launch-cluster.sh") == "launch-cluster"
@@ -159,7 +163,7 @@ def test_the_run_is_sparkruns_own_command_line_and_never_trust(
         f"run {recipe} --hosts {HOSTS} --offline --no-follow --no-auto-detect"
     ]
     assert "--trust" not in launcher.describe()
-    assert stood.job == CID and stood.container is None and stood.pid is None
+    assert launcher.job == CID and launcher.serve_log() is None  # no process on the head
     assert (stood.mode, stood.mode_source) == ("no-ray", "the recipe's runtime vllm-distributed")
     # what teardown needs, saved before sparkrun ran; the job's id once it said it
     assert recorded[0]["launcher"] == "sparkrun" and recorded[0]["hosts"] == HOSTS

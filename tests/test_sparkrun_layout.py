@@ -30,13 +30,10 @@ from pytest_spark.infra.nccl.command_probe import container_on
 from pytest_spark.infra.nccl.launcher_gather import detect_launcher
 from pytest_spark.infra.servecmd import parse_probe as parse_server_probe
 from pytest_spark.infra.servecmd import probe as server_probe
-from pytest_spark.readiness.wait import (
-    SINCE_START,
-    ReadinessWait,
-    WaitSpec,
-    parse_probe,
-    probe_command,
-)
+from pytest_spark.readiness.parse import parse_probe
+from pytest_spark.readiness.probe import SINCE_START, probe_command
+from pytest_spark.readiness.wait import ReadinessWait
+from pytest_spark.readiness.waitstate import WaitSpec
 
 pytestmark = pytest.mark.unit
 

@@ -23,13 +23,10 @@ from test_readiness_wait import (  # type: ignore[import-not-found]
 )
 
 from pytest_spark.access.api import ApiEndpoint, engine_failing
-from pytest_spark.readiness.wait import (
-    MISSING_LIMIT_S,
-    NodeProbe,
-    ReadinessWait,
-    Stage,
-    loopback_master,
-)
+from pytest_spark.readiness.parse import loopback_master
+from pytest_spark.readiness.probe import NodeProbe
+from pytest_spark.readiness.wait import ReadinessWait
+from pytest_spark.readiness.waitstate import MISSING_LIMIT_S, Stage
 
 JOB = "sparkrun_qwen35-122b_d64ff6cc"
 SERVE_LOG = "/tmp/sparkrun_serve.log"

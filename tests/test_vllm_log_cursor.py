@@ -10,7 +10,8 @@ called stalled. The polls below are the readiness loop's: the node's probe outpu
 from __future__ import annotations
 
 from pytest_spark.access.base import CommandResult
-from pytest_spark.readiness.wait import SEP, LogCursor, parse_probe
+from pytest_spark.readiness.parse import LogCursor, parse_probe
+from pytest_spark.readiness.probe import SEP
 from pytest_spark.readiness.watch import StartupWatch
 
 POLL_S = 0.5  # the polls of these tests, half a second apart (the watch's own: 1 s)

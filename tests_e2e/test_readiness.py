@@ -20,21 +20,19 @@ from pytest_spark.access.api import ApiEndpoint
 from pytest_spark.access.cluster import node_names
 from pytest_spark.access.layout import LayoutError
 from pytest_spark.infra.serveargs import expected_ray_members, parse_serve_args
-from pytest_spark.readiness.launch import (
-    ServingInfo,
-    head_account,
-    idle_by_design,
-    inspected_state,
-)
+from pytest_spark.launchers.containers import inspected_state
+from pytest_spark.readiness.parse import parse_probe
+from pytest_spark.readiness.probe import SINCE_START, probe_command
+from pytest_spark.readiness.ranks import ServingInfo, idle_by_design
 from pytest_spark.readiness.ray import parse_ray_status
 from pytest_spark.readiness.serving import (
     SERVING_VERDICT_KEY,
     ApiState,
     ServingState,
+    head_account,
     not_serving_reason,
     server_log_hint,
 )
-from pytest_spark.readiness.wait import SINCE_START, parse_probe, probe_command
 from pytest_spark.serving import ServingError
 from pytest_spark.serving.client.stream import Reply
 from pytest_spark.serving.validate.canary import WireProbe

@@ -25,7 +25,7 @@ from pytest_spark.infra.finding import Skip
 from pytest_spark.infra.loaded.check import check_nccl_loaded, check_vllm_tree
 from pytest_spark.infra.loaded.gather import serving_loaded
 from pytest_spark.infra.loaded.probe import LoadedFacts
-from pytest_spark.readiness.launch import ServingInfo
+from pytest_spark.readiness.ranks import ServingInfo
 
 pytestmark = pytest.mark.preflight
 

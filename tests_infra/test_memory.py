@@ -29,7 +29,7 @@ from pytest_spark.infra.memory.parse import ContainerMemory
 from pytest_spark.infra.preflight.docker_check import check_gpu_holders
 from pytest_spark.infra.preflight.gather import all_preflight
 from pytest_spark.infra.preflight.probe import NodePreflight
-from pytest_spark.readiness.launch import ServingInfo, serving_nodes
+from pytest_spark.readiness.ranks import ServingInfo, serving_nodes
 
 pytestmark = pytest.mark.preflight
 

@@ -57,9 +57,10 @@ from pytest_spark.infra.nccl.probe import CollectiveRun
 from pytest_spark.infra.preflight.cabling_check import node_own_fabric
 from pytest_spark.infra.preflight.env_check import ENV_VERDICT
 from pytest_spark.infra.preflight.gather import roce_ports
+from pytest_spark.launchers.containers import container_states
 from pytest_spark.measure.codec import dump, load
 from pytest_spark.measure.once import Measured, measure_dir, measure_once
-from pytest_spark.readiness.launch import ServingInfo, container_states, serving_nodes
+from pytest_spark.readiness.ranks import ServingInfo, serving_nodes
 from pytest_spark.readiness.reachability import require_reachable
 from pytest_spark.readiness.serving import SERVING_VERDICT_KEY, ServingState, not_serving_reason
 

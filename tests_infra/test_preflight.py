@@ -58,12 +58,9 @@ from pytest_spark.infra.preflight.host_check import (
 )
 from pytest_spark.infra.preflight.model_check import check_disk, check_model_identical
 from pytest_spark.infra.preflight.probe import ClockSample, ModelListing, NodePreflight, model_dir
-from pytest_spark.readiness.launch import (
-    NotServing,
-    ServingInfo,
-    fabric_addresses,
-    idle_by_design,
-)
+from pytest_spark.launchers.base import NotServing
+from pytest_spark.launchers.launch_cluster.driver import fabric_addresses
+from pytest_spark.readiness.ranks import ServingInfo, idle_by_design
 from pytest_spark.readiness.reachability import (
     require_reachable,
     through_unreachable_jump,

@@ -1,8 +1,9 @@
 """Why the cluster is not serving, as the checks that need it cite it: the state of the
 launch or attach (``ServingState``) and of the served API (``ApiState``); a skip naming the
 root cause while the serving verdict (``test_cluster_serving``) runs, else a failure; the
-root cause when it is another check's (an unreachable node, a down fabric port); and the
-route to the head's API (direct, or an SSH tunnel via the head).
+root cause when it is another check's (an unreachable node, a down fabric port); the head's
+own account when the API does not answer (``head_account``); and the route to the head's
+API (direct, or an SSH tunnel via the head).
 
 The fixtures (``pytest_spark.fixtures``) build these states once per session.
 """
@@ -18,7 +19,7 @@ from pytest_spark.access.api import ApiEndpoint
 from pytest_spark.access.base import RemoteError
 from pytest_spark.access.cluster import Cluster
 from pytest_spark.access.layout import ServingLayout
-from pytest_spark.readiness.launch import ServingInfo
+from pytest_spark.readiness.ranks import ServingInfo
 from pytest_spark.readiness.reachability import (
     REACHABILITY_VERDICT_KEY,
     unreachable,
@@ -160,3 +161,33 @@ def route_to_api(cluster: Cluster, port: int) -> tuple[str, Any]:
         pass
     tunnel = Tunnel(cluster.head.conn, "127.0.0.1", port)
     return tunnel.url, tunnel
+
+
+HEAD_TAIL_LINES = 15  # the head's last log lines a not-serving failure quotes
+
+
+def head_account(
+    problem: str,
+    node: str,
+    container: str,
+    status: str,
+    lines: list[str],
+    log_hint: str | None = None,
+) -> tuple[str, dict[str, str]]:
+    """A not-serving failure that only says what the API answered (``Connection refused``)
+    with the head's own account added: its serving container's state (``exited (code
+    137)``: the engine was killed) and its last log lines, in the message and as evidence.
+    A problem that already names the container (the readiness watch's), or a container
+    that runs (an API key, a proxy: not the engine's story), is kept as it is.
+    ``log_hint``: where its log is read (default ``docker logs CONTAINER`` on the node)."""
+    if container in problem or status in ("", "running") or status.startswith("unknown"):
+        return problem, {}
+    tail = [line.rstrip() for line in lines if line.strip()][-HEAD_TAIL_LINES:]
+    state = f"{node}: container {container!r} {status}"
+    hint = log_hint or f"`docker logs {container}` on {node}"
+    message = f"{problem}\n  {state} (its engine is gone: {hint} says why)"
+    if tail:
+        message += f"\n  {node} log (last {len(tail)} lines):\n" + "\n".join(
+            f"    {line}" for line in tail
+        )
+    return message, {"container": state, f"{node} log": "\n".join(tail)}

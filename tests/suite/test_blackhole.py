@@ -32,8 +32,8 @@ from conftest import (  # type: ignore[import-not-found]
 )
 from pytest_spark.access.retry import for_connection
 from pytest_spark.access.simcontrol import SimCluster
-from pytest_spark.readiness.launch import STOP_TIMEOUT_S
-from pytest_spark.readiness.wait import PROBE_TIMEOUT_S
+from pytest_spark.launchers.launch_cluster.launcher import STOP_TIMEOUT_S
+from pytest_spark.readiness.probe import PROBE_TIMEOUT_S
 
 pytestmark = pytest.mark.sim
 

@@ -21,6 +21,7 @@ failure in sparkrun's own words (its ``Error:`` lines, else its last lines).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import re
 import shlex
@@ -35,7 +36,8 @@ from typing import Any
 
 from pytest_spark.access.base import CommandResult, RemoteError
 from pytest_spark.access.cluster import Cluster
-from pytest_spark.readiness.launchers import LaunchError, Notify, Record, StoodUp
+from pytest_spark.access.layout import ServingLayout
+from pytest_spark.launchers.base import LauncherLog, LaunchError, Notify, Record, StoodUp
 from pytest_spark.settings.resolve import Settings
 
 NAME = "sparkrun"
@@ -161,7 +163,7 @@ def stop_matching_args(args: Sequence[str]) -> list[str]:
 
 
 class SparkrunLauncher:
-    """The ``sparkrun`` launcher plug-in (readiness/launchers.py's interface)."""
+    """The ``sparkrun`` launcher plug-in (``launchers.base``'s interface)."""
 
     name = NAME
 
@@ -181,6 +183,7 @@ class SparkrunLauncher:
         self.recipe = recipe_file(settings)
         self.hosts = ",".join(node.address for node in cluster.nodes)
         self.output: list[str] = []
+        self.job: str | None = None  # the job's cluster id, once sparkrun named it
 
     def run_argv(self) -> list[str]:
         return [
@@ -246,8 +249,18 @@ class SparkrunLauncher:
                 "sparkrun run exited 0 but named no job (no 'Cluster: sparkrun_...' line): "
                 f"`{self.describe()}`; its last lines:\n{own_words(text)[1]}"
             )
+        self.job = found.group(1)
         mode, mode_source = self._mode()
-        return StoodUp(job=found.group(1), mode=mode, mode_source=mode_source)
+        return StoodUp(mode=mode, mode_source=mode_source)
+
+    def watch(self) -> ServingLayout:
+        """The job's rank container on each node, found by its id (the containers'
+        sparkrun.* labels); vLLM's output is /tmp/sparkrun_serve.log inside each."""
+        return self.cluster.discover_layout(dataclasses.replace(self.settings, job=self.job))
+
+    def serve_log(self) -> LauncherLog | None:
+        """None: sparkrun returns once rank 0 serves; it keeps no process on the head."""
+        return None
 
     def _run(self, env: Mapping[str, str], timeout: float, notify: Notify | None) -> int:
         """``sparkrun run`` in a session of its own (a terminal's Ctrl-C reaches the suite,
