@@ -19,12 +19,11 @@ exhaust the whole node, which warns.
 
 from __future__ import annotations
 
-from pytest_spark.infra.fdlimit.parse import UNLIMITED
+from pytest_spark.infra.fdlimit.parse import UNLIMITED, OpenFiles
 from pytest_spark.infra.fdlimit.probe import NodeFdLimits
-from pytest_spark.infra.finding import Finding
-from pytest_spark.infra.preflight.check import Skip
+from pytest_spark.infra.finding import Finding, Skip
 
-__all__ = ["VLLM_NOFILE_TARGET", "check_fd_limits"]
+__all__ = ["VLLM_NOFILE_TARGET", "check_fd_limits", "low_limits"]
 
 VLLM_NOFILE_TARGET = 65535  # set_ulimit's target_soft_limit in vllm/utils/system_utils.py
 FIX_NOFILE = 1048576  # systemd's own default hard limit (and Ubuntu's fs.nr_open)
@@ -36,48 +35,11 @@ def _n(value: int | None) -> str:
     return "unlimited" if value >= UNLIMITED else str(value)
 
 
-def check_fd_limits(
-    node: str, facts: NodeFdLimits, min_open_files: int, *, docker_verdict: str | None = None
-) -> Finding | Skip:
-    """dockerd's hard RLIMIT_NOFILE on ``node`` >= ``min_open_files``. ``docker_verdict``:
-    the check that owns "Docker is not running" when it runs in the session (no dockerd
-    process is its failure, and this one skips citing it)."""
-    expected = {"dockerd_nofile_hard_min": min_open_files}
-    kernel = f"fs.file-max {_n(facts.file_max)}, fs.nr_open {_n(facts.nr_open)}"
-    if facts.dockerd is None:
-        if not facts.dockerd_running and docker_verdict is not None:
-            return Skip(f"{node}: no dockerd process runs ({docker_verdict} has the verdict)")
-        return Finding.failed(
-            {"dockerd": facts.dockerd_error or "unreadable"},
-            expected,
-            node=node,
-            message=(
-                f"{node}: cannot read the Docker engine's open-files limit "
-                f"({facts.dockerd_error}); expected a running dockerd whose /proc/PID/limits "
-                "has 'Max open files'. Start Docker (sudo systemctl start docker) and check "
-                "that pgrep and /proc are there for the SSH user"
-            ),
-        )
-    limits = facts.dockerd
+def low_limits(facts: NodeFdLimits, limits: OpenFiles, min_open_files: int) -> list[str]:
+    """Whose hard open-files limit is below ``min_open_files``: ``dockerd`` (``limits``)
+    and the serving container's main process, where it was read (the verdict)."""
     box = facts.container
-    measured = {
-        "dockerd_pid": facts.dockerd_pid,
-        "dockerd_nofile_soft": limits.soft,
-        "dockerd_nofile_hard": limits.hard,
-        "container_nofile_hard": box.hard if box else None,
-        "fs_file_max": facts.file_max,
-        "fs_nr_open": facts.nr_open,
-    }
-    state = (
-        f"dockerd (pid {facts.dockerd_pid}) runs with Max open files soft {_n(limits.soft)}, "
-        f"hard {_n(limits.hard)}; {kernel}"
-    )
-    if box is not None:
-        state += (
-            f"; the serving container's main process (pid {facts.container_pid}) has soft "
-            f"{_n(box.soft)}, hard {_n(box.hard)}"
-        )
-    low = [
+    return [
         who
         for who, hard in (
             ("dockerd", limits.hard),
@@ -85,18 +47,80 @@ def check_fd_limits(
         )
         if hard is not None and hard < min_open_files
     ]
+
+
+def _state_text(facts: NodeFdLimits, limits: OpenFiles) -> str:
+    """The limits read on the node, in words: dockerd's, the kernel's and the container's."""
+    kernel = f"fs.file-max {_n(facts.file_max)}, fs.nr_open {_n(facts.nr_open)}"
+    state = (
+        f"dockerd (pid {facts.dockerd_pid}) runs with Max open files soft {_n(limits.soft)}, "
+        f"hard {_n(limits.hard)}; {kernel}"
+    )
+    box = facts.container
+    if box is not None:
+        state += (
+            f"; the serving container's main process (pid {facts.container_pid}) has soft "
+            f"{_n(box.soft)}, hard {_n(box.hard)}"
+        )
+    return state
+
+
+def _why_low(low: list[str], container_read: bool) -> str:
+    """Why the low limit matters, by whose it is (see :func:`low_limits`)."""
+    if "dockerd" not in low:
+        return "the container was started with a --ulimit nofile below it"
+    if container_read and "the serving container" not in low:
+        return (
+            "the serving container kept the limit it started with, but every container "
+            "started now without --ulimit (docker compose, docker run by hand, the next "
+            "launch) inherits dockerd's"
+        )
+    return "containers started without --ulimit inherit dockerd's"
+
+
+def _no_dockerd(
+    node: str, facts: NodeFdLimits, expected: dict[str, int], docker_verdict: str | None
+) -> Finding | Skip:
+    """No dockerd limits read: a skip citing ``docker_verdict`` when no dockerd runs and
+    that check is in the session, else the failure saying what could not be read."""
+    if not facts.dockerd_running and docker_verdict is not None:
+        return Skip(f"{node}: no dockerd process runs ({docker_verdict} has the verdict)")
+    return Finding.failed(
+        {"dockerd": facts.dockerd_error or "unreadable"},
+        expected,
+        node=node,
+        message=(
+            f"{node}: cannot read the Docker engine's open-files limit "
+            f"({facts.dockerd_error}); expected a running dockerd whose /proc/PID/limits "
+            "has 'Max open files'. Start Docker (sudo systemctl start docker) and check "
+            "that pgrep and /proc are there for the SSH user"
+        ),
+    )
+
+
+def check_fd_limits(
+    node: str, facts: NodeFdLimits, min_open_files: int, *, docker_verdict: str | None = None
+) -> Finding | Skip:
+    """dockerd's hard RLIMIT_NOFILE on ``node`` >= ``min_open_files``. ``docker_verdict``:
+    the check that owns "Docker is not running" when it runs in the session (no dockerd
+    process is its failure, and this one skips citing it)."""
+    expected = {"dockerd_nofile_hard_min": min_open_files}
+    if facts.dockerd is None:
+        return _no_dockerd(node, facts, expected, docker_verdict)
+    limits = facts.dockerd
+    measured = {
+        "dockerd_pid": facts.dockerd_pid,
+        "dockerd_nofile_soft": limits.soft,
+        "dockerd_nofile_hard": limits.hard,
+        "container_nofile_hard": facts.container.hard if facts.container else None,
+        "fs_file_max": facts.file_max,
+        "fs_nr_open": facts.nr_open,
+    }
+    state = _state_text(facts, limits)
+    low = low_limits(facts, limits, min_open_files)
     if low:
         target = FIX_NOFILE if facts.nr_open is None else min(FIX_NOFILE, facts.nr_open)
-        if "dockerd" not in low:
-            why = "the container was started with a --ulimit nofile below it"
-        elif box is not None and "the serving container" not in low:
-            why = (
-                "the serving container kept the limit it started with, but every container "
-                "started now without --ulimit (docker compose, docker run by hand, the next "
-                "launch) inherits dockerd's"
-            )
-        else:
-            why = "containers started without --ulimit inherit dockerd's"
+        why = _why_low(low, facts.container is not None)
         return Finding.failed(
             measured,
             expected,
