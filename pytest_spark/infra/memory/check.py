@@ -37,6 +37,7 @@ size, from /proc) and the GPU compute apps with their memory where nvidia-smi gi
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from pytest_spark.infra.finding import Finding, Skip
 from pytest_spark.infra.human import gib
@@ -140,6 +141,63 @@ def _swap(info: MemInfo) -> str:
     return f"swap {gib(info.swap_used)} used of {gib(info.swap_total)}"
 
 
+# What the headroom check found: enough (with swap in use, or the claim only in page
+# cache: warnings), short, or more asked than the node has at all.
+HeadroomVerdict = Literal["fits", "swapped", "page cache", "short", "never"]
+
+
+@dataclass(frozen=True)
+class Headroom:
+    """The verdict of :func:`check_memory_headroom` and the figures it rests on (bytes)."""
+
+    verdict: HeadroomVerdict
+    available: int  # MemAvailable, else MemFree + page cache (``estimated``)
+    estimated: bool
+    headroom: int  # the OS's share (profile memory.os_headroom_gib)
+    gate: int  # vLLM's startup floor (request_memory): Claim.startup_bytes
+    claimed: int  # the claim still to come: 0 while the engine runs
+    needed: int  # what MemAvailable must be
+
+    def expected(self, os_headroom_gib: float) -> dict[str, float]:
+        return {
+            "claim_gib": round(self.claimed / GIB, 2),
+            "os_headroom_gib": os_headroom_gib,
+            "mem_available_gib_min": round(self.needed / GIB, 2),
+        }
+
+
+def headroom_verdict(
+    info: MemInfo,
+    claim: Claim,
+    os_headroom_gib: float,
+    *,
+    engine_running: bool,
+    max_swap_used_gib: float = 1.0,
+) -> Headroom:
+    """``MemAvailable - claim >= os_headroom_gib`` (the claim 0 while the engine runs; with
+    --kv-cache-memory-bytes the KV cache, and never less than vLLM's startup floor)."""
+    available = info.available if info.available is not None else info.free + info.cached
+    headroom = int(os_headroom_gib * GIB)
+    gate = claim.startup_bytes(info.total)  # vLLM's startup check (request_memory)
+    kv = claim.kv_cache_bytes
+    claimed = 0 if engine_running else gate if kv is None else kv
+    needed = claimed + headroom
+    if not engine_running and kv is not None:
+        needed = max(needed, gate)
+    verdict: HeadroomVerdict
+    if available >= needed:
+        if info.swap_used > int(max_swap_used_gib * GIB):
+            verdict = "swapped"
+        elif not engine_running and info.free < claimed:
+            verdict = "page cache"
+        else:
+            verdict = "fits"
+    else:
+        verdict = "never" if needed > info.total else "short"
+    estimated = info.available is None
+    return Headroom(verdict, available, estimated, headroom, gate, claimed, needed)
+
+
 def check_memory_headroom(
     node: str,
     mem: NodeMemory,
@@ -169,164 +227,199 @@ def check_memory_headroom(
                 "3.14 prints. Check that /proc is mounted on the node and readable over SSH"
             ),
         )
-    available = info.available if info.available is not None else info.free + info.cached
-    approx = "" if info.available is not None else " (MemFree + page cache: no MemAvailable)"
-    headroom = int(os_headroom_gib * GIB)
-    gate = claim.startup_bytes(info.total)  # vLLM's startup check (request_memory)
-    kv = claim.kv_cache_bytes
-    claimed = 0 if engine_running else gate if kv is None else kv
-    needed = claimed + headroom
-    if not engine_running and kv is not None:
-        needed = max(needed, gate)
-    measured = _measured(info, available)
-    expected = {
-        "claim_gib": round(claimed / GIB, 2),
-        "os_headroom_gib": os_headroom_gib,
-        "mem_available_gib_min": round(needed / GIB, 2),
-    }
+    h = headroom_verdict(
+        info,
+        claim,
+        os_headroom_gib,
+        engine_running=engine_running,
+        max_swap_used_gib=max_swap_used_gib,
+    )
+    measured = _measured(info, h.available)
+    expected = h.expected(os_headroom_gib)
+    text = _HeadroomText.of(node, info, claim, h, engine_running)
+    if h.verdict in ("swapped", "page cache"):
+        message = _warning(text, info, h, max_swap_used_gib)
+        return Finding.warned(measured, expected, node=node, message=message)
+    if h.verdict == "fits":
+        message = (
+            f"{node}: {text.state}; {gib(h.available - h.claimed)} left for the OS {text.what}"
+        )
+        return Finding.passed(measured, expected, node=node, message=message)
+    if h.verdict == "never":
+        return Finding.failed(
+            measured,
+            expected,
+            node=node,
+            message=(
+                f"{node}: {text.state}: expected {text.want} {text.what}. That is more than "
+                f"the node's MemTotal of {gib(info.total)}: it can never be met, whatever is "
+                f"freed. Lower {_what_to_lower(claim, info.total, h.headroom, engine_running)}"
+            ),
+        )
+    listed, top = holders(mem, frozenset(own_pids), top_holders)
+    if gpu_held is not None:
+        return Skip(
+            f"{node}: {text.state}, {gib(h.needed - h.available)} short of {text.want}, "
+            f"because the GPU is held outside the serving container ({gpu_held})"
+        )
+    return Finding.failed(
+        {**measured, "holders": listed},
+        expected,
+        node=node,
+        message=_short_message(text, mem, info, claim, h, engine_running, own_pids, listed, top),
+    )
+
+
+@dataclass(frozen=True)
+class _HeadroomText:
+    """The parts every headroom message shares: the node, its memory as read (``state``),
+    the claim it was judged before (``what``) and what it must have (``want``)."""
+
+    node: str
+    state: str
+    what: str
+    want: str
+
+    @classmethod
+    def of(
+        cls, node: str, info: MemInfo, claim: Claim, h: Headroom, engine_running: bool
+    ) -> _HeadroomText:
+        approx = " (MemFree + page cache: no MemAvailable)" if h.estimated else ""
+        state = (
+            f"MemAvailable {gib(h.available)}{approx} of MemTotal {gib(info.total)}, {_swap(info)}"
+        )
+        return cls(node, state, *_what_and_want(claim, h, engine_running))
+
+
+def _what_and_want(claim: Claim, h: Headroom, engine_running: bool) -> tuple[str, str]:
+    """(the claim the memory was judged before, what the node must have for it)."""
+    headroom, needed, kv = gib(h.headroom), gib(h.needed), claim.kv_cache_bytes
     if engine_running:
         what = f"with the serving engine running (its {claim.fraction:g} claim already taken)"
-        want = f"at least {gib(headroom)} left for the OS (profile memory.os_headroom_gib)"
-    elif kv is not None:
+        return what, f"at least {headroom} left for the OS (profile memory.os_headroom_gib)"
+    plus = f"the claim plus {headroom} for the OS (profile memory.os_headroom_gib)"
+    if kv is not None:
         what = (
             f"before the engine's KV cache of {gib(kv)} (--kv-cache-memory-bytes in the "
             "serve args: vLLM sizes the cache to it and ignores --gpu-memory-utilization "
             "there; the weights come on top)"
         )
         want = (
-            f"at least {gib(needed)}: the KV cache plus {gib(headroom)} for the OS (profile "
+            f"at least {needed}: the KV cache plus {headroom} for the OS (profile "
             f"memory.os_headroom_gib), and no less than vLLM's startup floor of "
-            f"{claim.fraction:g} x MemTotal = {gib(gate)} ({claim.source})"
+            f"{claim.fraction:g} x MemTotal = {gib(h.gate)} ({claim.source})"
         )
-    elif claim.gib is not None:
-        what = f"before the engine's claim of {gib(claimed)} ({claim.source})"
-        want = (
-            f"at least {gib(needed)}: the claim plus {gib(headroom)} for the OS "
-            "(profile memory.os_headroom_gib)"
-        )
+        return what, want
+    if claim.gib is not None:
+        what = f"before the engine's claim of {gib(h.claimed)} ({claim.source})"
     else:
         what = (
-            f"before the engine's claim of {claim.fraction:g} x MemTotal = {gib(claimed)} "
+            f"before the engine's claim of {claim.fraction:g} x MemTotal = {gib(h.claimed)} "
             f"({claim.source})"
         )
-        want = (
-            f"at least {gib(needed)}: the claim plus {gib(headroom)} for the OS "
-            "(profile memory.os_headroom_gib)"
+    return what, f"at least {needed}: {plus}"
+
+
+def _warning(text: _HeadroomText, info: MemInfo, h: Headroom, max_swap_used_gib: float) -> str:
+    """Enough memory, but swap in use (``swapped``) or the claim only in page cache."""
+    if h.verdict == "swapped":
+        return (
+            f"{text.node}: {text.state}: memory is enough {text.what}, but "
+            f"{gib(info.swap_used)} is swapped out (more than memory.max_swap_used_gib = "
+            f"{max_swap_used_gib:g}): the node was short of memory, and on unified "
+            "memory swapping stalls the GPU too. Find what grew (ps -eo pid,rss,args "
+            "--sort=-rss) and reboot or `swapoff -a && swapon -a` when it is gone"
         )
-    state = f"MemAvailable {gib(available)}{approx} of MemTotal {gib(info.total)}, {_swap(info)}"
-    if available >= needed:
-        swap_max = int(max_swap_used_gib * GIB)
-        if info.swap_used > swap_max:
-            return Finding.warned(
-                measured,
-                expected,
-                node=node,
-                message=(
-                    f"{node}: {state}: memory is enough {what}, but {gib(info.swap_used)} "
-                    f"is swapped out (more than memory.max_swap_used_gib = "
-                    f"{max_swap_used_gib:g}): the node was short of memory, and on unified "
-                    "memory swapping stalls the GPU too. Find what grew (ps -eo pid,rss,args "
-                    "--sort=-rss) and reboot or `swapoff -a && swapon -a` when it is gone"
-                ),
-            )
-        if not engine_running and info.free < claimed:
-            return Finding.warned(
-                measured,
-                expected,
-                node=node,
-                message=(
-                    f"{node}: {state}: enough {what}, but MemFree is {gib(info.free)}, below "
-                    f"the claim: the rest is page cache, which CUDA on GB10 does not always "
-                    "count as free. If the load fails on `Free memory on device`, drop the "
-                    "cache first: sudo sh -c 'sync; echo 3 > /proc/sys/vm/drop_caches'"
-                ),
-            )
-        return Finding.passed(
-            measured,
-            expected,
-            node=node,
-            message=f"{node}: {state}; {gib(available - claimed)} left for the OS {what}",
-        )
-    if needed > info.total:
-        return Finding.failed(
-            measured,
-            expected,
-            node=node,
-            message=(
-                f"{node}: {state}: expected {want} {what}. That is more than the node's "
-                f"MemTotal of {gib(info.total)}: it can never be met, whatever is freed. "
-                f"Lower {_what_to_lower(claim, info.total, headroom, engine_running)}"
-            ),
-        )
-    listed, top = holders(mem, frozenset(own_pids), top_holders)
-    short = gib(needed - available)
-    if gpu_held is not None:
-        return Skip(
-            f"{node}: {state}, {short} short of {want}, because the GPU is held outside "
-            f"the serving container ({gpu_held})"
-        )
-    if not engine_running and available < gate:
-        consequence = (
+    return (
+        f"{text.node}: {text.state}: enough {text.what}, but MemFree is {gib(info.free)}, below "
+        f"the claim: the rest is page cache, which CUDA on GB10 does not always "
+        "count as free. If the load fails on `Free memory on device`, drop the "
+        "cache first: sudo sh -c 'sync; echo 3 > /proc/sys/vm/drop_caches'"
+    )
+
+
+def _short_message(
+    text: _HeadroomText,
+    mem: NodeMemory,
+    info: MemInfo,
+    claim: Claim,
+    h: Headroom,
+    engine_running: bool,
+    own_pids: frozenset[int],
+    listed: list[str],
+    top: list[ProcessMemory],
+) -> str:
+    """A short node's failure: by how much, what follows, who holds the memory, the fix."""
+    by = _held_by(mem, own_pids, listed)
+    kill = f"kill {' '.join(str(p.pid) for p in top)}" if top else "free the memory"
+    return (
+        f"{text.node}: {text.state}, {gib(h.needed - h.available)} short: expected "
+        f"{text.want} {text.what}; {_consequence(info, claim, h, engine_running)}. "
+        f"{by[0].upper()}{by[1:]}. Free it ({kill}; `systemctl status PID` names a "
+        f"service that would start it again; a stale container: docker ps)"
+        f"{_lower_hint(info, claim, h, engine_running)}"
+    )
+
+
+def _consequence(info: MemInfo, claim: Claim, h: Headroom, engine_running: bool) -> str:
+    """What a short node means for the engine (or, once it runs, for the OS)."""
+    kv = claim.kv_cache_bytes
+    if not engine_running and h.available < h.gate:
+        return (
             f"vLLM will refuse to start on this node (`Free memory on device "
-            f"({gib(available)}/{gib(info.total)}) on startup is less than desired GPU "
-            f"memory utilization ({claim.fraction:g}, {gib(gate)})`)"
+            f"({gib(h.available)}/{gib(info.total)}) on startup is less than desired GPU "
+            f"memory utilization ({claim.fraction:g}, {gib(h.gate)})`)"
         )
-    elif not engine_running and kv is not None and available < kv:
-        consequence = (
+    if not engine_running and kv is not None and h.available < kv:
+        return (
             f"the engine cannot allocate its {gib(kv)} KV cache here (CUDA out of memory "
             "after the weights load)"
         )
-    elif engine_running:
-        consequence = "the OS is squeezed under the engine: expect swapping, then the OOM killer"
-    else:
-        consequence = (
-            f"the engine would fit but leave the OS {gib(available - claimed)}: expect "
-            "swapping and a node that freezes under load"
-        )
+    if engine_running:
+        return "the OS is squeezed under the engine: expect swapping, then the OOM killer"
+    return (
+        f"the engine would fit but leave the OS {gib(h.available - h.claimed)}: expect "
+        "swapping and a node that freezes under load"
+    )
+
+
+def _held_by(mem: NodeMemory, own_pids: frozenset[int], listed: list[str]) -> str:
+    """The largest holders outside the serving container, or where else to look."""
     if listed:
-        by = f"largest holders outside the serving container: {'; '.join(listed)}"
-    else:
-        biggest = next((p for p in mem.processes if p.pid not in own_pids), None)
-        largest = (
-            f" (the largest: pid {biggest.pid} {biggest.name}, {gib(biggest.rss)})"
-            if biggest
-            else ""
-        )
-        by = (
-            "no process outside the serving container holds 1 GiB or more"
-            f"{largest}: look at the page cache, shared memory (/dev/shm) and kernel "
-            "memory (slabtop), or reboot the node"
-        )
-    fit = (available - headroom) / info.total
-    if not engine_running and kv is not None:
-        room = available - headroom
-        lower = (
-            f", or lower --kv-cache-memory-bytes to {int(room / GIB)}G (what this node has "
-            "room for, less the weights)"
-            if available >= gate and room > GIB
-            else f", or lower --gpu-memory-utilization to {int(fit * 100) / 100:.2f} (vLLM's "
-            "startup floor)"
-            if fit > 0.05
-            else ""
-        )
-    else:
-        lower = (
+        return f"largest holders outside the serving container: {'; '.join(listed)}"
+    biggest = next((p for p in mem.processes if p.pid not in own_pids), None)
+    largest = (
+        f" (the largest: pid {biggest.pid} {biggest.name}, {gib(biggest.rss)})" if biggest else ""
+    )
+    return (
+        "no process outside the serving container holds 1 GiB or more"
+        f"{largest}: look at the page cache, shared memory (/dev/shm) and kernel "
+        "memory (slabtop), or reboot the node"
+    )
+
+
+def _lower_hint(info: MemInfo, claim: Claim, h: Headroom, engine_running: bool) -> str:
+    """The engine setting to lower to what this node has room for, when there is one."""
+    fit = (h.available - h.headroom) / info.total
+    if not engine_running and claim.kv_cache_bytes is not None:
+        room = h.available - h.headroom
+        if h.available >= h.gate and room > GIB:
+            return (
+                f", or lower --kv-cache-memory-bytes to {int(room / GIB)}G (what this node has "
+                "room for, less the weights)"
+            )
+        if fit > 0.05:
+            return (
+                f", or lower --gpu-memory-utilization to {int(fit * 100) / 100:.2f} (vLLM's "
+                "startup floor)"
+            )
+        return ""
+    if not engine_running and fit > 0.05:
+        return (
             f", or lower --gpu-memory-utilization to {int(fit * 100) / 100:.2f} (what this "
             "node has room for)"
-            if not engine_running and fit > 0.05
-            else ""
         )
-    kill = f"kill {' '.join(str(p.pid) for p in top)}" if top else "free the memory"
-    return Finding.failed(
-        {**measured, "holders": listed},
-        expected,
-        node=node,
-        message=(
-            f"{node}: {state}, {short} short: expected {want} {what}; {consequence}. "
-            f"{by[0].upper()}{by[1:]}. Free it ({kill}; `systemctl status PID` names a "
-            f"service that would start it again; a stale container: docker ps){lower}"
-        ),
-    )
+    return ""
 
 
 def _what_to_lower(claim: Claim, total: int, headroom: int, engine_running: bool) -> str:
