@@ -30,10 +30,19 @@ from pytest_spark.infra.gpuhealth.parse import (
     reasons_from_mask,
     reasons_from_q,
 )
-from pytest_spark.infra.gpuhealth.probe import PROBE_BODY, GpuHealth, parse_gpu_health
+from pytest_spark.infra.gpuhealth.probe import (
+    HOST_PROBE,
+    MARKER,
+    PROBE_BODY,
+    GpuHealth,
+    gpuhealth_probe_command,
+    parse_gpu_health,
+    parse_gpuhealth_probe,
+)
 from pytest_spark.infra.kernellog import KernelLog, parse_kernel_log
-from pytest_spark.infra.preflight.probe import parse_preflight_probe, preflight_probe_command
+from pytest_spark.infra.preflight.probe import preflight_probe_command
 from pytest_spark.infra.probe import ProbeSection
+from pytest_spark.infra.roundtrip import shared_probes
 from pytest_spark.infra.smi import parse_query_gpu
 from pytest_spark.settings.profiles import load_profile
 from pytest_spark.settings.sections import GpuHealthSection
@@ -407,10 +416,15 @@ def test_profile_section_is_typed_and_overridable() -> None:
 # ------------------------------------------------- the probe's shell and sparksim's tools
 
 
-def test_probe_body_is_part_of_the_preflight_probe() -> None:
-    command = preflight_probe_command(container="vllm_node")
+def test_probe_is_its_own_and_rides_the_host_round_trip() -> None:
+    """The GPU sections are the gpuhealth topic's own probe (its own marker), declared to
+    ride the node's one host round trip beside the preflight probe, not inside it."""
+    command = gpuhealth_probe_command()
+    preflight = preflight_probe_command(container="vllm_node")
     for name in ("s gpu_query ", "s gpu_q ", "s kernel_log "):
-        assert name in PROBE_BODY and name in command
+        assert name in PROBE_BODY and name in command and name not in preflight
+    assert MARKER in command and 'rm -f "$t"' in command  # its scratch file removed
+    assert HOST_PROBE in shared_probes()
 
 
 def _tools_dir(tmp_path: Path, **state_changes: object) -> Path:
@@ -559,17 +573,18 @@ def test_sim_low_clock_fault_reads_as_a_capped_gb10_under_load(tmp_path: Path) -
     assert not isinstance(f, Skip) and f.level == "pass", f
 
 
-def test_preflight_probe_output_carries_the_gpu_health(tmp_path: Path) -> None:
-    """A whole probe output (the other sections absent) still parses, with gpu_health."""
-    m = "@@pytest-spark-preflight@@"
+def test_probe_output_carries_the_gpu_health(tmp_path: Path) -> None:
+    """A whole probe output (the other sections absent) still parses."""
+    m = MARKER
     text = (
         f"{m} probe v1 spark-1\n{m} begin gpu_query\n{IDLE}\n\n{m} stderr gpu_query\n\n"
         f"{m} end gpu_query rc=0\n{m} begin kernel_log\nsource dmesg lines 900\n\n"
         f"{m} stderr kernel_log\nrefused journalctl: exit 1, 0 kernel lines\n\n"
         f"{m} end kernel_log rc=0\n"
     )
-    facts = parse_preflight_probe(text)
-    assert facts.gpu_health is not None
-    assert facts.gpu_health.gpus[0].temperature_c == 41
-    assert facts.gpu_health.kernel.source == "dmesg"
-    assert facts.gpu_health.kernel.refused == ("journalctl: exit 1, 0 kernel lines",)
+    facts = parse_gpuhealth_probe(text)
+    assert facts.gpus[0].temperature_c == 41
+    assert facts.kernel.source == "dmesg"
+    assert facts.kernel.refused == ("journalctl: exit 1, 0 kernel lines",)
+    with pytest.raises(ParseError):  # another probe's output is not this one's
+        parse_gpuhealth_probe(text.replace(m, "@@pytest-spark-preflight@@"))

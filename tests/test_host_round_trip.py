@@ -1,6 +1,8 @@
-"""A node's host facts in one SSH round trip: the preflight and the nodes-alike probes run
-side by side in one command (infra.roundtrip.host_round_trip, infra.probe.joint_probe),
-whichever check asks first. Run for real in a local shell, with stand-ins for docker and
+"""A node's host facts in one SSH round trip: the probes the topics declare shared (the
+preflight, nodes-alike, memory, GPU health ... probes) run side by side in one command
+(infra.roundtrip.host_round_trip, infra.probe.joint_probe), whichever check asks first;
+which probe rides it is the topic's declaration (infra.hostprobe.HostProbe), never a
+comparison of command text. Run for real in a local shell, with stand-ins for docker and
 nvidia-smi on PATH (the host's own must not be asked)."""
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ import os
 import subprocess
 import threading
 from pathlib import Path
-from types import SimpleNamespace
+from types import ModuleType, SimpleNamespace
 
 import pytest
 
@@ -17,9 +19,18 @@ from pytest_spark.access.base import CommandResult
 from pytest_spark.access.cluster import Cluster, Node
 from pytest_spark.access.layout import launcher_layout
 from pytest_spark.infra.alike.gather import all_alike, node_alike
+from pytest_spark.infra.gpuhealth.gather import node_gpu_health
+from pytest_spark.infra.hostprobe import HostProbe
+from pytest_spark.infra.memory import probe as memory_probe
 from pytest_spark.infra.memory.gather import node_memory
 from pytest_spark.infra.preflight.gather import all_preflight, node_preflight
 from pytest_spark.infra.probe import joint_probe, probe_script, split_probe
+from pytest_spark.infra.roundtrip import (
+    declared_probes,
+    gather_probe,
+    host_probes,
+    shared_probes,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -127,6 +138,58 @@ def test_memory_probe_shares_the_host_round_trip(node_env: dict[str, str]) -> No
         conn = node.conn
         assert isinstance(conn, LocalConn)
         assert len(conn.commands) == 1, f"{node.name}: {len(conn.commands)} round trips"
+
+
+def test_gpu_health_rides_the_same_round_trip(node_env: dict[str, str]) -> None:
+    """The GPU health probe is its own (not sections of the preflight probe) and still
+    costs no round trip of its own: asked first or last, one command per node."""
+    cluster = LocalCluster(2, node_env)
+    head, worker = cluster.nodes
+    health = node_gpu_health(cluster, head)
+    assert health.kernel is not None and "gpu_query" in health.raw
+    all_preflight(cluster)
+    node_gpu_health(cluster, worker)
+    for node in (head, worker):
+        assert len(node.conn.commands) == 1, node.conn.commands  # type: ignore[attr-defined]
+
+
+def test_every_topic_declares_its_host_probes() -> None:
+    """The round trip's probes are collected from the topics' own declarations (a new
+    topic's declared probe joins with no line elsewhere): the six that shared it before
+    and the GPU health probe among them; the link probe is declared too and runs alone."""
+    shared = [p.key for p in shared_probes()]
+    before = ["alike", "fdlimit", "gpuhealth", "kernel", "loaded", "memory", "preflight"]
+    assert [k for k in shared if k in before] == before  # topics in name order
+    assert "link" in [p.key for p in host_probes() if not p.shared]
+    assert len({p.key for p in host_probes()}) == len(host_probes())  # one key each
+    assert host_probes() is host_probes()  # collected once
+
+
+def test_declarations_are_read_in_order_and_a_key_is_declared_once() -> None:
+    first, second = ModuleType("a"), ModuleType("b")
+    one = HostProbe(key="one", command=lambda s, c: "true", parse=lambda t, s: t)
+    two = HostProbe(key="two", command=lambda s, c: "true", parse=lambda t, s: t)
+    first.HOST_PROBE, first.OTHER, second.HOST_PROBE = two, "not a probe", one  # type: ignore[attr-defined]
+    assert declared_probes([first, second]) == (two, one)
+    second.AGAIN = HostProbe(key="two", command=one.command, parse=one.parse)  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="declared twice under one key: two"):
+        declared_probes([first, second])
+
+
+def test_a_probe_rides_by_declaration_not_by_its_command_text(node_env: dict[str, str]) -> None:
+    """A probe the topics do not declare runs alone, even when its command is word for word
+    a shared probe's (the round trip matched command text before: a mismatch quietly cost
+    a round trip, a match made any caller's command ride)."""
+    declared = memory_probe.HOST_PROBE
+    twin = HostProbe(key="memory-twin", command=declared.command, parse=declared.parse)
+    cluster = LocalCluster(1, node_env)
+    (head,) = cluster.nodes
+    assert twin not in shared_probes() and declared in shared_probes()
+    ours = gather_probe(cluster, head, twin)
+    theirs = gather_probe(cluster, head, declared)
+    assert ours.meminfo is not None and theirs.meminfo is not None
+    assert len(head.conn.commands) == 2  # type: ignore[attr-defined]
+    assert head.conn.commands[0] == declared.command(cluster.settings, "vllm_node")  # type: ignore[attr-defined]
 
 
 def test_alike_first_then_preflight_is_still_one_round_trip(node_env: dict[str, str]) -> None:

@@ -38,6 +38,8 @@ SHARED_ROLES = {
     "servecmd": "probe",  # the serving command read from the node
     "kernellog": "probe",  # the kernel log read once, by current- and previous-boot checks
     "smi": "parse",  # nvidia-smi's query CSV
+    "hostprobe": "probe",  # HostProbe: how a topic declares its probe of a node (pure)
+    "modelfiles": "parse",  # the model directory's listing, by preflight and modelhash
 }
 PURE_ROLES = ("infra.parse", "infra.probe", "infra.check")  # no pytest, no access, no gather
 
@@ -328,12 +330,9 @@ def test_the_graph_sees_imports() -> None:
 TOPIC_ALLOWED: dict[tuple[str, str], str] = {
     ("memory", "preflight"): "the headroom check leaves the serving container's own "
     "processes out: the container comes from the preflight probe's docker facts",
-    ("modelhash", "preflight"): "the full hash completes the preflight probe's sampled "
-    "model listing",
     ("nccl", "links"): "NCCL runs over the fabric: which ports are up decides which HCAs "
     "the sweep may use, and a down link is cited rather than measured again",
     ("nccl", "memory"): "the sweep's largest message is capped by the node's free memory",
-    ("preflight", "gpuhealth"): "the GPU-health sections ride in the preflight probe",
     ("preflight", "links"): "the serving-env check names this node's own fabric "
     "interfaces, read by the links probe",
 }

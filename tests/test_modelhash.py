@@ -12,6 +12,7 @@ import pytest
 
 from pytest_spark import progress_line_writer
 from pytest_spark.infra.errors import ParseError
+from pytest_spark.infra.modelfiles import ModelListing
 from pytest_spark.infra.modelhash.probe import (
     HashProgress,
     full_hash_command,
@@ -19,7 +20,7 @@ from pytest_spark.infra.modelhash.probe import (
     with_full_hashes,
 )
 from pytest_spark.infra.preflight.model_check import check_model_identical
-from pytest_spark.infra.preflight.probe import EDGE_BYTES, SAMPLES, ModelListing, sampled_sha256
+from pytest_spark.infra.preflight.probe import EDGE_BYTES, SAMPLES, sampled_sha256
 from pytest_spark.settings.options import OPTIONS_BY_ATTR
 
 MODEL = "/root/models/Qwen3.5-122B-A10B-FP8"

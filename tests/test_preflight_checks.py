@@ -10,6 +10,7 @@ import pytest
 
 from pytest_spark.infra.finding import Finding, Skip
 from pytest_spark.infra.human import human_duration
+from pytest_spark.infra.modelfiles import ModelListing
 from pytest_spark.infra.preflight.docker_check import check_docker, check_gpu_holders
 from pytest_spark.infra.preflight.env_check import check_serving_env
 from pytest_spark.infra.preflight.host_check import (
@@ -25,7 +26,6 @@ from pytest_spark.infra.preflight.probe import (
     DockerFacts,
     GpuProcess,
     JournalFacts,
-    ModelListing,
     NodePreflight,
     parse_container_env,
     parse_preflight_probe,

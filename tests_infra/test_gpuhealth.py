@@ -1,7 +1,8 @@
 """GPU health before a rollout (issue #15 §3), per node: temperature, clocks event reasons
 (with the clocks and power draw beside them), persistence mode, and Xid / NVRM errors in
-the kernel log since boot. The facts come with the preflight probe (one round trip per
-node, cached); a field the GPU reports as N/A warns, never fails.
+the kernel log since boot. The facts come with the GPU health probe (in the node's one
+host round trip, beside the preflight probe; cached); a field the GPU reports as N/A
+warns, never fails.
 
 A GPU that nvidia-smi cannot see is ``test_gpu_visible``'s: the checks that read
 nvidia-smi skip citing it (the kernel log check still runs: it says why).
@@ -29,6 +30,7 @@ from pytest_spark.infra.gpuhealth.check import (
     check_gpu_throttle,
     gpu_lost_in_kernel_log,
 )
+from pytest_spark.infra.gpuhealth.gather import node_gpu_health
 from pytest_spark.infra.gpuhealth.probe import GpuHealth
 from pytest_spark.infra.gpuload.check import LOAD_VERDICT
 from pytest_spark.infra.kernellog import KERNEL_VERDICT
@@ -53,19 +55,19 @@ def gpu_health(
     check that owns the cause: test_gpu_kernel_errors when the kernel log says the GPU
     fell off the bus, else test_gpu_visible."""
     facts = _facts(spark_cluster, spark_node)
-    assert facts.gpu_health is not None
+    health = node_gpu_health(spark_cluster, spark_node)
     if not facts.gpu.gpus:
         why = facts.gpu.error or "nvidia-smi -L lists no GPU"
         owner = f"test_gpu_visible[{spark_node.name}]"
         kernel = f"{KERNEL_VERDICT}[{spark_node.name}]"
-        lost = gpu_lost_in_kernel_log(facts.gpu_health.kernel)
+        lost = gpu_lost_in_kernel_log(health.kernel)
         if lost is not None and verdict_in_session(request.session, kernel):
             owner, why = kernel, "it fell off the bus"
         pytest.skip(
             f"{spark_node.name}: no GPU readings because nvidia-smi sees no GPU ({why}; "
             f"{owner} has the evidence)"
         )
-    return facts.gpu_health
+    return health
 
 
 def test_gpu_temperature(
@@ -118,9 +120,9 @@ def test_gpu_persistence_mode(
 
     def judge(node: Node) -> Finding | Skip:
         facts = _facts(spark_cluster, node)
-        if not facts.gpu.gpus or facts.gpu_health is None:  # its gpu_health fixture skips
+        if not facts.gpu.gpus:  # its gpu_health fixture skips
             return Skip(f"{node.name}: nvidia-smi sees no GPU")
-        return check_gpu_persistence(node.name, facts.gpu_health, section)
+        return check_gpu_persistence(node.name, node_gpu_health(spark_cluster, node), section)
 
     require_once_across_nodes(request, spark_check, spark_cluster, spark_node, judge)
 
@@ -129,8 +131,8 @@ def test_gpu_kernel_errors(
     spark_node: Node, spark_cluster: Cluster, spark_check: SparkCheck
 ) -> None:
     """Xid and NVRM errors in the kernel log since boot (journalctl -k -b, else dmesg)."""
-    health = _facts(spark_cluster, spark_node).gpu_health
-    assert health is not None
+    _facts(spark_cluster, spark_node)  # an unreachable node fails as the others do
+    health = node_gpu_health(spark_cluster, spark_node)
     section = spark_cluster.profile.gpu_health
     finding = check_gpu_kernel_log(spark_node.name, health.kernel, section)
     if health.kernel.source:

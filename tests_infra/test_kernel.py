@@ -3,8 +3,8 @@ lines (those are test_gpuhealth.py's test_gpu_kernel_errors).
 
 Per node: did the previous boot end with a clean shutdown, and what did it log near its
 end (``journalctl --list-boots``, ``journalctl -b -1``; one probe in the node's shared host
-round trip); PCIe AER errors on the ConnectX-7 functions since boot (read with the GPU
-health part of the preflight probe). See pytest_spark.infra.kernel.check for the rules.
+round trip); PCIe AER errors on the ConnectX-7 functions since boot (read by the GPU
+health probe, in the same round trip). See pytest_spark.infra.kernel.check for the rules.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import pytest
 
 from pytest_spark import Cluster, Node, RemoteError, SparkCheck
 from pytest_spark.infra.finding import Skip
+from pytest_spark.infra.gpuhealth.gather import node_gpu_health
 from pytest_spark.infra.kernel.check import check_pcie_aer, check_previous_boot
 from pytest_spark.infra.kernel.gather import node_previous_boot
 from pytest_spark.infra.preflight.gather import all_preflight
@@ -34,8 +35,7 @@ def test_pcie_aer(spark_node: Node, spark_cluster: Cluster, spark_check: SparkCh
     facts = all_preflight(spark_cluster)[spark_node.name]
     if isinstance(facts, RemoteError):
         pytest.fail(f"node unreachable: {facts}", pytrace=False)
-    assert facts.gpu_health is not None
-    result = check_pcie_aer(spark_node.name, facts.gpu_health.kernel)
+    result = check_pcie_aer(spark_node.name, node_gpu_health(spark_cluster, spark_node).kernel)
     if isinstance(result, Skip):
         pytest.skip(result.reason)
     spark_check.require(result)

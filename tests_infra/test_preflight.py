@@ -26,9 +26,11 @@ from pytest_spark import (
 )
 from pytest_spark.infra.finding import Skip
 from pytest_spark.infra.gpuhealth.check import gpu_lost_in_kernel_log
+from pytest_spark.infra.gpuhealth.gather import node_gpu_health
 from pytest_spark.infra.kernellog import KERNEL_VERDICT
 from pytest_spark.infra.links.gather import unusable_fabric_links
 from pytest_spark.infra.loaded.gather import rank_env
+from pytest_spark.infra.modelfiles import ModelListing
 from pytest_spark.infra.modelhash.gather import full_hash_listings
 from pytest_spark.infra.preflight.cabling_check import MGMT_INIT, ManagementInitNote
 from pytest_spark.infra.preflight.docker_check import check_docker, check_gpu_holders
@@ -57,7 +59,7 @@ from pytest_spark.infra.preflight.host_check import (
     check_reachable,
 )
 from pytest_spark.infra.preflight.model_check import check_disk, check_model_identical
-from pytest_spark.infra.preflight.probe import ClockSample, ModelListing, NodePreflight, model_dir
+from pytest_spark.infra.preflight.probe import ClockSample, NodePreflight, model_dir
 from pytest_spark.launchers.base import NotServing
 from pytest_spark.launchers.launch_cluster.driver import fabric_addresses
 from pytest_spark.readiness.ranks import ServingInfo, idle_by_design
@@ -139,8 +141,8 @@ def test_gpu_visible(
             node.name, facts.gpu, spark_cluster.profile.preflight.gpus_per_node
         )
         owner = f"{KERNEL_VERDICT}[{node.name}]"  # tests_infra/test_gpuhealth.py
-        if not finding.ok and facts.gpu_health and verdict_in_session(request.session, owner):
-            lost = gpu_lost_in_kernel_log(facts.gpu_health.kernel)
+        if not finding.ok and verdict_in_session(request.session, owner):
+            lost = gpu_lost_in_kernel_log(node_gpu_health(spark_cluster, node).kernel)
             if lost is not None:
                 return Skip(
                     f"{node.name}: no GPU because it fell off the bus ({owner} has the "

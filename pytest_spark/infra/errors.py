@@ -1,7 +1,7 @@
 """The one error of every parser and probe reader: output that is not in the tool's format.
 
 A gatherer that gets it fails the asking check with the command's evidence
-(:func:`pytest_spark.infra.roundtrip.cached_probe`).
+(:func:`pytest_spark.infra.roundtrip.gather_probe`).
 """
 
 from __future__ import annotations

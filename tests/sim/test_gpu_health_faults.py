@@ -1,5 +1,5 @@
-"""GPU health gathering on real sim nodes: the preflight probe (one SSH round trip per
-node) brings back the GPU readings and the kernel log since boot from the node's own
+"""GPU health gathering on real sim nodes: the GPU health probe (in the node's one host
+round trip) brings back the GPU readings and the kernel log since boot from the node's own
 nvidia-smi, journalctl and dmesg; each GPU fault is seen by its check, naming the node,
 and only by it; ``fault clear`` makes the node healthy again."""
 
@@ -16,8 +16,11 @@ from pytest_spark.infra.gpuhealth.check import (
     check_gpu_temperature,
     check_gpu_throttle,
 )
-from pytest_spark.infra.gpuhealth.probe import GpuHealth
-from pytest_spark.infra.preflight.probe import parse_preflight_probe, preflight_probe_command
+from pytest_spark.infra.gpuhealth.probe import (
+    GpuHealth,
+    gpuhealth_probe_command,
+    parse_gpuhealth_probe,
+)
 from pytest_spark.settings.profiles import load_profile
 
 pytestmark = pytest.mark.sim  # a sparksim of its own: needs root (the sim tier)
@@ -27,11 +30,9 @@ NAMES = {"spark-1": "spark-head", "spark-2": "spark-worker-1"}
 
 
 def probe(sim: Any, name: str) -> GpuHealth:
-    proc = sim.ssh(name, preflight_probe_command(container="vllm_node"))
+    proc = sim.ssh(name, gpuhealth_probe_command())
     assert proc.returncode == 0, proc.stderr
-    facts = parse_preflight_probe(proc.stdout)
-    assert facts.gpu_health is not None
-    return facts.gpu_health
+    return parse_gpuhealth_probe(proc.stdout)
 
 
 def levels(node: str, h: GpuHealth) -> dict[str, str]:

@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
+from pytest_spark.infra.modelfiles import ModelListing
 from pytest_spark.infra.modelhash.probe import full_hash_command, parse_full_hash, with_full_hashes
 from pytest_spark.infra.preflight.model_check import check_model_identical
 from pytest_spark.infra.preflight.probe import (
     EDGE_BYTES,
     SAMPLES,
-    ModelListing,
     parse_preflight_probe,
     preflight_probe_command,
 )

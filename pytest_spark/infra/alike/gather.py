@@ -7,13 +7,12 @@ from __future__ import annotations
 
 from pytest_spark.access.base import RemoteError
 from pytest_spark.access.cluster import Cluster, Node
-from pytest_spark.infra.alike.probe import NodeAlike, parse_alike_probe
-from pytest_spark.infra.roundtrip import cached_probe, node_probe_commands
+from pytest_spark.infra.alike.probe import HOST_PROBE, NodeAlike
+from pytest_spark.infra.roundtrip import gather_probe
 
 
 def node_alike(cluster: Cluster, node: Node) -> NodeAlike:
-    command = node_probe_commands(cluster, node)["alike"]
-    return cached_probe(cluster, node, command, parse_alike_probe, key="alike", what="nodes-alike")
+    return gather_probe(cluster, node, HOST_PROBE)
 
 
 def all_alike(cluster: Cluster) -> dict[str, NodeAlike | RemoteError]:

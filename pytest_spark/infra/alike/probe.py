@@ -43,6 +43,7 @@ from pytest_spark.infra.alike.parse import (
     parse_timedatectl_show,
 )
 from pytest_spark.infra.errors import ParseError
+from pytest_spark.infra.hostprobe import HostProbe
 from pytest_spark.infra.probe import (
     PROBE_CONTAINER_PREFIX,
     ProbeSection,
@@ -296,3 +297,15 @@ def parse_alike_probe(text: str) -> NodeAlike:
         cx7_firmware=_cx7_firmware(sections.get("cx7_fw")),
         running=_running(sections),
     )
+
+
+# The nodes-alike probe rides the node's one host round trip (infra.roundtrip), with the
+# node's own serving container and the serving image.
+HOST_PROBE: HostProbe[NodeAlike] = HostProbe(
+    key="alike",
+    command=lambda settings, container: alike_probe_command(
+        container=container, image=settings.image
+    ),
+    parse=lambda text, settings: parse_alike_probe(text),
+    what="nodes-alike",
+)

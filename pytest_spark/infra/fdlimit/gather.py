@@ -5,20 +5,10 @@ the node's shared host round trip. The check is pure
 from __future__ import annotations
 
 from pytest_spark.access.cluster import Cluster, Node
-from pytest_spark.infra.fdlimit.probe import (
-    NodeFdLimits,
-    fdlimit_probe_command,
-    parse_fdlimit_probe,
-)
-from pytest_spark.infra.roundtrip import cached_probe
+from pytest_spark.infra.fdlimit.probe import HOST_PROBE, NodeFdLimits
+from pytest_spark.infra.roundtrip import gather_probe
 
 
 def node_fdlimits(cluster: Cluster, node: Node) -> NodeFdLimits:
     """The node's open-file limits probe, once per session."""
-    return cached_probe(
-        cluster,
-        node,
-        fdlimit_probe_command(container=cluster.container(node)),
-        parse_fdlimit_probe,
-        key="fdlimit",
-    )
+    return gather_probe(cluster, node, HOST_PROBE)

@@ -22,9 +22,11 @@ from dataclasses import dataclass
 
 from pytest_spark.infra.errors import ParseError
 from pytest_spark.infra.fdlimit.parse import OpenFiles, parse_open_files, parse_proc_int
+from pytest_spark.infra.hostprobe import HostProbe
 from pytest_spark.infra.probe import ProbeSection, probe_script, split_probe
 
 __all__ = [
+    "HOST_PROBE",
     "MARKER",
     "NO_PROCESS_RC",
     "NodeFdLimits",
@@ -122,3 +124,12 @@ def parse_fdlimit_probe(text: str) -> NodeFdLimits:
         _int(sections.get("file_max"), "/proc/sys/fs/file-max"),
         _int(sections.get("nr_open"), "/proc/sys/fs/nr_open"),
     )
+
+
+# The open-file limits probe rides the node's one host round trip (infra.roundtrip), with
+# the node's own serving container.
+HOST_PROBE: HostProbe[NodeFdLimits] = HostProbe(
+    key="fdlimit",
+    command=lambda settings, container: fdlimit_probe_command(container=container),
+    parse=lambda text, settings: parse_fdlimit_probe(text),
+)

@@ -1,8 +1,8 @@
-"""GPU health facts of a node: its part of the preflight probe (one round trip per node)
-and the facts parsed from those sections.
+"""GPU health facts of a node: its probe (riding the node's one host round trip, beside
+the preflight probe: :data:`HOST_PROBE`) and the facts parsed from its sections.
 
-:data:`PROBE_BODY` is appended to the preflight probe's body (``s NAME CMD`` sections of
-:func:`pytest_spark.infra.probe.probe_script`):
+:func:`gpuhealth_probe_command` frames :data:`PROBE_BODY` (``s NAME CMD`` sections of
+:func:`pytest_spark.infra.probe.probe_script`) with its own marker:
 
 - ``gpu_query``: ``nvidia-smi --query-gpu=<QUERY_FIELDS> --format=csv,noheader,nounits``
   (temperature, SM clock and its maximum, power draw and limit, utilisation, P-state,
@@ -31,16 +31,23 @@ from pytest_spark.infra.gpuhealth.parse import (
     reasons_from_mask,
     reasons_from_q,
 )
+from pytest_spark.infra.hostprobe import HostProbe
 from pytest_spark.infra.kernellog import KernelLog, kernel_log_of
-from pytest_spark.infra.probe import ProbeSection
+from pytest_spark.infra.probe import ProbeSection, probe_script, split_probe
 from pytest_spark.infra.smi import QueryRow, parse_query_gpu, to_float
 
 __all__ = [
+    "HOST_PROBE",
+    "MARKER",
     "PROBE_BODY",
     "GpuHealth",
     "GpuReading",
+    "gpuhealth_probe_command",
     "parse_gpu_health",
+    "parse_gpuhealth_probe",
 ]
+
+MARKER = "@@pytest-spark-gpuhealth@@"
 
 _OLD_FIELDS = ",".join(QUERY_FIELDS).replace("clocks_event_reasons", "clocks_throttle_reasons")
 
@@ -69,7 +76,13 @@ s kernel_log sh -c 'if command -v journalctl >/dev/null 2>&1; then
   fi
   echo "refused dmesg: exit $rc${out:+: $(printf "%s\n" "$out" | tail -n 1)}" >&2
   exit 1'
+rm -f "$t"
 """.replace("@FIELDS@", ",".join(QUERY_FIELDS)).replace("@OLDFIELDS@", _OLD_FIELDS)
+
+
+def gpuhealth_probe_command(*, timeout_s: int = 20) -> str:
+    """The node probe as one ``sh -c`` command (run it once per node)."""
+    return probe_script(MARKER, "gpuhealth", timeout_s, PROBE_BODY)
 
 
 @dataclass(frozen=True)
@@ -197,3 +210,18 @@ def parse_gpu_health(sections: dict[str, ProbeSection]) -> GpuHealth:
         q = by_bus.get(bus) or (q_gpus[i] if i < len(q_gpus) else None)
         readings.append(_reading(row, q))
     return GpuHealth(tuple(readings), None, kernel, q_error, raw)
+
+
+def parse_gpuhealth_probe(text: str) -> GpuHealth:
+    """Parse :func:`gpuhealth_probe_command` output."""
+    _, sections = split_probe(text, MARKER, "GPU health probe")
+    return parse_gpu_health(sections)
+
+
+# The GPU health probe rides the node's one host round trip (infra.roundtrip).
+HOST_PROBE: HostProbe[GpuHealth] = HostProbe(
+    key="gpuhealth",
+    command=lambda settings, container: gpuhealth_probe_command(),
+    parse=lambda text, settings: parse_gpuhealth_probe(text),
+    what="GPU health",
+)

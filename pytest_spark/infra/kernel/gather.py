@@ -4,10 +4,10 @@ the node's shared host round trip. The checks are pure (:mod:`pytest_spark.infra
 from __future__ import annotations
 
 from pytest_spark.access.cluster import Cluster, Node
-from pytest_spark.infra.kernel.probe import PreviousBoot, kernel_probe_command, parse_kernel_probe
-from pytest_spark.infra.roundtrip import cached_probe
+from pytest_spark.infra.kernel.probe import HOST_PROBE, PreviousBoot
+from pytest_spark.infra.roundtrip import gather_probe
 
 
 def node_previous_boot(cluster: Cluster, node: Node) -> PreviousBoot:
     """The node's previous-boot probe, once per session."""
-    return cached_probe(cluster, node, kernel_probe_command(), parse_kernel_probe, key="kernel")
+    return gather_probe(cluster, node, HOST_PROBE)

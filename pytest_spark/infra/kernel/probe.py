@@ -21,11 +21,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pytest_spark.infra.errors import ParseError
+from pytest_spark.infra.hostprobe import HostProbe
 from pytest_spark.infra.kernel.parse import Boot, parse_list_boots
 from pytest_spark.infra.kernellog import AerEvent, KernelEvent, parse_aer, parse_kernel_log
 from pytest_spark.infra.probe import ProbeSection, probe_script, split_probe
 
-__all__ = ["MARKER", "PreviousBoot", "kernel_probe_command", "parse_kernel_probe"]
+__all__ = ["HOST_PROBE", "MARKER", "PreviousBoot", "kernel_probe_command", "parse_kernel_probe"]
 
 MARKER = "@@pytest-spark-kernel@@"
 TAIL_LINES = 15
@@ -95,3 +96,11 @@ def parse_kernel_probe(text: str) -> PreviousBoot:
         nvrm=tuple(parse_kernel_log(text_)),
         aer=tuple(parse_aer(text_)),
     )
+
+
+# The previous-boot probe rides the node's one host round trip (infra.roundtrip).
+HOST_PROBE: HostProbe[PreviousBoot] = HostProbe(
+    key="kernel",
+    command=lambda settings, container: kernel_probe_command(),
+    parse=lambda text, settings: parse_kernel_probe(text),
+)

@@ -9,16 +9,15 @@ import pytest
 
 from pytest_spark.access.base import RemoteError
 from pytest_spark.access.cluster import Cluster, Node
-from pytest_spark.infra.errors import ParseError
 from pytest_spark.infra.links.check import link_is_usable, link_rate_short
 from pytest_spark.infra.links.probe import (
-    LINK_PROBE,
+    HOST_PROBE,
     NodeLinkFacts,
     PortFacts,
     discover_fabric_ifs,
-    parse_link_probe,
 )
 from pytest_spark.infra.links.twins_check import twin_key
+from pytest_spark.infra.roundtrip import gather_probe
 
 
 def node_link_facts(cluster: Cluster, node: Node) -> NodeLinkFacts:
@@ -36,17 +35,7 @@ def _quiet(cluster: Cluster, node: Node) -> None:
 
 
 def _probe(cluster: Cluster, node: Node) -> NodeLinkFacts:
-    def probe() -> NodeLinkFacts:
-        result = node.run(LINK_PROBE, timeout=30)
-        try:
-            return parse_link_probe(result.stdout)
-        except ParseError as exc:
-            pytest.fail(
-                f"{node.name}: cannot read the link probe output ({exc}):\n{result.evidence()}",
-                pytrace=False,
-            )
-
-    return cluster.cached(("link-facts", node.name), probe)
+    return gather_probe(cluster, node, HOST_PROBE)  # alone, not in the host round trip
 
 
 def all_link_facts(cluster: Cluster) -> dict[str, NodeLinkFacts | RemoteError]:

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from pytest_spark.infra.errors import ParseError
+from pytest_spark.infra.hostprobe import HostProbe
 from pytest_spark.infra.links.parse import (
     CaInfo,
     Ethtool,
@@ -54,6 +55,7 @@ from pytest_spark.infra.probe import ProbeSection, probe_script, split_probe
 
 __all__ = [
     "BASE_SECTIONS",
+    "HOST_PROBE",
     "LINK_PROBE",
     "MARKER",
     "PING_FAN_OUT",
@@ -538,3 +540,14 @@ def parse_ping_matrix(text: str) -> dict[tuple[str, str], PingOutcome]:
             continue
         out[(ifname, addr)] = PingOutcome(big, small)
     return out
+
+
+# The link probe runs alone (its own round trip per node, all nodes in one wave: see
+# links.gather), not in the shared host round trip.
+HOST_PROBE: HostProbe[NodeLinkFacts] = HostProbe(
+    key="link",
+    command=lambda settings, container: LINK_PROBE,
+    parse=lambda text, settings: parse_link_probe(text),
+    shared=False,
+    timeout_s=30,
+)

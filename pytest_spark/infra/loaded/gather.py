@@ -9,26 +9,13 @@ which probes the node alone once when the round trip saw no rank."""
 from __future__ import annotations
 
 from pytest_spark.access.cluster import Cluster, Node
-from pytest_spark.infra.loaded.probe import (
-    LoadedFacts,
-    loaded_probe_command,
-    parse_loaded_probe,
-    recipe_env_names,
-)
-from pytest_spark.infra.roundtrip import cached_probe
+from pytest_spark.infra.loaded.probe import HOST_PROBE, LoadedFacts, parse_loaded_probe
+from pytest_spark.infra.roundtrip import gather_probe, probe_command
 
 
 def node_loaded(cluster: Cluster, node: Node) -> LoadedFacts:
     """The node's loaded probe from its shared round trip, once per session."""
-    return cached_probe(
-        cluster,
-        node,
-        loaded_probe_command(
-            container=cluster.container(node), env_names=recipe_env_names(cluster.settings)
-        ),
-        parse_loaded_probe,
-        key="loaded",
-    )
+    return gather_probe(cluster, node, HOST_PROBE)
 
 
 def serving_loaded(cluster: Cluster, node: Node) -> LoadedFacts:
@@ -39,12 +26,7 @@ def serving_loaded(cluster: Cluster, node: Node) -> LoadedFacts:
         return facts
 
     def again() -> LoadedFacts:
-        result = node.run(
-            loaded_probe_command(
-                container=cluster.container(node), env_names=recipe_env_names(cluster.settings)
-            ),
-            timeout=60,
-        )
+        result = node.run(probe_command(cluster, node, HOST_PROBE), timeout=60)
         return parse_loaded_probe(result.stdout)
 
     return cluster.cached(("loaded-serving", node.name), again)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from pytest_spark.infra.errors import ParseError
+from pytest_spark.infra.hostprobe import HostProbe
 from pytest_spark.infra.loaded import container_probe, elf_parse
 from pytest_spark.infra.probe import probe_script, split_probe
 
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from pytest_spark.settings.resolve import Settings
 
 __all__ = [
+    "HOST_PROBE",
     "MARKER",
     "LoadedFacts",
     "MappedLib",
@@ -176,3 +178,14 @@ def parse_loaded_probe(text: str) -> LoadedFacts:
         problem = section.problem() or f"exit {section.rc}"
         return LoadedFacts((), {}, None, None, error=f"{problem} {section.stderr.strip()[:300]}")
     return parse_loaded_json(section.stdout)
+
+
+# The loaded probe rides the node's one host round trip (infra.roundtrip): one `docker
+# exec` inside the node's own serving container, reading the recipe's env names too.
+HOST_PROBE: HostProbe[LoadedFacts] = HostProbe(
+    key="loaded",
+    command=lambda settings, container: loaded_probe_command(
+        container=container, env_names=recipe_env_names(settings)
+    ),
+    parse=lambda text, settings: parse_loaded_probe(text),
+)

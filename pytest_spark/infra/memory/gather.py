@@ -12,15 +12,14 @@ from pytest_spark.access.cluster import Cluster, Node
 from pytest_spark.infra.memory.check import Claim
 from pytest_spark.infra.memory.parse import ContainerMemory
 from pytest_spark.infra.memory.probe import (
+    HOST_PROBE,
     NodeMemory,
     container_limit_probe,
-    memory_probe_command,
     parse_container_limit,
-    parse_memory_probe,
 )
 from pytest_spark.infra.preflight.gather import all_preflight
 from pytest_spark.infra.preflight.probe import NodePreflight
-from pytest_spark.infra.roundtrip import cached_probe
+from pytest_spark.infra.roundtrip import gather_probe
 from pytest_spark.infra.serveargs import parse_serve_args
 from pytest_spark.settings.resolve import Settings
 
@@ -28,7 +27,7 @@ from pytest_spark.settings.resolve import Settings
 def node_memory(cluster: Cluster, node: Node) -> NodeMemory:
     """The node's memory probe, once per session (a RemoteError raises: the caller's node
     is reachable, or test_node_reachable has it)."""
-    return cached_probe(cluster, node, memory_probe_command(), parse_memory_probe, key="memory")
+    return gather_probe(cluster, node, HOST_PROBE)
 
 
 def engine_claim(settings: Settings) -> Claim:

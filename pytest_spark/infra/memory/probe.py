@@ -24,6 +24,7 @@ import shlex
 from dataclasses import dataclass
 
 from pytest_spark.infra.errors import ParseError
+from pytest_spark.infra.hostprobe import HostProbe
 from pytest_spark.infra.memory.parse import (
     ComputeAppMemory,
     ContainerMemory,
@@ -39,7 +40,14 @@ from pytest_spark.infra.servecmd import parse_probe as parse_server_probe
 from pytest_spark.infra.servecmd import probe as server_probe
 from pytest_spark.infra.servecmd import probe_parts
 
-__all__ = ["MARKER", "TOP_PROCESSES", "NodeMemory", "memory_probe_command", "parse_memory_probe"]
+__all__ = [
+    "HOST_PROBE",
+    "MARKER",
+    "TOP_PROCESSES",
+    "NodeMemory",
+    "memory_probe_command",
+    "parse_memory_probe",
+]
 
 MARKER = "@@pytest-spark-memory@@"
 TOP_PROCESSES = 12  # listed with their command lines; the check names the few it needs
@@ -115,6 +123,14 @@ def parse_memory_probe(text: str) -> NodeMemory:
     else:
         apps_error = _why(gpu, "nvidia-smi --query-compute-apps")
     return NodeMemory(hostname, meminfo, meminfo_error, processes, apps, apps_error)
+
+
+# The memory probe rides the node's one host round trip (infra.roundtrip).
+HOST_PROBE: HostProbe[NodeMemory] = HostProbe(
+    key="memory",
+    command=lambda settings, container: memory_probe_command(),
+    parse=lambda text, settings: parse_memory_probe(text),
+)
 
 
 NO_LIMIT = 2**62  # cgroup v1 prints ~2^63 for "no limit"; v2 prints "max"

@@ -13,13 +13,13 @@ from dataclasses import replace
 from pytest_spark.access.base import RemoteError
 from pytest_spark.access.cluster import Cluster, Node
 from pytest_spark.infra.errors import ParseError
+from pytest_spark.infra.modelfiles import ModelListing
 from pytest_spark.infra.modelhash.probe import (
     HashProgress,
     full_hash_command,
     parse_full_hash,
     with_full_hashes,
 )
-from pytest_spark.infra.preflight.probe import ModelListing
 
 SHARD_TIMEOUT_S = 1800.0  # one shard of a few GB at a slow disk's 10 MB/s would be 5 min
 

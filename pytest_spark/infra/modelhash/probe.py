@@ -16,8 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from pytest_spark.infra.errors import ParseError
-from pytest_spark.infra.preflight.parse import parse_sha256sum
-from pytest_spark.infra.preflight.probe import ModelListing
+from pytest_spark.infra.modelfiles import ModelListing, parse_sha256sum
 
 __all__ = ["HashProgress", "full_hash_command", "parse_full_hash", "with_full_hashes"]
 

@@ -15,18 +15,17 @@ from pytest_spark.access.cluster import Cluster, Node
 from pytest_spark.infra.errors import ParseError
 from pytest_spark.infra.links.gather import fabric_ifs, node_link_facts
 from pytest_spark.infra.preflight.probe import (
+    HOST_PROBE,
     ClockSample,
     NodePreflight,
     SshAttempt,
     clock_command,
     container_env_command,
-    model_dir,
     parse_container_env,
-    parse_preflight_probe,
     parse_ssh_probe,
     ssh_probe_command,
 )
-from pytest_spark.infra.roundtrip import cached_probe, node_probe_commands
+from pytest_spark.infra.roundtrip import gather_probe
 
 T = TypeVar("T")
 
@@ -34,11 +33,7 @@ CLOCK_SAMPLES = 3
 
 
 def node_preflight(cluster: Cluster, node: Node) -> NodePreflight:
-    where = model_dir(cluster.settings).path
-    command = node_probe_commands(cluster, node)["preflight"]
-    return cached_probe(
-        cluster, node, command, lambda out: parse_preflight_probe(out, where), key="preflight"
-    )
+    return gather_probe(cluster, node, HOST_PROBE)
 
 
 def all_preflight(cluster: Cluster) -> dict[str, NodePreflight | RemoteError]:

@@ -12,11 +12,8 @@ from collections.abc import Mapping
 
 from pytest_spark.infra.finding import Finding
 from pytest_spark.infra.human import human_bytes, human_names
-from pytest_spark.infra.preflight.probe import (
-    SAMPLES,
-    DiskUsage,
-    ModelListing,
-)
+from pytest_spark.infra.modelfiles import ModelListing
+from pytest_spark.infra.preflight.probe import SAMPLES, DiskUsage
 
 # ----------------------------------------------------------------------------- disk
 

@@ -24,7 +24,6 @@ __all__ = [
     "parse_gpu_list",
     "parse_pids",
     "parse_ps",
-    "parse_sha256sum",
 ]
 
 
@@ -125,15 +124,6 @@ def parse_find_sizes(text: str) -> dict[str, int]:
         if sep and size.strip().isdigit() and name:
             files[name] = int(size)
     return files
-
-
-def parse_sha256sum(text: str) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for line in text.splitlines():
-        m = re.match(r"^([0-9a-f]{64}) [ *](.+)$", line.strip())
-        if m:
-            out[m[2].removeprefix("./")] = m[1]
-    return out
 
 
 def _epoch(stamp: str | None) -> float | None:

@@ -21,8 +21,9 @@ the tokenizer files, *.index.json and every small file), ``model_samples`` (of e
 file, a sampled sha256: its size and :data:`SAMPLES` blocks of 64 KiB spread evenly from
 the first to the last, :func:`sampled_sha256`; the 119 GB of weight shards are not read
 whole, ~1 MiB each is), ``netdevs`` (sysfs
-carrier counters of every netdev), ``journal`` (``journalctl -k --since -24h`` lines
-about links going down) and the GPU health sections of :mod:`pytest_spark.infra.gpuhealth.probe`.
+carrier counters of every netdev) and ``journal`` (``journalctl -k --since -24h`` lines
+about links going down). The GPU health sections are a probe of their own
+(:mod:`pytest_spark.infra.gpuhealth.probe`), riding the same round trip.
 A missing tool gives ``rc=127``; a hung one is stopped (``rc=124``).
 
 The per-command parsers are in :mod:`pytest_spark.infra.preflight.parse`; this module frames
@@ -34,12 +35,12 @@ from __future__ import annotations
 import hashlib
 import re
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pytest_spark.infra.errors import ParseError
-from pytest_spark.infra.gpuhealth.probe import PROBE_BODY as GPU_HEALTH_PROBE
-from pytest_spark.infra.gpuhealth.probe import GpuHealth, parse_gpu_health
+from pytest_spark.infra.hostprobe import HostProbe
+from pytest_spark.infra.modelfiles import ModelListing, parse_sha256sum
 from pytest_spark.infra.preflight.parse import (
     ContainerInfo,
     DiskUsage,
@@ -51,7 +52,6 @@ from pytest_spark.infra.preflight.parse import (
     parse_gpu_list,
     parse_pids,
     parse_ps,
-    parse_sha256sum,
 )
 from pytest_spark.infra.probe import ProbeSection, probe_script, split_probe
 from pytest_spark.infra.serveargs import parse_serve_args
@@ -60,6 +60,7 @@ if TYPE_CHECKING:
     from pytest_spark.settings.resolve import Settings
 
 __all__ = [
+    "HOST_PROBE",
     "MARKER",
     "CarrierCounters",
     "ClockSample",
@@ -70,7 +71,6 @@ __all__ = [
     "GpuProcess",
     "JournalFacts",
     "ModelDir",
-    "ModelListing",
     "NodePreflight",
     "SshAttempt",
     "clock_command",
@@ -155,7 +155,6 @@ s journal sh -c 'if ! command -v journalctl >/dev/null 2>&1; then
   echo "lines $(printf "%s\n" "$out" | grep -c .)"
   printf "%s\n" "$out" | grep -iE "@LINKDOWN@" | tail -n 500
   exit $rc'
-@GPUHEALTH@
 rm -f "$t"
 """
 
@@ -189,7 +188,6 @@ def preflight_probe_command(
         .replace("@SAMPLES@", str(SAMPLES))
         .replace("@SMALLK@", str(2 * EDGE_BYTES // 1024 + 1))
         .replace("@LINKDOWN@", LINK_DOWN)
-        .replace("@GPUHEALTH@", GPU_HEALTH_PROBE.strip())
     )
     return probe_script(MARKER, "preflight", timeout_s, body)
 
@@ -269,22 +267,6 @@ class GpuFacts:
 
 
 @dataclass(frozen=True)
-class ModelListing:
-    path: str
-    exists: bool
-    files: dict[str, int] = field(default_factory=dict)  # relative path -> bytes
-    # full sha256 of config.json, tokenizer*, *.index.json and every file up to 128 KiB
-    hashes: dict[str, str] = field(default_factory=dict)
-    # larger files (the weight shards): their sampled sha256 (sampled_sha256)
-    samples: dict[str, str] = field(default_factory=dict)
-    error: str | None = None
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(self.files.values())
-
-
-@dataclass(frozen=True)
 class CarrierCounters:
     netdev: str
     carrier: bool | None
@@ -327,7 +309,6 @@ class NodePreflight:
     model: ModelListing | None
     carriers: dict[str, CarrierCounters]
     journal: JournalFacts
-    gpu_health: GpuHealth | None = None  # infra.gpuhealth.probe: its sections of this probe
 
 
 @dataclass(frozen=True)
@@ -542,7 +523,6 @@ def parse_preflight_probe(text: str, model_dir: str | None = None) -> NodePrefli
         model=_model(sections, model_dir),
         carriers=_carriers(sections.get("netdevs")),
         journal=_journal(sections.get("journal")),
-        gpu_health=parse_gpu_health(sections),
     )
 
 
@@ -590,3 +570,14 @@ def model_dir(settings: Settings) -> ModelDir:
         reason="no --spark-model-dir and no --spark-serve-args: the model "
         "directory on the nodes is not known",
     )
+
+
+# The preflight probe rides the node's one host round trip (infra.roundtrip), with the
+# node's own serving container, the serving image and the model directory.
+HOST_PROBE: HostProbe[NodePreflight] = HostProbe(
+    key="preflight",
+    command=lambda settings, container: preflight_probe_command(
+        container=container, image=settings.image, model_dir=model_dir(settings).path
+    ),
+    parse=lambda text, settings: parse_preflight_probe(text, model_dir(settings).path),
+)
