@@ -189,7 +189,28 @@ def sim_profile(engine: str, nodes: int) -> str:
 def resolve(config: pytest.Config, environ: Mapping[str, str] | None = None) -> Settings:
     """Resolve every option. Raises SettingsError naming the source of a bad value."""
     env = os.environ if environ is None else environ
-    raw: dict[str, tuple[Any, str, bool]] = {}  # attr -> (value, source, needs parsing)
+    values, sources = _parsed(_given(config, env))
+    apply_cluster(values, sources, env)  # --spark-cluster: head, workers, user
+    head, workers = values["head"], values["workers"]
+    if head is not None and head in workers:
+        raise SettingsError(
+            f"the head {head!r} (from {sources['head']}) is also given as a worker (from "
+            f"{sources['workers']}): a node is the head or a worker, not both; leave it out "
+            "of spark_workers"
+        )
+    refuse_sim_with_nodes(values, sources)
+    if values["sim"] and sources["profile"] == "default":
+        values["profile"] = sim_profile(values["sim_engine"], values["sim_nodes"])
+        sources["profile"] = "default for --spark-sim"
+    _apply_profile(values, sources)
+    apply_recipe(values, sources, env)  # --spark-recipe or the running sparkrun job's
+    return Settings(**values, sources=sources)
+
+
+def _given(config: pytest.Config, env: Mapping[str, str]) -> dict[str, tuple[Any, str, bool]]:
+    """``{attr: (value, source, needs parsing)}`` of every option given: on the command line,
+    else in the environment, else in the ini file."""
+    raw: dict[str, tuple[Any, str, bool]] = {}
     for option in OPTIONS:
         cli_value = config.getoption(option.dest, default=None)
         if isinstance(cli_value, list):  # a repeatable option given several times
@@ -210,6 +231,12 @@ def resolve(config: pytest.Config, environ: Mapping[str, str] | None = None) -> 
                     f"{option.ini} in {_ini_name(config)}",
                     not isinstance(ini_value, bool),
                 )
+    return raw
+
+
+def _parsed(raw: Mapping[str, tuple[Any, str, bool]]) -> tuple[dict[str, Any], dict[str, str]]:
+    """Every option's typed value and its source: the given ones parsed, the rest at their
+    defaults."""
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
     for option in OPTIONS:
@@ -226,19 +253,12 @@ def resolve(config: pytest.Config, environ: Mapping[str, str] | None = None) -> 
             values[option.attr], sources[option.attr] = value, source
         else:
             values[option.attr], sources[option.attr] = option.default, "default"
+    return values, sources
 
-    apply_cluster(values, sources, env)  # --spark-cluster: head, workers, user
-    head, workers = values["head"], values["workers"]
-    if head is not None and head in workers:
-        raise SettingsError(
-            f"the head {head!r} (from {sources['head']}) is also given as a worker (from "
-            f"{sources['workers']}): a node is the head or a worker, not both; leave it out "
-            "of spark_workers"
-        )
-    refuse_sim_with_nodes(values, sources)
-    if values["sim"] and sources["profile"] == "default":
-        values["profile"] = sim_profile(values["sim_engine"], values["sim_nodes"])
-        sources["profile"] = "default for --spark-sim"
+
+def _apply_profile(values: dict[str, Any], sources: dict[str, str]) -> None:
+    """Load the profile, apply --spark-threshold, then the figures that are the defaults of
+    options not given (``profile_key``) and the depth sweep the profile runs."""
     try:
         loaded = load_profile(values["profile"])
     except ProfileError as exc:
@@ -273,8 +293,6 @@ def resolve(config: pytest.Config, environ: Mapping[str, str] | None = None) -> 
             prefix_caching=sweep.prefix_caching,
         )
         sources["depth_sweep"] = f"profile {loaded.name}"
-    apply_recipe(values, sources, env)  # --spark-recipe or the running sparkrun job's
-    return Settings(**values, sources=sources)
 
 
 def refuse_sim_with_nodes(values: Mapping[str, Any], sources: Mapping[str, str]) -> None:
