@@ -29,6 +29,13 @@ cabled twin ``4: ACTIVE`` / ``5: LinkUp``, an unplugged port ``1: DOWN`` / ``3: 
 written at ``up``, not rewritten by link faults), and each device its ``device/net/<netdev>``:
 sparkrun's RDMA detection (its ``ib_detect.sh``) reads these two to find the active HCAs and
 their netdevs, as on a Spark, and sets NCCL's and Gloo's interfaces from them.
+Each device's ``device/`` also holds its PCI function's ``uevent`` (``PCI_SLOT_NAME``)
+and PCIe link attributes (``current_link_speed``/``_width``, ``max_link_speed``/``_width``,
+as drivers/pci/pci-sysfs.c prints them): Gen5 x4 on every function, as on a DGX Spark FE.
+Fault ``pcie-link NODE [--dev DEV] [--width N] [--speed S]`` (faults/fabric.py): the
+functions trained narrower or slower than their capability, as an ASUS Ascent GX10's
+second ConnectX-7 link trains at x2 (NVIDIA developer forum thread 367853).
+
 ``clear`` writes the healthy tables again.
 """
 
@@ -121,10 +128,48 @@ PORT_UP = {"state": "4: ACTIVE", "phys_state": "5: LinkUp", "link_layer": "Ether
 PORT_UNPLUGGED = {"state": "1: DOWN", "phys_state": "3: Disabled", "link_layer": "Ethernet"}
 
 
+# Each RDMA device's PCI function (its ``device`` directory: uevent's PCI_SLOT_NAME) and
+# its PCIe link as the kernel's pci-sysfs.c prints it: a DGX Spark's ConnectX-7 sits
+# behind two Gen5 x4 links, 0000:01:00.x and 0002:01:00.x (one per twin of each port).
+PCI_OF = {
+    "rocep1s0f0": "0000:01:00.0",
+    "rocep1s0f1": "0000:01:00.1",
+    "roceP2p1s0f0": "0002:01:00.0",
+    "roceP2p1s0f1": "0002:01:00.1",
+}
+GEN5_X4 = ("32.0 GT/s PCIe", 4)
+
+
+def write_pcie(
+    node_dir: Path, links: dict[str, tuple[str, int]] | None = None
+) -> dict[str, tuple[str, int]]:
+    """Each device's ``device/uevent`` and PCIe link attributes: every link at its
+    capability (Gen5 x4), except the devices in ``links`` (dev -> the speed text and width
+    it trained at: fault ``pcie-link``). Returns what each device now reads."""
+    now = {}
+    for dev, _ in ALL_PORTS:
+        device = tree(node_dir) / dev / "device"
+        device.mkdir(parents=True, exist_ok=True)
+        (device / "uevent").write_text(f"DRIVER=mlx5_core\nPCI_SLOT_NAME={PCI_OF[dev]}\n")
+        speed, width = (links or {}).get(dev, GEN5_X4)
+        for name, value in (
+            ("current_link_speed", speed),
+            ("current_link_width", width),
+            ("max_link_speed", GEN5_X4[0]),
+            ("max_link_width", GEN5_X4[1]),
+        ):
+            (device / name).write_text(f"{value}\n")
+        now[dev] = (speed, width)
+    return now
+
+
 def write(node_dir: Path, node: NodeSpec, mode: str = "healthy") -> None:
     """(Re)write the node's tree: every RDMA device, its netdev, port 1, its state and its
-    whole GID table."""
+    whole GID table; healthy, every device's PCIe link at its capability too (a GID fault
+    leaves the links as they are)."""
     cabled = {p.dev for p in node.fabric}
+    if mode == "healthy":
+        write_pcie(node_dir)
     for dev, netdev in ALL_PORTS:
         net = tree(node_dir) / dev / "device" / "net" / netdev
         net.mkdir(parents=True, exist_ok=True)

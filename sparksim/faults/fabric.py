@@ -7,6 +7,11 @@
 - ``gid-shift NODE``: on NODE's fabric twins a global IPv6 address's GIDs take index 2/3
   and the fabric address's move to 4/5 (rdmasysfs.py), so NCCL auto-selects index 5 there
   and 3 on every other node: still a RoCE v2 GID, at another index;
+- ``pcie-link NODE [--dev DEV] [--width N] [--speed S]``: the ConnectX-7 functions' PCIe
+  links (``/sys/class/infiniband/DEV/device/current_link_*``) trained below their Gen5 x4
+  capability; the default is both functions of the second link at x2, the ASUS Ascent
+  GX10's wiring (rdmasysfs.py). Sysfs only: the sim's fabric bandwidth is the tbf
+  shaping's, so a row with this fault runs the link category alone;
 - ``link-delay NODE --ms N [--how auto|netem|nfqueue]``: every packet on NODE's fabric
   cable(s) waits N ms each way (a round trip pays 2N), as a congested switch port or a
   long path does: bandwidth holds, each small message pays the delay. ``netem`` (the
@@ -44,7 +49,7 @@ from ..topology import NodeSpec, Topology, tbf_mbit
 from .common import Kinds, load_faults, record, resolve
 from .link import _rates, apply_shaping
 
-KINDS = ("gid-v1", "gid-shift", "link-delay")
+KINDS = ("gid-v1", "gid-shift", "link-delay", "pcie-link")
 DELAYER = Path(__file__).parent.parent / "nfqdelay.py"  # sparksim/nfqdelay.py
 QUEUE = 17  # the netfilter queue the delayer binds, in each node's own namespace
 RULE_TAG = "sparksim-link-delay"
@@ -53,6 +58,20 @@ STOP_TIMEOUT_S = 3.0
 
 
 def add_parsers(kinds: Kinds) -> None:
+    k = kinds.on_node(
+        "pcie-link", "a node's ConnectX-7 PCIe links trained below their Gen5 x4 capability"
+    )
+    k.add_argument(
+        "--dev",
+        action="append",
+        choices=sorted(rdmasysfs.PCI_OF),
+        help="the RDMA device(s) whose function trained down (default: both functions of "
+        "the second link, 0002:01:00.x, as on an ASUS Ascent GX10)",
+    )
+    k.add_argument("--width", type=int, default=2, help="the width it trained at (default 2)")
+    k.add_argument(
+        "--speed", default="32.0 GT/s PCIe", help="the speed it trained at (default Gen5)"
+    )
     k = kinds.on_node(
         "gid-v1", "a node's fabric GIDs: the RoCE v2 entry of its address reads RoCE v1"
     )
@@ -93,6 +112,13 @@ def apply(state_dir: Path, topo: Topology, args: argparse.Namespace) -> list[str
         ]
     if args.kind == "link-delay":
         return link_delay(state_dir, topo, node, args.ms, args.how)
+    if args.kind == "pcie-link":
+        if args.width not in (1, 2, 4):
+            raise SimError(f"pcie-link --width {args.width}: expected 1, 2 or 4 (the lanes)")
+        devs = args.dev or ["roceP2p1s0f0", "roceP2p1s0f1"]
+        now = rdmasysfs.write_pcie(nd, {d: (args.speed, args.width) for d in devs})
+        record(state_dir, "pcie-link", node.name, ",".join(devs), f"{args.speed} x{args.width}")
+        return [f"{node.name} {d} ({rdmasysfs.PCI_OF[d]}): {now[d][0]} x{now[d][1]}" for d in devs]
     raise SimError(f"unknown fault {args.kind!r}")
 
 
@@ -279,8 +305,8 @@ def _stop_delayers(state_dir: Path, topo: Topology) -> list[str]:
 
 
 def clear(state_dir: Path, topo: Topology) -> list[str]:
-    """Healthy GID tables on every node, no delayer (faults.clear restores the tbf shaping,
-    which replaces a netem root qdisc)."""
+    """Healthy GID tables and PCIe links on every node, no delayer (faults.clear restores
+    the tbf shaping, which replaces a netem root qdisc)."""
     for n in topo.nodes:
         rdmasysfs.write(nodes_mod.node_dir(state_dir, n), n)
     return _stop_delayers(state_dir, topo)
