@@ -26,7 +26,7 @@ from pytest_spark.infra.gpuload.probe import NodeLoad
 from pytest_spark.infra.kernellog import POWER_CYCLE
 from pytest_spark.settings.sections import GpuHealthSection
 
-__all__ = ["LOAD_VERDICT", "busy_clock", "check_gpu_clock_under_load"]
+__all__ = ["LOAD_VERDICT", "behind_peer", "busy_clock", "check_gpu_clock_under_load"]
 
 LOAD_VERDICT = "test_gpu_clock_under_load"
 
@@ -73,6 +73,41 @@ def _ran(load: NodeLoad) -> str:
     return text + (f"; {s.why}" if s.why else "")
 
 
+def behind_peer(
+    clock: float, peers: dict[str, float | None], ratio: float
+) -> tuple[str, float] | None:
+    """The fastest node and its busy clock when ``clock`` is below ``ratio`` of it (the
+    peer comparison's verdict); None when it is not, or no node's clock is known."""
+    known = {name: c for name, c in peers.items() if c is not None}
+    if not known:
+        return None
+    fastest = max(known, key=lambda n: known[n])
+    return (fastest, known[fastest]) if clock < ratio * known[fastest] else None
+
+
+def _never_busy_text(node: str, load: NodeLoad, section: GpuHealthSection, expected: str) -> str:
+    top = _span([s.util_pct for s in load.samples], "%")
+    return (
+        f"{node}: the GPU never reached {section.busy_util_pct:g} % utilisation under "
+        f"the pre-serving load (utilisation {top} over {len(load.samples)} samples; "
+        f"load: {_ran(load)}), so its clock under load is unknown; expected the SM "
+        f"clock {expected}. The load did not reach the GPU: check the serving image "
+        "has torch with CUDA (`docker run --rm --gpus all IMAGE python3 -c 'import "
+        "torch; print(torch.cuda.is_available())'`)"
+    )
+
+
+def _seen_text(clock: float, busy: list[GpuSample], load: NodeLoad) -> str:
+    """What the node's GPU did under the load: the median busy clock, its span and the
+    readings beside it, and what the load ran."""
+    clocks = _span([s.sm_clock_mhz for s in busy], "MHz")
+    max_clock = _span([s.max_sm_clock_mhz for s in busy], "MHz")
+    return (
+        f"median SM clock {clock:g} MHz over {len(busy)} busy samples ({clocks}, max clock "
+        f"{max_clock}), {_readings(busy)}; load: {_ran(load)}"
+    )
+
+
 def check_gpu_clock_under_load(
     node: str, load: NodeLoad, peers: dict[str, float | None], section: GpuHealthSection
 ) -> Finding:
@@ -95,29 +130,11 @@ def check_gpu_clock_under_load(
         )
     busy = _busy(load, section)
     if not busy:
-        top = _span([s.util_pct for s in load.samples], "%")
-        return Finding.warned(
-            "never busy",
-            expected,
-            node=node,
-            message=(
-                f"{node}: the GPU never reached {section.busy_util_pct:g} % utilisation under "
-                f"the pre-serving load (utilisation {top} over {len(load.samples)} samples; "
-                f"load: {_ran(load)}), so its clock under load is unknown; expected the SM "
-                f"clock {expected}. The load did not reach the GPU: check the serving image "
-                "has torch with CUDA (`docker run --rm --gpus all IMAGE python3 -c 'import "
-                "torch; print(torch.cuda.is_available())'`)"
-            ),
-            evidence=evidence,
-        )
+        message = _never_busy_text(node, load, section, expected)
+        return Finding.warned("never busy", expected, node=node, message=message, evidence=evidence)
     clock = busy_clock(load, section)
     assert clock is not None
-    clocks = _span([s.sm_clock_mhz for s in busy], "MHz")
-    max_clock = _span([s.max_sm_clock_mhz for s in busy], "MHz")
-    seen = (
-        f"median SM clock {clock:g} MHz over {len(busy)} busy samples ({clocks}, max clock "
-        f"{max_clock}), {_readings(busy)}; load: {_ran(load)}"
-    )
+    seen = _seen_text(clock, busy, load)
     if clock < floor:
         return Finding.failed(
             clock,
@@ -133,24 +150,24 @@ def check_gpu_clock_under_load(
             ),
             evidence=evidence,
         )
-    known = {name: c for name, c in peers.items() if c is not None}
-    fastest = max(known, key=lambda n: known[n]) if known else node
-    if known and clock < section.peer_clock_ratio * known[fastest]:
+    gap = behind_peer(clock, peers, section.peer_clock_ratio)
+    if gap is not None:
+        fastest, top = gap
         return Finding.warned(
             clock,
-            f">= {section.peer_clock_ratio:g} x {fastest}'s {known[fastest]:g} MHz",
+            f">= {section.peer_clock_ratio:g} x {fastest}'s {top:g} MHz",
             "MHz",
             node=node,
             message=(
                 f"{node}: SM clock under the pre-serving load {clock:g} MHz, below "
-                f"{section.peer_clock_ratio:g} x {fastest}'s {known[fastest]:g} MHz under the "
+                f"{section.peer_clock_ratio:g} x {fastest}'s {top:g} MHz under the "
                 f"same load ({seen}). A unit locked on purpose (`nvidia-smi -lgc`, eugr's "
                 "firmware note: 2150 MHz) explains it; else check its cooling and power "
                 "(`nvidia-smi -q -d PERFORMANCE` while a load runs)"
             ),
             evidence=evidence,
         )
-    others = ", ".join(f"{n} {c:g} MHz" for n, c in known.items() if n != node)
+    others = ", ".join(f"{n} {c:g} MHz" for n, c in peers.items() if c is not None and n != node)
     return Finding.passed(
         clock,
         expected,

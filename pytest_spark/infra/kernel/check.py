@@ -27,6 +27,7 @@ Decisions (issue #28 part 4):
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 
 from pytest_spark.infra.finding import Finding, Skip
 from pytest_spark.infra.kernel.parse import clean_shutdown_line
@@ -36,6 +37,7 @@ from pytest_spark.infra.kernellog import (
     NO_MEMORY_FIX,
     XID_CATALOG,
     AerEvent,
+    KernelEvent,
     KernelLog,
     line_time,
     no_memory_burst,
@@ -47,6 +49,8 @@ __all__ = [
     "AER_FIX",
     "AER_VERDICT",
     "PREVIOUS_BOOT_VERDICT",
+    "BootEndErrors",
+    "boot_end_errors",
     "check_pcie_aer",
     "check_previous_boot",
 ]
@@ -78,35 +82,20 @@ def _aer_text(events: list[AerEvent]) -> str:
     )
 
 
-def check_previous_boot(node: str, prev: PreviousBoot, section: GpuHealthSection) -> Finding:
-    """The previous boot ended with a clean shutdown (systemd's or journald's shutdown
-    lines among its last lines); the errors it logged near its end name the likely
-    cause when it did not."""
-    expected = "the previous boot ended with a clean shutdown"
-    if prev.boots is None or prev.error:
-        return Finding.warned(
-            "not readable",
-            expected,
-            node=node,
-            message=(
-                f"{node}: cannot read the previous boot from the journal ({prev.error}); "
-                f"expected to read it to see whether {expected.removeprefix('the ')}. Give the "
-                "SSH user read access (`sudo usermod -aG systemd-journal USER`)"
-            ),
-        )
-    boot = prev.previous
-    if boot is None:
-        return Finding.warned(
-            f"{len(prev.boots)} boot(s) in the journal",
-            expected,
-            node=node,
-            message=(
-                f"{node}: the journal holds no previous boot ({len(prev.boots)} boot listed by "
-                f"`journalctl --list-boots`: a first boot, or a journal that is not "
-                f"persistent); expected to read the previous one. Fix: {_PERSIST}"
-            ),
-        )
-    span = f"{boot.first} to {boot.last}"
+@dataclass(frozen=True)
+class BootEndErrors:
+    """What the previous boot logged near its end (``gpu_health.boot_end_window_s`` before
+    its last line): an NV_ERR_NO_MEMORY burst, Xids the profile does not only warn on, and
+    uncorrectable PCIe AER errors on a ConnectX-7 function."""
+
+    burst: list[KernelEvent]
+    xids: list[KernelEvent]
+    aer: list[AerEvent]
+
+
+def boot_end_errors(prev: PreviousBoot, section: GpuHealthSection) -> BootEndErrors:
+    """The previous boot's errors near its end (the verdict's facts; every line when the
+    journal gives no times)."""
     end = next((t for t in map(line_time, reversed(prev.tail)) if t is not None), None)
     near = section.boot_end_window_s
 
@@ -123,13 +112,72 @@ def check_previous_boot(node: str, prev: PreviousBoot, section: GpuHealthSection
     ]
     xids = [e for e in nvrm if e.xid is not None and at_end(e.at)]
     aer = [e for e in prev.aer if e.on_cx7 and e.severity == "uncorrectable" and at_end(e.at)]
+    return BootEndErrors(burst, xids, aer)
+
+
+def _end_parts(errors: BootEndErrors, section: GpuHealthSection) -> list[str]:
+    """The errors near the end, counted by kind, for the message."""
     parts = []
-    if burst:
-        parts.append(no_memory_text(burst, burst, section))
-    parts += [f"{n} x Xid {code}" for code, n in Counter(e.xid for e in xids).items()]
-    if aer:
-        parts.append(_aer_text(aer))
-    lines = [e.line for e in (*burst, *xids)] + [e.line for e in aer]
+    if errors.burst:
+        parts.append(no_memory_text(errors.burst, errors.burst, section))
+    parts += [f"{n} x Xid {code}" for code, n in Counter(e.xid for e in errors.xids).items()]
+    if errors.aer:
+        parts.append(_aer_text(errors.aer))
+    return parts
+
+
+def _end_fixes(errors: BootEndErrors) -> list[str]:
+    """The fixes the errors near the end name (none: the hard reset's fix applies)."""
+    fixes = []
+    if errors.burst:
+        fixes.append(NO_MEMORY_FIX)
+    for code in dict.fromkeys(e.xid for e in errors.xids):
+        info = XID_CATALOG.get(code)  # type: ignore[arg-type]
+        if info and info.action and info.action not in fixes:
+            fixes.append(info.action)
+    if errors.aer:
+        fixes.append(AER_FIX)
+    return fixes
+
+
+def _no_previous_boot(node: str, prev: PreviousBoot, expected: str) -> Finding:
+    """The warning when the journal cannot be read, or holds no previous boot."""
+    if prev.boots is None or prev.error:
+        return Finding.warned(
+            "not readable",
+            expected,
+            node=node,
+            message=(
+                f"{node}: cannot read the previous boot from the journal ({prev.error}); "
+                f"expected to read it to see whether {expected.removeprefix('the ')}. Give the "
+                "SSH user read access (`sudo usermod -aG systemd-journal USER`)"
+            ),
+        )
+    return Finding.warned(
+        f"{len(prev.boots)} boot(s) in the journal",
+        expected,
+        node=node,
+        message=(
+            f"{node}: the journal holds no previous boot ({len(prev.boots)} boot listed by "
+            f"`journalctl --list-boots`: a first boot, or a journal that is not "
+            f"persistent); expected to read the previous one. Fix: {_PERSIST}"
+        ),
+    )
+
+
+def check_previous_boot(node: str, prev: PreviousBoot, section: GpuHealthSection) -> Finding:
+    """The previous boot ended with a clean shutdown (systemd's or journald's shutdown
+    lines among its last lines); the errors it logged near its end name the likely
+    cause when it did not."""
+    expected = "the previous boot ended with a clean shutdown"
+    boot = prev.previous
+    if prev.boots is None or prev.error or boot is None:
+        return _no_previous_boot(node, prev, expected)
+    span = f"{boot.first} to {boot.last}"
+    near = section.boot_end_window_s
+    errors = boot_end_errors(prev, section)
+    parts = _end_parts(errors, section)
+    lines = [e.line for e in (*errors.burst, *errors.xids)] + [e.line for e in errors.aer]
     evidence = {"previous boot, last lines": "\n".join(prev.tail)}
     if lines:
         evidence["previous boot, errors near its end"] = "\n".join(lines[-50:])
@@ -140,15 +188,7 @@ def check_previous_boot(node: str, prev: PreviousBoot, section: GpuHealthSection
     )
     clean = clean_shutdown_line(list(prev.tail))
     if clean is None:
-        fixes = []
-        if burst:
-            fixes.append(NO_MEMORY_FIX)
-        for code in dict.fromkeys(e.xid for e in xids):
-            info = XID_CATALOG.get(code)  # type: ignore[arg-type]
-            if info and info.action and info.action not in fixes:
-                fixes.append(info.action)
-        if aer:
-            fixes.append(AER_FIX)
+        fixes = _end_fixes(errors)
         last = prev.tail[-1].strip() if prev.tail else "(no lines)"
         return Finding.failed(
             "unclean",
