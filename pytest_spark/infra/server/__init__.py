@@ -1,2 +1,3 @@
-"""The serving command: ``vllm serve`` arguments (``parse``), the server process read from
-the node (``probe``, ``gather``) and its checks (``check``)."""
+"""The serving command's checks (``check``) over what the server was started with, read
+from the node (``gather``): the ``vllm serve`` arguments are parsed by the shared
+:mod:`pytest_spark.infra.serveargs`, the command read by :mod:`pytest_spark.infra.servecmd`."""
