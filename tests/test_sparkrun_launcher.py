@@ -35,7 +35,8 @@ from pytest_spark.launchers.sparkrun import (
     write_ssh_shim,
 )
 from pytest_spark.readiness.launch import STATE, stop_if_launched
-from pytest_spark.settings.options import LAUNCHER_NAMES, OPTIONS_BY_ATTR
+from pytest_spark.settings.options import OPTIONS_BY_ATTR
+from pytest_spark.settings.parsers import LAUNCHER_NAMES
 
 CID = "sparkrun_123aff89c7975891_5e2f1ae6011a"
 HOSTS = "198.18.0.11,198.18.0.12"
