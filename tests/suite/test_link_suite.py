@@ -20,11 +20,24 @@ INFRA = str(REPO / "tests_infra" / "test_links.py")
 
 
 def link_checks() -> set[str]:
-    """The test functions of tests_infra/test_links.py, read from its source."""
-    tree = ast.parse((REPO / "tests_infra" / "test_links.py").read_text())
-    return {
-        n.name for n in tree.body if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")
-    }
+    """The test functions of every suite file of the link category (``pytestmark =
+    pytest.mark.link``: tests_infra/test_links.py, test_pcie.py, ...), read from source."""
+    names = set()
+    for path in sorted((REPO / "tests_infra").glob("test_*.py")):
+        tree = ast.parse(path.read_text())
+        marks = [
+            ast.unparse(n.value)
+            for n in tree.body
+            if isinstance(n, ast.Assign)
+            and any(getattr(t, "id", "") == "pytestmark" for t in n.targets)
+        ]
+        if "pytest.mark.link" in marks:
+            names |= {
+                n.name
+                for n in tree.body
+                if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")
+            }
+    return names
 
 
 def test_spark_sim_option_stands_up_and_tears_down(tmp_path: Path) -> None:
