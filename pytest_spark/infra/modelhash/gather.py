@@ -1,7 +1,7 @@
 """The model files' full hash on every node at once (``--spark-model-hash=full``), cached
 for the session, telling its progress as each shard is done. The facts and the progress
 line are :mod:`pytest_spark.infra.modelhash.probe`'s; the check is test_model_dir_identical's
-(:func:`pytest_spark.infra.preflight.check.check_model_identical`)."""
+(:func:`pytest_spark.infra.preflight.model_check.check_model_identical`)."""
 
 from __future__ import annotations
 

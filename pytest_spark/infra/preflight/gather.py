@@ -1,6 +1,6 @@
 """Preflight facts of the cluster: one probe round trip per node (cached for the session),
 a clock reading per node, the head's SSH attempts to its workers, the serving containers'
-environment. The checks themselves are pure (:mod:`pytest_spark.infra.preflight.check`)."""
+environment. The checks themselves are pure (``pytest_spark.infra.preflight.*_check``)."""
 
 from __future__ import annotations
 
