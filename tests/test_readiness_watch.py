@@ -22,6 +22,7 @@ import pytest
 from pytest_spark.access.base import CommandResult, NodeUnreachable
 from pytest_spark.access.cluster import Cluster, Node
 from pytest_spark.access.retry import for_connection
+from pytest_spark.launchers.launch_cluster.commands import HEAD_EXIT_SENTINEL
 from pytest_spark.readiness import clock as readiness_clock
 from pytest_spark.readiness import parse, probe, waitstate
 from pytest_spark.readiness.probe import SEP, SINCE_START
@@ -146,7 +147,7 @@ class FakeConn:
             top = ["PID COMMAND", *state.procs] if running else []
             out += f"{SEP} procs\n" + "".join(f"{line}\n" for line in top)
         if f"echo {SEP} exit" in command:  # read only while no vllm serve runs
-            assert f"docker exec {CONTAINER} cat {probe.HEAD_EXIT_SENTINEL}" in command
+            assert f"docker exec {CONTAINER} cat {HEAD_EXIT_SENTINEL}" in command
             serving = any("vllm serve" in line for line in state.procs)
             found = state.status == "running" and not serving and state.sentinel is not None
             out += f"{SEP} exit\n" + (f"{state.sentinel}\n" if found else "")
@@ -237,6 +238,7 @@ def watch(cluster: FakeCluster, clock: Clock, **kwargs: Any) -> StartupWatch:
         "placement_timeout": 120.0,
         "since": SINCE,
         "launcher_pid": PID,
+        "launcher_exit_file": HEAD_EXIT_SENTINEL,
         "poll_s": POLL_S,
     }
     calls: dict[str, Any] = {"clock": clock, "retry": for_connection(1.0, 1.0)}  # 1, 1, 1 s

@@ -59,12 +59,15 @@ class LauncherLog:
     (launch-cluster.sh backgrounded there). ``read()``: its last lines; ``path``: the file
     on the head, read by the watch's probe as the head's vLLM output; ``until_container_log``:
     that file holds the head's vLLM output only until the head's container log shows some
-    (no Ray: launch-cluster.sh since 2026-09-15 writes it to the container log too)."""
+    (no Ray: launch-cluster.sh since 2026-09-15 writes it to the container log too);
+    ``exit_file``: a file in the head's container the launcher writes the head command's
+    exit status to (launch-cluster.sh's sentinel), read while no ``vllm serve`` runs."""
 
     pid: int
     read: Callable[[], str]
     path: str
     until_container_log: bool = False
+    exit_file: str | None = None
 
 
 class ClusterLauncher(Protocol):

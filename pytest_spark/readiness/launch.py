@@ -243,6 +243,7 @@ def wait_spec(settings: Settings, target: Target, kept: list[Node]) -> WaitSpec:
         launcher_log=log.read if log else None,
         launcher_log_path=target.log_path,
         launcher_log_fallback=bool(log and log.until_container_log),
+        launcher_exit_file=log.exit_file if log else None,
     )
 
 

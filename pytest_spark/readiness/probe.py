@@ -1,6 +1,6 @@
 """The readiness wait's shell probe: one round trip per node and poll (the head's
 ``/health``, the serving container's state and new log lines, its serving processes, the
-launcher's output and liveness, the head-exit sentinel), sections marked ``SEP name``; and
+launcher's output and liveness, the launcher's head-exit file), sections marked ``SEP name``; and
 what one answer holds (``NodeProbe``; ``parse.parse_probe`` reads it)."""
 
 from __future__ import annotations
@@ -19,9 +19,6 @@ VLLM_PROCESS = re.compile(r"\bvllm serve\b|VLLM::")
 RAY_PROCESS = re.compile(r"\bray start\b|\braylet\b|ray::")
 SERVER_PROCESS = re.compile(f"{VLLM_PROCESS.pattern}|{RAY_PROCESS.pattern}")
 PROCESS_NAMES = {"vllm": "vllm serve", "ray": "ray"}
-# launch-cluster.sh (since 2026-09-15): the head command's exit status, in the head container
-# from its exit until the launcher's next poll (<= 5 s), which deletes it.
-HEAD_EXIT_SENTINEL = "/tmp/.launch-cluster-head-exit"
 
 
 @dataclass

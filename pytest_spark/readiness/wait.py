@@ -21,9 +21,9 @@ PID 1) and get vLLM (and Ray) through ``docker exec``, so a crashed server leave
 container running: the probe also lists the container's serving processes (``docker
 top``), and a node whose server was seen and is gone while its container still runs is a
 dead rank. On the head, when no ``vllm serve`` runs, the probe also reads the launcher's
-``/tmp/.launch-cluster-head-exit`` (launch-cluster.sh since 2026-09-15 writes the head
-command's ``$?`` there when it exits, and deletes it once read): an authoritative exit
-status for the verdict.
+head-exit file when it has one (``WaitSpec.launcher_exit_file``: launch-cluster.sh since
+2026-09-15 writes the head command's ``$?`` to ``/tmp/.launch-cluster-head-exit`` when it
+exits, and deletes it once read): an authoritative exit status for the verdict.
 
 A sparkrun job's ranks (``access.layout``: each node's own container, found by its
 labels) write vLLM's output to ``/tmp/sparkrun_serve.log`` inside the container, not to
@@ -56,7 +56,6 @@ from pytest_spark.readiness.clock import REAL_CLOCK, Clock
 from pytest_spark.readiness.follow import HealthFollower
 from pytest_spark.readiness.parse import exit_status_text, parse_probe, vllm_output
 from pytest_spark.readiness.probe import (
-    HEAD_EXIT_SENTINEL,
     PROBE_TIMEOUT_S,
     SINCE_START,
     NodeProbe,
@@ -94,7 +93,7 @@ class ReadinessWait(RankVerdicts):
             self.spec.launcher_log_path if is_head else None,
             self.launcher_offset,
             processes=processes,
-            sentinel=HEAD_EXIT_SENTINEL if is_head and self.spec.launcher_pid else None,
+            sentinel=self.spec.launcher_exit_file if is_head and self.spec.launcher_pid else None,
             serve_log=self.spec.serve_log,
             serve_offset=self.serve_offsets.get(node.name, 0),
         )
@@ -172,7 +171,7 @@ class ReadinessWait(RankVerdicts):
             or "exit status" in (failure.signature)
         ):
             return failure
-        where = f"{HEAD_EXIT_SENTINEL} in the container"
+        where = f"{self.spec.launcher_exit_file} in the container"
         return replace(
             failure, signature=f"{failure.signature}; {exit_status_text(self.head_exit)} ({where})"
         )

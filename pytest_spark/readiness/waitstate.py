@@ -78,6 +78,9 @@ class WaitSpec:
     launcher_log: Callable[[], str] | None = None
     launcher_log_path: str | None = None
     launcher_log_fallback: bool = False
+    # The launcher's head-exit file in the head's container (launch-cluster.sh's sentinel):
+    # the head command's exit status, read while no vllm serve runs (None: none).
+    launcher_exit_file: str | None = None
     poll_s: float = POLL_S
     # Each node's own container (a sparkrun job's ``..._node_<rank>``); ``container``
     # where a node has none here. ``serve_log``: vLLM's output is that file inside each

@@ -10,6 +10,9 @@ from dataclasses import dataclass
 # How a launch-cluster.sh that has Ray as an option parses it (`--ray)` in its case, or
 # `--ray|...`); the scripts from before mid-2026 always start Ray and have no such flag.
 RAY_FLAG_PATTERN = r"(^|[[:space:]|(])--ray[)|]"
+# launch-cluster.sh (since 2026-09-15): the head command's exit status, in the head container
+# from its exit until the launcher's next poll (<= 5 s), which deletes it.
+HEAD_EXIT_SENTINEL = "/tmp/.launch-cluster-head-exit"
 # How long teardown waits for a signalled launcher's own cleanup, after `stop` (its `docker
 # stop` on every node, head first, then each worker over SSH: quick once they are stopped).
 LAUNCHER_EXIT_WAIT_S = 60.0

@@ -14,7 +14,7 @@ from pytest_spark.access.cluster import Cluster
 from pytest_spark.access.layout import ServingLayout, launcher_layout
 from pytest_spark.launchers.base import LauncherLog, Notify, NotServing, Record, StoodUp
 from pytest_spark.launchers.containers import LEFTOVER_WAIT_S, wait_gone
-from pytest_spark.launchers.launch_cluster.commands import LAUNCHER_EXIT_WAIT_S
+from pytest_spark.launchers.launch_cluster.commands import HEAD_EXIT_SENTINEL, LAUNCHER_EXIT_WAIT_S
 from pytest_spark.launchers.launch_cluster.driver import (
     Launcher,
     apply_dotenv,
@@ -106,7 +106,11 @@ class LaunchClusterSh:
         # before, it too was on the launcher's stdout): the launcher's log is read until
         # the head's container log shows vLLM output.
         self.log = LauncherLog(
-            pid, launcher.launcher_log, launcher.spec.log_path, until_container_log=mode != "ray"
+            pid,
+            launcher.launcher_log,
+            launcher.spec.log_path,
+            until_container_log=mode != "ray",
+            exit_file=HEAD_EXIT_SENTINEL,
         )
         return StoodUp(mode=mode, mode_source=mode_source)
 
