@@ -5,7 +5,12 @@ lives) and keeps it up (``--spark-keep``); the degraded-link and low-memory runs
 that stack with their fault injected, as the fault matrix's `serving` rows do, instead of
 launching one each (the all-reduce is started afresh in the running containers by every
 run either way). The no-RDMA run launches its own: what it holds is the launch finding no
-fabric interface. One work unit under xdist (tests/conftest.py ORDERED_MODULES)."""
+fabric interface. One work unit under xdist (tests/conftest.py ORDERED_MODULES).
+
+The regression gate rides the same two runs (it was tests/suite/test_regression_gate.py,
+two launched runs of its own): the healthy run is recorded in the module's history, and
+the degraded run, compared with it by ``--spark-compare-fail=busbw:10%``, fails naming
+busbw."""
 
 from __future__ import annotations
 
@@ -34,6 +39,12 @@ def stack(sim: SimCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         kept.stop()
 
 
+@pytest.fixture(scope="module")
+def history(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """``--spark-history=DIR``: the healthy run's record, the degraded run's baseline."""
+    return f"--spark-history={tmp_path_factory.mktemp('nccl-history')}"
+
+
 def attach_args(sim: SimCluster, stack: Stack) -> list[str]:
     """Suite options that attach to the kept stack (launched here if no test left one up)."""
     stack.ensure()
@@ -45,12 +56,12 @@ def attach_args(sim: SimCluster, stack: Stack) -> list[str]:
 
 
 def test_healthy_fabric_passes_and_records_the_series(
-    sim: SimCluster, stack: Stack, tmp_path: Path
+    sim: SimCluster, stack: Stack, history: str, tmp_path: Path
 ) -> None:
     sim_fault(sim, "clear")
     stack.stop()  # a launch of its own, kept for the attached runs below
     launched = [*launch_args(sim), "--spark-keep"]
-    run = run_suite(tmp_path, NCCL, *launched, "--spark-history=off", sim=sim)
+    run = run_suite(tmp_path, NCCL, *launched, history, sim=sim)
     assert run.ret == 0, run.output
     busbw = run.checks(nodeid="tests_infra/test_nccl.py::test_allreduce_busbw")[0]
     assert busbw["outcome"] == "passed"
@@ -82,13 +93,18 @@ def test_healthy_fabric_passes_and_records_the_series(
 
 
 def test_degraded_link_fails_busbw_with_the_figures(
-    sim: SimCluster, stack: Stack, tmp_path: Path
+    sim: SimCluster, stack: Stack, history: str, tmp_path: Path
 ) -> None:
+    """A link at half the rate: the busbw check fails with the figures, and the regression
+    gate, against the healthy run before it (the module's history), fails the session on
+    busbw: ``--spark-compare-fail`` adds no check failure of its own."""
     sim_fault(sim, "clear")
     attached = attach_args(sim, stack)
     sim_fault(sim, "link-rate", "spark-1", "100000")
     try:
-        run = run_suite(tmp_path, NCCL, *attached, "--spark-history=off", sim=sim)
+        run = run_suite(
+            tmp_path, NCCL, *attached, history, "--spark-compare-fail=busbw:10%", sim=sim
+        )
     finally:
         sim_fault(sim, "clear")
     failed = run.failed()
@@ -97,6 +113,11 @@ def test_degraded_link_fails_busbw_with_the_figures(
     assert "0.09" in message and "GB/s" in message
     record = run.checks(nodeid="tests_infra/test_nccl.py::test_allreduce_busbw")[0]
     assert record["measured"] < 0.075
+    assert run.ret == 1, run.output
+    compared = run.results["report"]["compare"]  # the healthy test's run is the baseline
+    assert "REGRESSION" in run.output and "busbw" in run.output, (compared, run.output[-3000:])
+    regressions = compared["regressions"]
+    assert regressions and all("busbw" in str(r) for r in regressions)
 
 
 def test_low_memory_caps_the_sweep_rather_than_run_it(
