@@ -1,5 +1,5 @@
 """``--spark-launcher``'s names -> launcher plug-ins: the one table a new launcher adds a
-line to (its name is also one of ``settings.options.LAUNCHER_NAMES``, the option's
+line to (its name is also one of ``settings.parsers.LAUNCHER_NAMES``, the option's
 choices: settings imports nothing of this package; tests/test_sparkrun_launcher.py keeps
 the two in step)."""
 

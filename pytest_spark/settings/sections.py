@@ -298,7 +298,7 @@ class MetricsHealthSection(Section):
     max_drain_s: float = 5.0  # vllm:num_requests_waiting back to 0 after a level
 
 
-# What a known-bad-version rule can name (pytest_spark.infra.knownbad reads each from the
+# What a known-bad-version rule can name (infra.alike.knownbad_check reads each from the
 # nodes-alike facts): the NVIDIA driver, the kernel release, the DGX OS release
 # (/etc/dgx-release), the ConnectX-7 firmware (ethtool -i) and the NCCL library the serving
 # image loads (its version string, or its build by sha256).
@@ -308,7 +308,7 @@ RULE_COMPONENTS = ("driver", "kernel", "dgx-os", "cx7-firmware", "nccl")
 @dataclass(frozen=True)
 class VersionRule:
     """One ``[[known_bad.deny]]`` or ``[[known_bad.allow]]`` entry. ``match``: any of its
-    patterns matching the node's value matches (pytest_spark.infra.knownbad.parse says the
+    patterns matching the node's value matches (pytest_spark.infra.alike.knownbad_parse says the
     forms: a version prefix ``590.``, a range ``>=590 <591``, ``re:REGEX``, and for NCCL
     ``sha256:HEX`` or ``build-id:HEX``); an empty list matches nothing (an entry that waits
     for evidence)."""
