@@ -1,20 +1,25 @@
-"""Three faults from sparkrun's tracker on a sparkrun job laid out on sparksim (``spark-sim
-job start``: real dockerd per node, the rank containers' real environment read from the
-rank process's /proc/PID/environ), the suite attached as after ``sparkrun run``. Each is
-exactly one failure in the categories that judge it, naming node, measured, expected, fix:
+"""Faults on a sparkrun job laid out on sparksim (``spark-sim job start``: real dockerd per
+node, the rank containers' real environment read from the rank process's /proc/PID/environ),
+the suite attached as after ``sparkrun run``: exactly one failure in the categories that
+judge it, naming node, measured, expected, fix.
 
 - sparkrun#135, the head's NCCL_IB_HCA / NCCL_SOCKET_IFNAME pushed to a worker cabled on
   the other port. The sim cables every node on the f1 port; the worker's rank gets the
   f0 port's names, the port with no cable there (Down in its ibdev2netdev), as a worker
   cabled the other way has the head's port Down. (The emulator does not bind NCCL or gloo
   to these names: the serve stays up, where real vLLM would hang at NCCL init.)
-- PR #219: GLOO/NCCL on the wired management interface (sparkrun's own management-first
-  init) pass, with a note. On the default-route WiFi they fail: that row, and the healthy
-  job's, are docs/FAULT_MATRIX.md's "sparkrun jobs" table (tests/suite/test_sparkrun_faults.py),
-  not run twice here.
-- #229, a job left running after ``sparkrun stop --all``: a second job on both nodes,
-  ``--spark-job`` picking the first; the other's rank containers are one failure (the same
-  job on both nodes: one cause), the picked job's own ranks no strangers.
+
+- rank 1 killed in its running container (``spark-sim fault rank-kill``), the whole suite
+  attached: one failure, naming it (it was tests/sim_serving/test_sparkrun_attach.py's, on
+  this job model; the module's other tests run on the real CLI's job now, whose container
+  goes when its rank is killed).
+
+The others run on the real CLI's job (tests/sim_serving/test_real_sparkrun.py), not on a
+job of their own here: PR #219's GLOO/NCCL on the wired management link, passing with a
+note, is sparkrun's own init there (the attached and the launched whole-suite runs hold
+the note); #229, a job left running beside the one ``--spark-job`` picks, is its two-jobs
+test. PR #219 on the default-route WiFi, and the healthy job, are docs/FAULT_MATRIX.md's
+"sparkrun jobs" table (tests/suite/test_sparkrun_faults.py).
 """
 
 from __future__ import annotations
@@ -32,7 +37,6 @@ CABLED_OTHER_WAY = [
     *("--env-node", W, "NCCL_SOCKET_IFNAME=enp1s0f0np0"),
     *("--env-node", W, "GLOO_SOCKET_IFNAME=enp1s0f0np0"),
 ]
-ON_MGMT = ["--env", "GLOO_SOCKET_IFNAME=mgmt0", "--env", "NCCL_SOCKET_IFNAME=mgmt0,enp1s0f1np1"]
 
 
 def _start(sim: Any, *args: str) -> dict[str, Any]:
@@ -74,38 +78,31 @@ def test_head_env_on_a_worker_cabled_the_other_way(sim: Any, run_suite: Any) -> 
     assert f"on {W} set its own NCCL_IB_HCA=" in message
 
 
-def test_gloo_and_nccl_on_the_wired_management_link_pass_with_a_note(
+def test_rank_1_killed_in_its_running_container_is_one_failure_naming_it(
     sim: Any, run_suite: Any
 ) -> None:
-    """sparkrun's own management-first init (NCCL_NET=IB, the data over RDMA): no failure."""
-    job = _start(sim, *ON_MGMT)
-    try:
-        run = _run(run_suite, job)
-    finally:
-        sim.cli("job", "stop", check=False)
-    assert run.ret == 0 and not run.not_passed(), run.output[-4000:]
-    nodeid = "tests_infra/test_preflight.py::test_serving_env_matches_fabric[spark-head]"
-    check = next(c for c in run.results["checks"] if c["nodeid"] == nodeid)
-    assert any("wired management link mgmt0" in n for n in check.get("notes", [])), check
-
-
-def test_a_job_left_running_beside_the_picked_one(sim: Any, run_suite: Any) -> None:
     job = _start(sim)
-    stray = json.loads(
-        sim.cli("job", "start", "--intent", "gpt-oss-120b", "--recipe", "gpt-oss-120b-tp2").stdout
-    )
+    head, worker = _names(sim)
+    container = job["containers"][worker]
     try:
-        run = _run(run_suite, job)
+        # sparksim's job model is sparkrun's layout: PID 1 sleeps, and vLLM's output is in
+        # the serve log, not docker's
+        ps = sim.out(head, "docker inspect -f '{{.Path}} {{.Args}}' " + job["containers"][head])
+        assert ps.strip() == "bash [-c sleep infinity]", "PID 1 sleeps, as sparkrun's does"
+        assert sim.out(head, f"docker logs {job['containers'][head]} 2>&1") == ""
+        sim.cli("fault", "rank-kill", "worker-1", "--name", container)
+        status = sim.out(worker, f"docker inspect -f '{{{{.State.Status}}}}' {container}")
+        assert status.strip() == "running", "the container stays up: PID 1 is sleep infinity"
+        run = run_suite(timeout=900)
     finally:
         sim.cli("job", "stop", check=False)
     failed = run.not_passed()
-    assert list(failed) == [
-        "tests_infra/test_preflight.py::test_gpu_not_held_by_others[spark-head]"
-    ], run.output[-6000:]
-    message = next(iter(failed.values()))
-    assert message.startswith(
-        f"spark-head (and {W}, the same: one cause, this failure; fix it there too): "
-        f"sparkrun job {stray['cluster_id']} runs beside the tested job {job['cluster_id']}"
-    ), message
-    assert f"container {stray['containers'][_names(sim)[0]]}" in message
-    assert f"sparkrun stop {stray['cluster_id']}" in message
+    assert list(failed) == ["tests_e2e/test_readiness.py::test_cluster_serving"], (
+        failed,
+        run.output[-6000:],
+    )
+    headline = failed["tests_e2e/test_readiness.py::test_cluster_serving"].splitlines()[0]
+    assert f"on {W}: no vllm or ray process in the running container" in headline
+    assert container in headline, headline
+    (serving,) = [c for c in run.results["checks"] if c["nodeid"].endswith("test_cluster_serving")]
+    assert serving["node"] == W, serving
