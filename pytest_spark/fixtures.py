@@ -209,8 +209,8 @@ def spark_server_command(
     """What the serving head's server was started with (its container's command, the
     ``vllm serve`` process in it, vLLM's non-default args line of this start, or
     --spark-serve-args); None when nothing says (--spark-api-url alone, not serving)."""
-    from pytest_spark.infra.server.gather import read_server_command
     from pytest_spark.infra.servecmd import parse_serve_args_text
+    from pytest_spark.infra.server.gather import read_server_command
 
     if not spark_settings.head:
         return parse_serve_args_text(spark_settings.serve_args)

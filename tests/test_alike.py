@@ -34,8 +34,7 @@ from pytest_spark.infra.alike.probe import (
     parse_alike_probe,
 )
 from pytest_spark.infra.errors import ParseError
-from pytest_spark.infra.finding import Finding
-from pytest_spark.infra.preflight.check import Skip
+from pytest_spark.infra.finding import Finding, Skip
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "alike"
 H, W = "spark-head", "spark-worker-1"

@@ -24,8 +24,7 @@ from pytest_spark.infra.fdlimit.probe import (
     fdlimit_probe_command,
     parse_fdlimit_probe,
 )
-from pytest_spark.infra.finding import Finding
-from pytest_spark.infra.preflight.check import Skip
+from pytest_spark.infra.finding import Finding, Skip
 from pytest_spark.infra.roundtrip import host_probe_commands
 from pytest_spark.settings.profiles import load_profile
 

@@ -14,8 +14,7 @@ from __future__ import annotations
 
 from pytest_spark.infra.counters.parse import ETH_ERRORS, ROCE_ERRORS, rises
 from pytest_spark.infra.counters.probe import Window
-from pytest_spark.infra.finding import Finding
-from pytest_spark.infra.preflight.check import Skip
+from pytest_spark.infra.finding import Finding, Skip
 
 __all__ = ["CABLE_FIX", "COUNTERS_VERDICT", "check_fabric_counters"]
 

@@ -14,9 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from pytest_spark.infra.finding import Finding
+from pytest_spark.infra.finding import Finding, Skip
 from pytest_spark.infra.loaded.probe import LoadedFacts, MappedLib
-from pytest_spark.infra.preflight.check import Skip
 
 __all__ = ["NCCL_FIX", "VLLM_FIX", "check_nccl_loaded", "check_vllm_tree", "node_builds"]
 
