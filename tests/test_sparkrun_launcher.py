@@ -2,8 +2,8 @@
 CLI and scripted nodes: the command it runs (and never ``--trust``), what teardown needs
 saved before sparkrun starts, a failed start in sparkrun's own words, ``sparkrun stop``
 always, an interrupted start stopped, a job already running refused; and the launcher
-table both launchers sit in. The real CLI against sparksim:
-tests/sim_serving/test_real_sparkrun.py and test_sparkrun_launch_suite.py."""
+table both launchers sit in. The real CLI against sparksim (attached, then launched):
+tests/sim_serving/test_real_sparkrun.py."""
 
 from __future__ import annotations
 
