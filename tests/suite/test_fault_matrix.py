@@ -101,6 +101,10 @@ def test_matrix_parser_rejects_what_it_cannot_hold_to() -> None:
     only = "engine http-5xx; +only readiness tool_calls"
     (row,) = parse_matrix(head + good.replace("engine http-5xx", only, 1))
     assert row.only == ("readiness", "tool_calls") and row.inject == (("engine", "http-5xx"),)
+    served = "engine http-5xx; +only served"
+    (row,) = parse_matrix(head + good.replace("engine http-5xx", served, 1))
+    assert "readiness" in row.only and "tool_calls" in row.only and "context" in row.only
+    assert not {"link", "nccl", "preflight"} & set(row.only)
     for bad in (
         "| x | - | serving | - | - | - | - |\n",  # a cell missing
         "| x | - | somewhere | - | - | - | - | - |\n",  # unknown run
