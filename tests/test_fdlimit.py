@@ -7,9 +7,9 @@ import os
 import subprocess
 from dataclasses import replace
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
+from conn_fakes import probe_settings
 
 from pytest_spark.infra.errors import ParseError
 from pytest_spark.infra.fdlimit.check import check_fd_limits
@@ -117,15 +117,7 @@ def test_probe_runs_here_and_finds_no_dockerd_without_one(tmp_path: Path) -> Non
 
 
 def test_probe_rides_in_the_host_round_trip() -> None:
-    settings = SimpleNamespace(
-        container="vllm_node",
-        image=None,
-        model_dir=None,
-        serve_args=None,
-        recipe=None,
-        source=lambda a: "x",
-    )
-    commands = host_probe_commands(settings)  # type: ignore[arg-type]
+    commands = host_probe_commands(probe_settings())
     assert commands["fdlimit"] == fdlimit_probe_command(container="vllm_node")
 
 

@@ -11,9 +11,10 @@ import os
 import subprocess
 import threading
 from pathlib import Path
-from types import ModuleType, SimpleNamespace
+from types import ModuleType
 
 import pytest
+from conn_fakes import probe_settings
 
 from pytest_spark.access.base import CommandResult
 from pytest_spark.access.cluster import Cluster, Node
@@ -65,14 +66,7 @@ class LocalCluster(Cluster):
             Node(name, "head" if i == 0 else "worker", name, LocalConn(name, env))  # type: ignore[arg-type]
             for i, name in enumerate(names)
         ]
-        self.settings = SimpleNamespace(  # type: ignore[assignment]
-            container="vllm_node",
-            image=None,
-            model_dir=None,
-            serve_args=None,
-            recipe=None,
-            source=lambda attr: "default",
-        )
+        self.settings = probe_settings()
         self._cache = {}
         self._cache_lock = threading.Lock()
         self._key_locks = {}

@@ -14,6 +14,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from conn_fakes import probe_settings
 
 from pytest_spark.infra.errors import ParseError
 from pytest_spark.infra.finding import Finding, Skip
@@ -99,15 +100,7 @@ def test_nccl_paths_in_maps_keeps_two_files_once_each() -> None:
 
 
 def test_probe_rides_in_the_shared_round_trip() -> None:
-    settings = SimpleNamespace(
-        container="vllm_node",
-        image=None,
-        model_dir=None,
-        serve_args=None,
-        recipe=None,
-        source=lambda a: "x",
-    )
-    commands = host_probe_commands(settings)  # type: ignore[arg-type]
+    commands = host_probe_commands(probe_settings())
     assert commands["loaded"] == loaded_probe_command(container="vllm_node")
 
 
