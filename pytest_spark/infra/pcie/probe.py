@@ -82,6 +82,10 @@ def _width(text: str) -> int | None:
     return int(text)
 
 
+def _below(now: float | None, most: float | None) -> bool:
+    return now is not None and most is not None and now < most
+
+
 @dataclass(frozen=True)
 class PcieLink:
     """One RDMA device's PCIe function: its link now (``speed``, ``width``) and what it is
@@ -96,10 +100,8 @@ class PcieLink:
 
     @property
     def degraded(self) -> bool:
-        """Trained below what it can do, in width or speed (both read)."""
-        slow = None not in (self.speed, self.max_speed) and self.speed < self.max_speed  # type: ignore[operator]
-        narrow = None not in (self.width, self.max_width) and self.width < self.max_width  # type: ignore[operator]
-        return bool(slow or narrow)
+        """Trained below what it can do, in width or speed (both sides read)."""
+        return _below(self.speed, self.max_speed) or _below(self.width, self.max_width)
 
     @property
     def read(self) -> bool:
